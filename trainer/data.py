@@ -1,0 +1,469 @@
+"""Text → token ids on disk → batches for every rank.
+
+Preparation (``prepare_dataset``) turns a text file, or a folder of text files, into:
+
+    <prepared dir>/
+      tokenizer.json   byte-level BPE (HF tokenizers), with one special token <|endoftext|> (the EOS/separator)
+      train.bin        token ids, flat, uint16 when the vocabulary fits in 16 bits, else uint32
+      val.bin          the last ``val_fraction`` of the token stream: contiguous, so no text leaks across the split
+      meta.json        source sha256, files, vocab sizes, dtype, token counts, val fraction; written last
+
+The prepared dir is ``DatasetSpec.prepared_dir`` when set (the files go straight into it), otherwise
+``<path>.prepared/vocab-<N>`` beside the file or folder, so that two vocabulary sizes never overwrite each other.
+Files of a folder are taken recursively in sorted order of their relative paths (hidden files skipped), each encoded
+on its own and joined with the EOS id.
+
+Preparation is idempotent and safe to call from every rank of a job at once: an exclusive ``fcntl`` lock on
+``<prepared dir>/.lock`` lets one process do the work while the others wait and then find a matching meta.json.
+Each file is written under a temporary name and renamed into place, meta.json last, so a reader that sees meta.json
+sees complete files. (``flock`` is only as good as the file system's locking: local disks and most cluster file
+systems honour it; an NFS without lock support does not.)
+
+Sampling (``BatchSampler``) depends on (seed, step) only, so a resumed run draws exactly what a straight run drew,
+and the global batch of a step is the same set of sequences for any data-parallel degree.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+EOS = "<|endoftext|>"
+SPECIALS = (EOS,)
+BYTE_ALPHABET = 256
+MIN_VOCAB = BYTE_ALPHABET + len(SPECIALS)
+FORMAT_VERSION = 1
+TOKENIZER, TRAIN, VAL, META, LOCK = "tokenizer.json", "train.bin", "val.bin", "meta.json", ".lock"
+# Text is fed to the tokenizer in pieces of about this many characters: bounded memory, and pieces the
+# tokenizer's own threads can encode in parallel. Pieces end at a line break so that words are not cut.
+_PIECE_CHARS = 1 << 20
+
+__all__ = ["DataError", "PreparedData", "prepare_dataset", "load_tokens", "load_tokenizer", "TextTokenizer",
+           "BatchSampler", "eval_batches", "unigram_entropy", "default_prepared_dir", "EOS"]
+
+
+class DataError(ValueError):
+    """A dataset that cannot be prepared or sampled as asked; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    train_path: Path
+    val_path: Path
+    tokenizer_path: Path
+    vocab_size: int  # the tokenizer's real vocabulary (≤ the model's embedding size)
+    dtype: str  # "uint16" or "uint32"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.meta["eos_id"])
+
+    def train_tokens(self) -> np.memmap:
+        return load_tokens(self.train_path)
+
+    def val_tokens(self) -> np.memmap:
+        return load_tokens(self.val_path)
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+class TextTokenizer:
+    """A trained tokenizer as the trainer and the deployment use it: text ↔ ids, nothing else."""
+
+    def __init__(self, tokenizer):
+        self._tok = tokenizer
+        self.eos_id: int = tokenizer.token_to_id(EOS)
+        self.vocab_size: int = tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [e.ids for e in self._tok.encode_batch(texts)]
+
+    def decode(self, ids) -> str:
+        # Special tokens are kept, so decode(encode(text)) == text for any text.
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+
+def load_tokenizer(path: str | os.PathLike) -> TextTokenizer:
+    """The tokenizer.json of a prepared dataset (or a checkpoint) as a TextTokenizer."""
+    from tokenizers import Tokenizer
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / TOKENIZER
+    if not path.is_file():
+        raise DataError(f"no tokenizer at {path}: prepare the dataset first (python -m trainer.data prepare ...)")
+    return TextTokenizer(Tokenizer.from_file(str(path)))
+
+
+def _train_tokenizer(pieces: Iterator[str], vocab_size: int):
+    from tokenizers import ByteLevelBPETokenizer
+
+    # add_prefix_space=False keeps decoding exact; all 256 bytes are in the initial alphabet, so any text encodes.
+    tok = ByteLevelBPETokenizer(add_prefix_space=False)
+    tok.train_from_iterator(pieces, vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIALS),
+                            show_progress=False)
+    return tok
+
+
+# ---------------------------------------------------------------- source files
+
+
+def _source_files(path: Path, prepared_dir: Path) -> list[Path]:
+    if not path.exists():
+        raise DataError(f"dataset path {path} does not exist: set dataset.path to a text file or a folder of them")
+    if path.is_file():
+        return [path]
+    skip = prepared_dir.resolve()
+    files = []
+    for f in sorted(path.rglob("*"), key=lambda p: p.relative_to(path).as_posix()):
+        rel = f.relative_to(path)
+        if not f.is_file() or any(part.startswith(".") for part in rel.parts):
+            continue
+        if skip in f.resolve().parents:
+            continue  # a prepared dir placed inside the dataset folder is not data
+        files.append(f)
+    if not files:
+        raise DataError(f"dataset folder {path} holds no files: put text files in it or point dataset.path at a file")
+    return files
+
+
+def _source_hash(path: Path, files: list[Path]) -> str:
+    """sha256 over each file's relative name and bytes: renaming, reordering or editing a file changes it."""
+    h = hashlib.sha256()
+    for f in files:
+        rel = f.name if path.is_file() else f.relative_to(path).as_posix()
+        h.update(rel.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _read_text(f: Path) -> str:
+    try:
+        return f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{f} is not UTF-8 text ({exc.reason} at byte {exc.start}): convert it or remove it "
+                        f"from the dataset") from None
+
+
+def _pieces(text: str) -> Iterator[str]:
+    start = 0
+    while start < len(text):
+        end = min(start + _PIECE_CHARS, len(text))
+        if end < len(text):
+            cut = text.rfind("\n", start, end)
+            end = cut + 1 if cut > start else end
+        yield text[start:end]
+        start = end
+
+
+def _all_pieces(files: list[Path]) -> Iterator[str]:
+    for f in files:
+        yield from _pieces(_read_text(f))
+
+
+# ---------------------------------------------------------------- preparation
+
+
+def default_prepared_dir(path: str | os.PathLike, vocab_size: int) -> Path:
+    """Where prepared files go when the spec does not say: ``<path>.prepared/vocab-<N>`` beside the source."""
+    path = Path(path)
+    return path.parent / f"{path.name}.prepared" / f"vocab-{vocab_size}"
+
+
+def _dtype_for(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= np.iinfo(np.uint16).max + 1 else "uint32"
+
+
+def _tmp_path(target: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)  # mkstemp makes files private; other users (web app, Triton) read these
+    os.replace(tmp, target)
+
+
+def _write_json(target: Path, data: Any) -> None:
+    tmp = _tmp_path(target)
+    tmp.write_text(json.dumps(data, indent=2))
+    _publish(tmp, target)
+
+
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / META).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _wanted(meta: dict | None, source_sha: str, vocab: int) -> str:
+    """Whether a previous preparation was of this text with this vocabulary: 'all' (reusable) or 'nothing'."""
+    if not meta or meta.get("format_version") != FORMAT_VERSION:
+        return "nothing"
+    if meta.get("source_sha256") != source_sha or meta.get("requested_vocab") != vocab:
+        return "nothing"
+    return "all"
+
+
+def prepare_dataset(spec, vocab_size: int) -> PreparedData:
+    """Tokenize ``spec.path`` into train/val token files (see the module docstring); reuse them when up to date.
+
+    ``vocab_size`` is the model's embedding size; the tokenizer is trained for ``spec.tokenizer_vocab`` tokens
+    when set, else for ``vocab_size``, and must not have more than ``vocab_size``.
+    """
+    requested = spec.tokenizer_vocab or vocab_size
+    if requested < MIN_VOCAB:
+        raise DataError(f"a byte-level BPE vocabulary needs at least {BYTE_ALPHABET} byte tokens + {len(SPECIALS)} "
+                        f"special = {MIN_VOCAB} tokens; got {requested}: raise "
+                        f"{'dataset.tokenizer_vocab' if spec.tokenizer_vocab else 'model.vocab_size'}")
+    if requested > vocab_size:
+        raise DataError(f"dataset.tokenizer_vocab={requested} is larger than model.vocab_size={vocab_size}: token ids "
+                        f"would not fit the embedding; lower tokenizer_vocab or raise model.vocab_size")
+    if not 0.0 < spec.val_fraction < 0.5:
+        raise DataError(f"dataset.val_fraction={spec.val_fraction} must be in (0, 0.5)")
+    path = Path(spec.path).expanduser()
+    out = Path(spec.prepared_dir).expanduser() if spec.prepared_dir else default_prepared_dir(path, requested)
+    files = _source_files(path, out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataError(f"cannot create the prepared-data folder {out} ({exc.strerror}): set dataset.prepared_dir "
+                        f"to a writable folder") from None
+
+    with open(out / LOCK, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        try:
+            source_sha = _source_hash(path, files)
+            meta = _read_meta(out)
+            reuse = _wanted(meta, source_sha, requested)
+            if reuse == "all" and meta.get("val_fraction") != spec.val_fraction:
+                reuse = "tokenizer"  # same text, same tokenizer: only the split moves
+            if reuse != "all" or not all((out / n).is_file() for n in (TOKENIZER, TRAIN, VAL)):
+                meta = _build(path, files, out, source_sha, requested, spec.val_fraction,
+                              reuse_tokenizer=reuse == "tokenizer" and (out / TOKENIZER).is_file())
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    return _prepared(out, meta, vocab_size)
+
+
+def _prepared(out: Path, meta: dict[str, Any], vocab_size: int) -> PreparedData:
+    if meta["vocab_size"] > vocab_size:
+        raise DataError(f"the tokenizer in {out} has {meta['vocab_size']} tokens but model.vocab_size={vocab_size}: "
+                        f"raise model.vocab_size to at least {meta['vocab_size']}")
+    return PreparedData(train_path=out / TRAIN, val_path=out / VAL, tokenizer_path=out / TOKENIZER,
+                        vocab_size=meta["vocab_size"], dtype=meta["dtype"], meta=meta)
+
+
+def _build(path: Path, files: list[Path], out: Path, source_sha: str, requested: int, val_fraction: float,
+           reuse_tokenizer: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    # A meta.json that no longer describes the files must go first: a crash half-way must not leave it vouching
+    # for a mix of old and new files.
+    (out / META).unlink(missing_ok=True)
+    if not any(_read_text(f).strip() for f in files):
+        raise DataError(f"dataset {path} has no text (only empty or blank files): nothing to train on")
+    if reuse_tokenizer:
+        tok = load_tokenizer(out / TOKENIZER)
+    else:
+        tmp = _tmp_path(out / TOKENIZER)
+        _train_tokenizer(_all_pieces(files), requested).save(str(tmp))
+        _publish(tmp, out / TOKENIZER)
+        tok = load_tokenizer(out / TOKENIZER)
+    t_train = time.perf_counter() - t0
+    dtype = _dtype_for(tok.vocab_size)
+
+    # Stream all ids into one temporary file, then cut it: the split point needs the total count.
+    all_tmp = _tmp_path(out / "all.bin")
+    n_bytes = 0
+    try:
+        with open(all_tmp, "wb") as f:
+            for i, src in enumerate(files):
+                if i:
+                    np.array([tok.eos_id], dtype=dtype).tofile(f)
+                text = _read_text(src)
+                n_bytes += len(text.encode("utf-8"))
+                pieces = list(_pieces(text))
+                for j in range(0, len(pieces), 8):
+                    for ids in tok.encode_batch(pieces[j:j + 8]):
+                        np.asarray(ids, dtype=dtype).tofile(f)
+        all_ids = np.memmap(all_tmp, dtype=dtype, mode="r")
+        n = len(all_ids)
+        n_val = int(math.ceil(n * val_fraction))
+        if n - n_val < 2 or n_val < 2:
+            raise DataError(f"dataset {path} gives only {n} tokens: too few for a train/val split at "
+                            f"val_fraction={val_fraction}; add text")
+        for name, part in ((TRAIN, all_ids[:n - n_val]), (VAL, all_ids[n - n_val:])):
+            tmp = _tmp_path(out / name)
+            np.asarray(part).tofile(tmp)
+            _publish(tmp, out / name)
+        del all_ids
+    finally:
+        all_tmp.unlink(missing_ok=True)
+
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "source": str(path.resolve()),
+        "source_files": [f.name if path.is_file() else f.relative_to(path).as_posix() for f in files],
+        "source_sha256": source_sha,
+        "source_bytes": n_bytes,
+        "requested_vocab": requested,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "dtype": dtype,
+        "tokens": n,
+        "train_tokens": n - n_val,
+        "val_tokens": n_val,
+        "val_fraction": val_fraction,
+        "bytes_per_token": n_bytes / n,
+        "tokenizer_reused": reuse_tokenizer,
+        "tokenizer_train_s": round(t_train, 3),
+        "prepare_s": round(time.perf_counter() - t0, 3),
+    }
+    _write_json(out / META, meta)
+    return meta
+
+
+def load_tokens(path: str | os.PathLike, dtype: str | None = None) -> np.memmap:
+    """A train.bin or val.bin as a read-only memmap; the dtype comes from the meta.json beside it."""
+    path = Path(path)
+    if dtype is None:
+        meta = _read_meta(path.parent)
+        if meta is None:
+            raise DataError(f"no {META} beside {path}: prepare the dataset first, or pass dtype")
+        dtype = meta["dtype"]
+    return np.memmap(path, dtype=dtype, mode="r")
+
+
+# ---------------------------------------------------------------- sampling
+
+
+def _windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = offsets[:, None] + np.arange(seq_len + 1)[None, :]
+    w = np.asarray(tokens[idx], dtype=np.int64)
+    return w[:, :-1], w[:, 1:]
+
+
+def _n_windows(tokens: np.ndarray, seq_len: int, needed: int, what: str) -> int:
+    n = len(tokens) - seq_len  # offsets 0 … len - seq_len - 1 leave room for the shifted target
+    if n < needed:
+        raise DataError(f"{what} needs {needed} distinct windows of seq_len+1={seq_len + 1} tokens but the "
+                        f"{len(tokens)} tokens give only {max(n, 0)}: use more text, a smaller seq_len or batch")
+    return n
+
+
+class BatchSampler:
+    """Random windows for one data-parallel rank, a pure function of (seed, step).
+
+    Each step draws the global batch, G = micro_batch × grad_accum × dp_size distinct offsets, from a generator
+    seeded by (seed, step). Global sequence g goes to rank g // (micro_batch × grad_accum) and within that rank to
+    micro-batch (g mod per_rank) // micro_batch. With the same micro_batch × grad_accum × dp_size, every dp layout
+    sees the same sequences in the same global order, so dp=2 reproduces dp=1 (up to reduction order).
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, micro_batch: int, grad_accum: int = 1, dp_rank: int = 0,
+                 dp_size: int = 1, seed: int = 0):
+        if min(seq_len, micro_batch, grad_accum, dp_size) < 1:
+            raise DataError(f"seq_len={seq_len}, micro_batch={micro_batch}, grad_accum={grad_accum} and "
+                            f"dp_size={dp_size} must all be positive")
+        if not 0 <= dp_rank < dp_size:
+            raise DataError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
+        self.tokens, self.seq_len, self.micro_batch, self.grad_accum = tokens, seq_len, micro_batch, grad_accum
+        self.dp_rank, self.dp_size, self.seed = dp_rank, dp_size, seed
+        self.per_rank = micro_batch * grad_accum
+        self.global_batch = self.per_rank * dp_size
+        self.n_offsets = _n_windows(tokens, seq_len, self.global_batch, "a training step")
+
+    def global_offsets(self, step: int) -> np.ndarray:
+        """Start offsets of the whole step's sequences, in global order."""
+        rng = np.random.default_rng([self.seed, step])
+        return rng.choice(self.n_offsets, size=self.global_batch, replace=False)
+
+    def micro_batches(self, step: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """This rank's grad_accum (x, y) pairs for ``step``; int64 arrays of shape (micro_batch, seq_len)."""
+        mine = self.global_offsets(step)[self.dp_rank * self.per_rank:(self.dp_rank + 1) * self.per_rank]
+        return [_windows(self.tokens, mine[i * self.micro_batch:(i + 1) * self.micro_batch], self.seq_len)
+                for i in range(self.grad_accum)]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+
+_EVAL_STREAM = 0x5EED_E7A1  # keeps evaluation offsets apart from training steps drawn with the same seed
+
+
+def eval_batches(tokens: np.ndarray, seq_len: int, batch_size: int, n_batches: int,
+                 seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The same n_batches (x, y) batches of validation windows every time they are asked for with this seed."""
+    n = _n_windows(tokens, seq_len, batch_size * n_batches, "evaluation")
+    offsets = np.sort(np.random.default_rng([seed, _EVAL_STREAM]).choice(n, size=batch_size * n_batches,
+                                                                          replace=False))
+    return [_windows(tokens, offsets[i * batch_size:(i + 1) * batch_size], seq_len) for i in range(n_batches)]
+
+
+def unigram_entropy(tokens: np.ndarray) -> float:
+    """H = −Σ p·ln p over token frequencies, in nats: the loss of a model that ignores context."""
+    counts = np.bincount(np.asarray(tokens, dtype=np.int64))
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _main(argv: list[str] | None = None) -> int:
+    from trainer.spec import DatasetSpec
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.data", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    prep = sub.add_parser("prepare", help="train a tokenizer and write train.bin / val.bin")
+    prep.add_argument("--path", required=True, help="a text file or a folder of text files")
+    prep.add_argument("--vocab", type=int, required=True, help="tokenizer vocabulary size")
+    prep.add_argument("--out", default="", help="prepared folder (default: <path>.prepared/vocab-<N>)")
+    prep.add_argument("--val-fraction", type=float, default=0.05)
+    args = parser.parse_args(argv)
+
+    t0 = time.perf_counter()
+    try:
+        data = prepare_dataset(DatasetSpec(path=args.path, prepared_dir=args.out, val_fraction=args.val_fraction),
+                               args.vocab)
+    except DataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    m = data.meta
+    print(f"prepared {m['source']} ({len(m['source_files'])} file(s), {m['source_bytes']:,} bytes) "
+          f"in {time.perf_counter() - t0:.2f} s")
+    print(f"  tokenizer  {data.tokenizer_path}  vocab {m['vocab_size']} (asked {m['requested_vocab']}), "
+          f"trained in {m['tokenizer_train_s']:.2f} s")
+    print(f"  train.bin  {data.train_path}  {m['train_tokens']:,} tokens ({m['dtype']})")
+    print(f"  val.bin    {data.val_path}  {m['val_tokens']:,} tokens")
+    print(f"  {m['bytes_per_token']:.3f} bytes/token; unigram entropy "
+          f"{unigram_entropy(data.train_tokens()):.3f} nats")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main())
