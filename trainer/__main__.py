@@ -1,0 +1,48 @@
+"""python -m trainer --spec spec.json [--resume]: one process per rank under torchrun or srun (or alone).
+
+Exit status: 0 finished or stopped (SIGTERM: the current step finishes and a checkpoint is saved), 2 the spec or
+plan cannot run (nothing was done), 1 the run failed (the traceback is in events.jsonl and logs/rank-<r>.log).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trainer.spec import RunSpec, SpecError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
+    parser.add_argument("--spec", required=True, help="the run's spec.json")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--output-dir", default="", help="run folder (default: the spec's output_dir)")
+    args = parser.parse_args(argv)
+
+    try:
+        spec = RunSpec.from_json(Path(args.spec).read_text())
+    except (OSError, SpecError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    # Refuse what this engine cannot do before starting any process group or touching data.
+    from trainer.parallel.parallelize import unsupported
+
+    reasons = unsupported(spec.model, spec.plan)
+    if reasons:
+        for reason in reasons:
+            print(f"error: {reason}", file=sys.stderr)
+        return 2
+
+    from trainer.train import run
+
+    run_dir = Path(args.output_dir or spec.output_dir)
+    run(spec, run_dir, resume=args.resume)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Exact byte accounting on one rank: model states, and the activations autograd saves for backward.
+
+Activations are measured, not modelled: ``SavedActivations`` sees every tensor autograd saves through
+``torch.autograd.graph.saved_tensors_hooks`` and sums the sizes of the distinct storages behind them (views of
+one buffer count once), leaving out parameters and views of parameters. This is what the Korthikanti et al.
+table in REFERENCE.md counts, for this model, this precision and this plan. Non-reentrant activation
+checkpointing saves its inputs through autograd too, so the probe sees what a checkpointed block keeps.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _storage_key(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
+
+
+def _is_parameter(t: torch.Tensor) -> bool:
+    return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
+
+
+class SavedActivations:
+    """Context manager: bytes of distinct non-parameter storages saved for backward while it is active.
+
+    ``pause()``/``resume()`` let a caller enter and leave it from module hooks (pipeline stages)."""
+
+    def __init__(self, params: Iterable[torch.Tensor] = ()):
+        self.exclude = {_storage_key(_local(p)) for p in params}
+        self.storages: dict[tuple[str, int], int] = {}
+        self._hooks = None
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        if not _is_parameter(t):
+            local = _local(t)
+            key = _storage_key(local)
+            if key not in self.exclude and key[1] != 0:
+                self.storages[key] = local.untyped_storage().nbytes()
+        return t
+
+    @staticmethod
+    def _unpack(t: torch.Tensor) -> torch.Tensor:
+        return t
+
+    def __enter__(self) -> "SavedActivations":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.__exit__(*exc)
+        self._hooks = None
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storages.values())
+
+
+def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensors:
+        local = _local(t)
+        if local.numel():
+            seen[_storage_key(local)] = local.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+def model_state_bytes(modules: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes this rank holds for parameters, gradients and optimizer state (local shards only)."""
+    params = [p for m in modules for p in m.parameters()]
+    state = [v for opt in optimizers for s in opt.state.values() for v in s.values()
+             if isinstance(v, torch.Tensor) and v.dim() > 0]
+    return {
+        "params_bytes": _tensor_bytes(params),
+        "grads_bytes": _tensor_bytes(p.grad for p in params if p.grad is not None),
+        "optimizer_bytes": _tensor_bytes(state),
+    }
+
+
+def max_allocated_bytes(device: torch.device) -> int | None:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None

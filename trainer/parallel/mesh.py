@@ -1,0 +1,106 @@
+"""The device mesh and its process groups, as one explicit object (never module globals).
+
+Ranks are laid out as a (pp, dp, tp) grid with tp innermost: tensor-parallel partners are neighbouring ranks,
+which on a GPU cluster means the same node (NVLink), where its per-layer all-reduces belong.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from trainer.spec import ParallelPlan
+
+
+@dataclass
+class Topology:
+    """Where this rank sits in the (pp, dp, tp) grid, with the groups it talks to."""
+
+    mesh: DeviceMesh
+    device: torch.device
+    rank: int
+    world_size: int
+    dp: int
+    tp: int
+    pp: int
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        return self.mesh["dp"]
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self.mesh["tp"]
+
+    @property
+    def dp_tp_mesh(self) -> DeviceMesh:
+        return self.mesh["dp", "tp"]
+
+    @property
+    def dp_group(self):
+        return self.mesh.get_group("dp")
+
+    @property
+    def tp_group(self):
+        return self.mesh.get_group("tp")
+
+    @property
+    def pp_group(self):
+        return self.mesh.get_group("pp")
+
+    @property
+    def dp_rank(self) -> int:
+        return self.mesh.get_local_rank("dp")
+
+    @property
+    def tp_rank(self) -> int:
+        return self.mesh.get_local_rank("tp")
+
+    @property
+    def pp_rank(self) -> int:
+        return self.mesh.get_local_rank("pp")
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def device_type(self) -> str:
+        return self.device.type
+
+
+def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, torch.device]:
+    """Join the job's process group: NCCL on CUDA, gloo on the CPU. Works under torchrun, under srun (SLURM_*
+    variables), and alone (a world of one, no launcher needed)."""
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    backend = "nccl" if cuda else "gloo"
+    if not dist.is_initialized():
+        if "RANK" in os.environ:
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s),
+                                    device_id=device if cuda else None)
+        else:
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def build_topology(plan: ParallelPlan, device: torch.device) -> Topology:
+    world = dist.get_world_size()
+    if world != plan.world_size:
+        raise RuntimeError(f"the plan needs dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} processes "
+                           f"but this job has {world}: launch with --nproc_per_node={plan.world_size}")
+    mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+    return Topology(mesh=mesh, device=device, rank=dist.get_rank(), world_size=world,
+                    dp=plan.dp, tp=plan.tp, pp=plan.pp)

@@ -1,0 +1,114 @@
+"""Turn the full, seeded model into this rank's part of the plan, as an ordered list of apply_… steps:
+
+    split into pipeline stages → tensor/sequence parallel → activation checkpointing → FSDP2 or DDP
+
+The order matters: FSDP2 shards the DTensors that tensor parallel made (2-D: Shard over dp, then over tp), and
+wraps modules whose forward already recomputes where asked; pipeline stages are cut first so that each stage is
+sharded on its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from trainer.model import GPT, build_model
+from trainer.parallel.ac import apply_ac
+from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_fsdp
+from trainer.parallel.mesh import Topology
+from trainer.parallel.pipeline import build_schedule, split_stage, stage_ids
+from trainer.parallel.tensor import apply_tp
+from trainer.spec import ModelSpec, ParallelPlan
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class PlanNotSupported(ValueError):
+    """A plan this engine cannot run; raised before any work."""
+
+
+@dataclass
+class ParallelModel:
+    """This rank's share of the model.
+
+    ``modules``: the model chunks it holds (one; v with the interleaved schedule), unwrapped: names, parameters,
+    checkpoints. ``callables``: what to run (DDP wrappers where DDP is used). ``schedule``: the pipeline schedule
+    when pp > 1. ``grad_sync``: a dp gradient average to run after backward when neither DDP nor FSDP does it.
+    """
+
+    modules: list[GPT]
+    callables: list[nn.Module]
+    schedule: Optional[object] = None
+    stage_ids: list[int] = field(default_factory=lambda: [0])
+    n_stages: int = 1
+    grad_sync: Optional[ReplicatedGradSync] = None
+    fsdp: bool = False
+    loss_parallel: bool = False
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.n_stages - 1 in self.stage_ids
+
+    def parameters(self) -> list[nn.Parameter]:
+        return list({id(p): p for m in self.modules for p in m.parameters()}.values())
+
+
+def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
+    """What the native engine cannot do with this model and plan (beyond spec.py's checks)."""
+    reasons = []
+    if plan.engine != "native":
+        reasons.append(f"engine={plan.engine!r} is not this engine; run it with the DeepSpeed engine")
+    if model.is_moe:
+        reasons.append(f"mixture-of-experts (n_experts={model.n_experts}) is not built by the native engine yet; "
+                       f"use n_experts=0")
+    if plan.pp > 1 and model.tied_embeddings:
+        reasons.append("pipeline parallel puts the embedding on the first stage and the LM head on the last, so "
+                       "their weights cannot be one tensor: set tied_embeddings=false for pp > 1")
+    if plan.pp > 1 and model.dropout > 0 and plan.tp > 1:
+        reasons.append("dropout with tensor and pipeline parallel together is not supported yet: set dropout=0")
+    if plan.precision == "fp16" and plan.zero_stage == 3:
+        reasons.append("fp16 loss scaling with FSDP2 is not supported; use bf16 or fp32")
+    return reasons
+
+
+def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
+                loss_fn: Callable) -> ParallelModel:
+    reasons = unsupported(spec, plan)
+    if reasons:
+        raise PlanNotSupported("; ".join(reasons))
+    full = build_model(spec, seed)  # the same weights on every rank, whatever the plan
+    n_stages = plan.pp * plan.virtual_stages
+    ids = stage_ids(topo.pp_rank, plan.pp, plan.virtual_stages) if plan.pp > 1 else [0]
+    modules = [split_stage(full, i, n_stages) for i in ids] if plan.pp > 1 else [full]
+    loss_parallel = plan.tp > 1
+    for m in modules:
+        m.to(topo.device)
+        if plan.tp > 1:
+            apply_tp(m, topo.tp_mesh, plan.sequence_parallel, loss_parallel)
+        apply_ac(m, plan.activation_checkpointing)
+    callables: list[nn.Module] = list(modules)
+    grad_sync = None
+    fsdp = plan.zero_stage == 3
+    if fsdp:
+        mesh = topo.dp_mesh
+        for m in modules:
+            # With a pipeline each block runs several micro-batches: keep it gathered from forward to backward.
+            apply_fsdp(m, mesh, DTYPES[plan.precision] if plan.precision == "bf16" else torch.float32,
+                       reshard_after_forward=plan.pp == 1)
+    elif plan.dp > 1 and plan.tp == 1:
+        callables = [apply_ddp(m, topo.dp_group, topo.device) for m in modules]
+    elif plan.dp > 1:
+        grad_sync = ReplicatedGradSync(list({id(p): p for m in modules for p in m.parameters()}.values()),
+                                       topo.dp_group, plan.dp)
+    pm = ParallelModel(modules=modules, callables=callables, stage_ids=ids, n_stages=n_stages,
+                       grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel)
+    if plan.pp > 1:
+        pm.schedule, _ = build_schedule(plan.pipeline_schedule, callables, ids, n_stages, plan.grad_accum,
+                                        loss_fn, topo.pp_group, topo.device)
+    return pm

@@ -1,0 +1,54 @@
+"""Pipeline parallel with torch.distributed.pipelining: the blocks are cut into pp·v contiguous stages.
+
+Stage s holds blocks [s·L/(pp·v), (s+1)·L/(pp·v)); the first stage also holds the embedding, the last the final
+norm and LM head. Rank r of the pp group holds stage r (v = 1) or stages r, r+pp, …, r+(v−1)·pp (interleaved,
+"looped" placement). One step feeds m = grad_accum micro-batches through the stages:
+- GPipe: all m forwards, then all m backwards; up to m micro-batches' activations in flight.
+- 1F1B: after a warm-up of pp−1−r forwards, alternate one forward and one backward: at most pp in flight.
+  Both idle (p−1)/(m+p−1) of the step (the bubble).
+- Interleaved 1F1B: v smaller chunks per rank cut the bubble to (p−1)/(v·m) for more point-to-point messages.
+The schedule averages gradients over the m micro-batches (scale_grads) so that the loss function returns a
+micro-batch mean, as without pipelining.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+
+from trainer.model import GPT
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+
+
+def stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+    return [pp_rank + i * pp for i in range(virtual_stages)]
+
+
+def split_stage(full: GPT, stage: int, n_stages: int) -> GPT:
+    """A copy of ``full`` keeping only what stage ``stage`` of ``n_stages`` computes; parameter names unchanged."""
+    model = copy.deepcopy(full)
+    per = full.spec.n_layers // n_stages
+    keep = {str(i) for i in range(stage * per, (stage + 1) * per)}
+    for name in list(model.layers.keys()):
+        if name not in keep:
+            del model.layers[name]
+    if stage != 0:
+        model.embed = None
+    if stage != n_stages - 1:
+        model.norm = None
+        model.head = None
+    return model
+
+
+def build_schedule(kind: str, stage_modules: list[nn.Module], ids: list[int], n_stages: int, n_microbatches: int,
+                   loss_fn: Callable, pp_group, device: torch.device):
+    stages = [PipelineStage(module, stage_index=i, num_stages=n_stages, device=device, group=pp_group)
+              for module, i in zip(stage_modules, ids)]
+    cls = SCHEDULES[kind]
+    if kind == "interleaved":
+        return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True), stages
+    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True), stages

@@ -1,0 +1,72 @@
+"""Tensor parallel (Megatron-LM, Shoeybi et al. 2019) and sequence parallel (Korthikanti et al. 2022) via DTensor.
+
+Within one block, with t ranks in the tensor-parallel group:
+- Column split, Y = X A with A = [A_1 … A_t] split by columns: rank i computes Y_i = X A_i. No communication in
+  forward; backward all-reduces dL/dX (the input was replicated). Used for q, k, v (whole heads per rank: H/t query
+  heads, K/t key/value heads) and for the MLP's up projection (F/t of the hidden units; GELU is elementwise, so it
+  applies to each Y_i alone).
+- Row split, Z = Y B with B = [B_1; …; B_t] split by rows: rank i holds Y_i and computes Y_i B_i, a partial sum;
+  Z = Σ_i Y_i B_i is one all-reduce in forward. Used for the attention output and the MLP's down projection.
+  Hence 2 all-reduces forward and 2 backward per block.
+- Sequence parallel: LayerNorm and dropout work on each position alone, so they run on T/t positions per rank; the
+  all-reduce after a row split becomes a reduce-scatter (to T/t positions) and the input to a column split an
+  all-gather: the same bytes moved, but activations outside attention and the MLP shrink t times.
+- Vocabulary: the embedding table is split by rows (V/t tokens per rank; a token outside a rank's range looks up 0,
+  and the partial lookups are summed). The LM head is a column split of the same table (tied weights stay one
+  tensor); with ``loss_parallel`` the logits stay split over the vocabulary and the cross-entropy is computed from
+  per-rank max and sum-exp, never gathering the T × V logits.
+"""
+from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
+
+from trainer.model import GPT
+
+
+def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool) -> None:
+    """Shard ``model`` (a whole model or one pipeline stage) in place over ``tp_mesh``.
+
+    Between blocks the residual stream is a plain local tensor: (B, T, C) replicated, or (B, T/t, C) with sequence
+    parallel. Pipeline stages therefore send plain tensors, a t-th of the sequence with sequence parallel.
+    """
+    sp = sequence_parallel
+    stream = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
+    top: dict = {}
+    if model.embed is not None:
+        top["embed.tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        if sp:  # positions were added to the full sequence; keep this rank's T/t of it (no communication)
+            top["embed"] = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(1),
+                                               use_local_output=True)
+    if model.norm is not None and sp:
+        top["norm"] = SequenceParallel(use_local_output=True)
+    if model.head is not None:
+        top["head"] = ColwiseParallel(input_layouts=stream,
+                                      output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                      use_local_output=not loss_parallel)
+    if top:
+        parallelize_module(model, tp_mesh, top)
+    if model.spec.tied_embeddings and model.embed is not None and model.head is not None:
+        # Both tables are now V/t rows per rank (Shard(0)); make them one parameter again.
+        model.head.weight = model.embed.tokens.weight
+
+    for block in model.layers.values():
+        plan: dict = {
+            "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+            "attn.out": RowwiseParallel(output_layouts=stream),
+            "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(output_layouts=stream),
+        }
+        if sp:
+            plan.update({
+                "ln1": SequenceParallel(use_local_output=True),
+                "ln2": SequenceParallel(use_local_output=True),
+                # all-gather the T/t positions before the column splits
+                "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
+                                           use_local_output=True),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True),
+            })
+        parallelize_module(block, tp_mesh, plan)
