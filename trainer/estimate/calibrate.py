@@ -1,0 +1,193 @@
+"""Fit the planner's efficiency and overhead terms to measured runs, per cluster, and report held-out error.
+
+Step time is linear in three unknowns once the planner has split it at ideal efficiency (compute_efficiency = 1,
+comm_efficiency = 1, no fixed overhead):
+    measured_step ≈ x_c · C + x_n · N + x_0
+C is the compute time (with its share of the pipeline bubble), N the communication time (tensor, pipeline, data
+parallel, all-to-all, offload and their bubble share). Then compute_efficiency = 1/x_c, comm_efficiency = 1/x_n and
+step_overhead_s = x_0. Peak memory is linear in two:
+    measured_bytes − model_states ≈ overhead_bytes + (1 + fragmentation) · dynamic
+with dynamic = activations in flight + buffers. Ordinary least squares (normal equations, solved by Gaussian
+elimination; no numpy). Terms that come out non-physical (negative overheads, efficiency > 1) are pinned and the rest
+refitted. Held-out error is leave-one-out: fit on all runs but one, predict that one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from trainer.estimate.core import Planner
+from trainer.estimate.explain import validate_inputs
+from trainer.estimate.options import EstimateOptions
+from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan, SpecError
+
+_COMPUTE = ("compute",)
+_COMM = ("tensor_parallel", "expert_all_to_all", "pipeline_p2p", "data_parallel", "offload")
+
+
+@dataclass(frozen=True)
+class MeasuredRun:
+    model: ModelSpec
+    plan: ParallelPlan
+    cluster: ClusterSpec
+    step_time_s: float
+    memory_bytes: float | None = None   # measured peak bytes per GPU (None: not measured)
+
+
+@dataclass
+class ClusterCalibration:
+    cluster: str
+    runs: int
+    options: EstimateOptions
+    time_coefficients: dict[str, float]
+    memory_coefficients: dict[str, float]
+    time_error: dict[str, float] = field(default_factory=dict)     # leave-one-out relative error: mean, max
+    memory_error: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cluster": self.cluster, "runs": self.runs, "options": self.options.to_dict(),
+                "time_coefficients": self.time_coefficients, "memory_coefficients": self.memory_coefficients,
+                "time_error": self.time_error, "memory_error": self.memory_error}
+
+
+@dataclass
+class Calibration:
+    clusters: dict[str, ClusterCalibration]
+    note: str = ("Least squares per cluster on step = C/compute_efficiency + N/comm_efficiency + step_overhead and "
+                 "memory = states + overhead_bytes + (1 + fragmentation)·dynamic; errors are leave-one-out.")
+
+    def options_for(self, cluster: ClusterSpec) -> EstimateOptions:
+        return self.clusters[_key(cluster)].options
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"clusters": {k: v.to_dict() for k, v in self.clusters.items()}, "note": self.note}
+
+
+def _key(cluster: ClusterSpec) -> str:
+    return cluster.name or f"{cluster.nodes}x{cluster.gpus_per_node} {cluster.gpu.name}"
+
+
+def solve_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+    """argmin ‖A x − y‖² through the normal equations AᵀA x = Aᵀy (Gaussian elimination, partial pivoting)."""
+    n = len(rows[0])
+    ata = [[sum(r[i] * r[j] for r in rows) for j in range(n)] for i in range(n)]
+    aty = [sum(r[i] * v for r, v in zip(rows, y)) for i in range(n)]
+    scale = [max(abs(ata[i][i]), 1e-300) ** 0.5 for i in range(n)]  # equilibrate: seconds and bytes differ in size
+    a = [[ata[i][j] / (scale[i] * scale[j]) for j in range(n)] + [aty[i] / scale[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-12:
+            raise ValueError("the measured runs do not determine the fit (too few or too alike)")
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(n):
+            if r != col:
+                factor = a[r][col] / a[col][col]
+                a[r] = [x - factor * yv for x, yv in zip(a[r], a[col])]
+    return [a[i][n] / a[i][i] / scale[i] for i in range(n)]
+
+
+def _time_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
+    t = planner.evaluate(plan).time
+    compute = sum(t.get(k, 0.0) for k in _COMPUTE)
+    in_stage = compute + t.get("tensor_parallel", 0.0) + t.get("expert_all_to_all", 0.0)
+    bubble = t.get("pipeline_bubble", 0.0)
+    compute_share = bubble * compute / in_stage if in_stage else 0.0
+    comm = sum(t.get(k, 0.0) for k in _COMM) + bubble - compute_share
+    return compute + compute_share, comm
+
+
+def _memory_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
+    numbers = planner.evaluate(plan)
+    stage = max(numbers.stages, key=lambda st: st.total)
+    return stage.model_state_bytes, stage.activations + sum(stage.buffers.values())
+
+
+def _fit_time(features: list[tuple[float, float]], y: list[float]) -> list[float]:
+    """(x_c, x_n, x_0) with x_c ≥ 1, x_n ≥ 1 and x_0 ≥ 0, dropping terms the data cannot carry."""
+    free = [0, 1, 2]
+    fixed = {0: 1.0, 1: 1.0, 2: 0.0}
+    while True:
+        rows = [[(c, n, 1.0)[i] for i in free] for c, n in features]
+        target = [v - sum(fixed[i] * (c, n, 1.0)[i] for i in fixed if i not in free) for (c, n), v in zip(features, y)]
+        usable = [i for i in free if any(abs(r[free.index(i)]) > 0 for r in rows)]
+        if usable != free:
+            free = usable
+            continue
+        if not free:
+            return [fixed[0], fixed[1], fixed[2]]
+        try:
+            x = solve_least_squares(rows, target) if len(rows) >= len(free) else None
+        except ValueError:
+            x = None
+        if x is None:  # too few runs: keep only the compute term, then nothing
+            free = free[:-1]
+            continue
+        sol = dict(zip(free, x))
+        bad = [i for i in free if (i < 2 and sol[i] < 1.0) or (i == 2 and sol[i] < 0.0)]
+        if not bad:
+            return [sol.get(i, fixed[i]) for i in range(3)]
+        free = [i for i in free if i != bad[-1]]
+
+
+def _fit_memory(features: list[tuple[float, float]], y: list[float]) -> list[float]:
+    """(overhead_bytes, 1 + fragmentation) with both non-negative and the slope ≥ 1."""
+    target = [v - states for (states, _), v in zip(features, y)]
+    try:
+        if len(y) >= 2:
+            c0, c1 = solve_least_squares([(1.0, d) for _, d in features], target)
+            if c0 >= 0 and c1 >= 1:
+                return [c0, c1]
+    except ValueError:
+        pass
+    c0 = max(0.0, sum(v - d for (_, d), v in zip(features, target)) / len(target))
+    return [c0, 1.0]
+
+
+def _relative_errors(errors: list[float]) -> dict[str, float]:
+    return {"mean": sum(errors) / len(errors), "max": max(errors), "runs": len(errors)} if errors else {}
+
+
+def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = None) -> Calibration:
+    """Per cluster: fitted EstimateOptions, the coefficients, and leave-one-out relative errors."""
+    if not records:
+        raise SpecError.single("records", "calibration needs at least one measured run")
+    base = base or EstimateOptions()
+    ideal = base.replace(compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0, dp_overlap=0.0,
+                         overhead_bytes=0.0, fragmentation=0.0)
+    groups: dict[str, list[MeasuredRun]] = {}
+    for i, r in enumerate(records):
+        if not isinstance(r, MeasuredRun):
+            raise SpecError.single(f"records[{i}]", f"expected a MeasuredRun, got {type(r).__name__}")
+        validate_inputs(r.model, r.plan, r.cluster)
+        if not r.step_time_s > 0:
+            raise SpecError.single(f"records[{i}].step_time_s", f"step_time_s={r.step_time_s} must be positive")
+        groups.setdefault(_key(r.cluster), []).append(r)
+
+    result = {}
+    for key, runs in groups.items():
+        tf = [_time_features(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
+        ty = [r.step_time_s for r in runs]
+        mem_runs = [(i, r) for i, r in enumerate(runs) if r.memory_bytes is not None]
+        mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for _, r in mem_runs]
+        my = [r.memory_bytes for _, r in mem_runs]
+        xc, xn, x0 = _fit_time(tf, ty)
+        m0, m1 = _fit_memory(mf, my) if mf else [base.overhead_for(runs[0].cluster.gpu.name), 1 + base.fragmentation]
+        options = base.replace(compute_efficiency=min(1.0, 1 / xc), comm_efficiency=min(1.0, 1 / xn),
+                               step_overhead_s=x0, dp_overlap=0.0, overhead_bytes=m0, fragmentation=m1 - 1)
+
+        time_errors, memory_errors = [], []
+        if len(runs) >= 2:
+            for i in range(len(runs)):
+                c, n, _ = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:])
+                z = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:])
+                predicted = z[0] * tf[i][0] + z[1] * tf[i][1] + z[2]
+                time_errors.append(abs(predicted - ty[i]) / ty[i])
+        if len(mf) >= 2:
+            for i in range(len(mf)):
+                a0, a1 = _fit_memory(mf[:i] + mf[i + 1:], my[:i] + my[i + 1:])
+                predicted = mf[i][0] + a0 + a1 * mf[i][1]
+                memory_errors.append(abs(predicted - my[i]) / my[i])
+        result[key] = ClusterCalibration(key, len(runs), options, {"compute": xc, "communication": xn, "fixed_s": x0},
+                                         {"overhead_bytes": m0, "dynamic": m1}, _relative_errors(time_errors),
+                                         _relative_errors(memory_errors))
+    return Calibration(result)

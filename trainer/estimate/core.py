@@ -1,0 +1,231 @@
+"""The planner's arithmetic for one (model, plan, cluster): plain numbers, fast enough for the auto-tuner.
+
+``Planner`` holds what depends only on the model, cluster and options; ``Planner.evaluate(plan)`` returns a
+``PlanNumbers`` with every named term. ``report.estimate`` turns the same numbers into figures with formulas.
+
+Rank layout: ranks are numbered over a (dp, pp, tp) mesh with tp innermost, so rank = (d·pp + stage)·tp + j. A group
+of n ranks with stride k sits inside one node when n·k ≤ gpus_per_node (tp: stride 1; pp: t; dp and ep: t·p) and then
+uses the intra-node bandwidth, else the inter-node one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trainer.estimate import flops as F
+from trainer.estimate import memory as M
+from trainer.estimate.options import EstimateOptions
+from trainer.estimate.params import count, rank_params
+from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan
+
+GB = 1e9
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    params: int                    # parameters stored on the rank before data-parallel sharding
+    params_sharded: int            # after ZeRO-3 / FSDP sharding
+    states: dict[str, float]       # weights, gradients, optimizer, host
+    activations_per_microbatch: dict[str, float]
+    in_flight: float
+    layers: int
+    buffers: dict[str, float]
+    overhead: float
+
+    @property
+    def activations(self) -> float:
+        return self.in_flight * sum(self.activations_per_microbatch.values())
+
+    @property
+    def model_state_bytes(self) -> float:
+        s = self.states
+        return s["weights"] + s["gradients"] + s["optimizer"]
+
+    @property
+    def total(self) -> float:
+        return self.model_state_bytes + self.activations + sum(self.buffers.values()) + self.overhead
+
+
+@dataclass
+class PlanNumbers:
+    plan: ParallelPlan
+    stages: list[StageMemory]
+    peak_stage: int
+    peak_bytes: float
+    peak_rank: int
+    time: dict[str, float] = field(default_factory=dict)   # named seconds per step
+    step_s: float = 0.0
+    model_flops_per_step: float = 0.0
+    hardware_flops_per_step: float = 0.0
+    efficiency: float = 0.0
+    bandwidths: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    capacity_bytes: float = 0.0
+
+
+def _fits_in_node(size: int, stride: int, gpus_per_node: int) -> bool:
+    return size * stride <= gpus_per_node
+
+
+def ring_all_reduce_s(nbytes: float, n: int, bandwidth: float) -> float:
+    """2·(n−1)/n · S/β (REFERENCE.md, Communication cost model)."""
+    return 2 * (n - 1) / n * nbytes / bandwidth if n > 1 else 0.0
+
+
+def ring_gather_s(nbytes: float, n: int, bandwidth: float) -> float:
+    """All-gather or reduce-scatter of S bytes in total: (n−1)/n · S/β."""
+    return (n - 1) / n * nbytes / bandwidth if n > 1 else 0.0
+
+
+class Planner:
+    """Estimates for one model on one cluster under fixed options; ``evaluate`` is called once per plan."""
+
+    def __init__(self, model: ModelSpec, cluster: ClusterSpec, options: EstimateOptions | None = None):
+        self.model, self.cluster = model, cluster
+        self.options = options or EstimateOptions()
+        self.counts = count(model)
+        self.model_flops_per_token = F.model_flops_per_token(model)
+        self.peak_flops = cluster.gpu.peak_tflops * 1e12
+        self.capacity_bytes = cluster.gpu.memory_gb * GB
+        self.overhead_bytes = self.options.overhead_for(cluster.gpu.name)
+        self.kv_dim = model.kv_heads * model.head_dim
+        self._moe = (model.n_experts, model.top_k, model.capacity_factor) if model.is_moe else None
+        self._recompute = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
+
+    # ---- memory -------------------------------------------------------------------------------------------
+    def _layer_terms(self, plan: ParallelPlan, e: int, moe: bool, checkpointing: str | None = None):
+        m, o = self.model, self.options
+        return M.layer_activations(m.d_model, m.ffn, self.kv_dim, m.n_heads, m.seq_len, plan.micro_batch, plan.tp,
+                                   plan.sequence_parallel, checkpointing or plan.activation_checkpointing, e,
+                                   o.attention, m.dropout > 0, o.small_terms, self._moe if moe else None)
+
+    def stage_memory(self, plan: ParallelPlan, stage: int) -> StageMemory:
+        m, o = self.model, self.options
+        pp, tp, dp = plan.pp, plan.tp, plan.dp
+        e = M.activation_bytes_per_element(plan.precision)
+        v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
+        params = rank_params(m, tp, pp, v, stage, plan.ep)
+        sharded = rank_params(m, tp, pp, v, stage, plan.ep, dp) if (plan.zero_stage >= 3 and plan.engine == "native") \
+            else -(-params // dp)
+        states = M.model_states(params, sharded, dp, plan.zero_stage, plan.precision, plan.engine,
+                                plan.offload_optimizer, plan.offload_params)
+
+        layers = m.n_layers // pp
+        n_moe = sum(1 for i in range(layers) if m.is_moe_layer(i)) if m.is_moe else 0  # pp = 1 for MoE
+        acts: dict[str, float] = {}
+        for moe_layer, n in ((False, layers - n_moe), (True, n_moe)):
+            if n:
+                for name, value in self._layer_terms(plan, e, moe_layer):
+                    key = ("moe_" if moe_layer else "") + name
+                    acts[key] = acts.get(key, 0.0) + n * value
+        for name, value in M.edge_activations(m, stage == 0, stage == pp - 1, plan.micro_batch, tp,
+                                              plan.sequence_parallel, e, o.loss_bytes, o.small_terms):
+            acts[name] = value
+        flight = M.in_flight(plan.pipeline_schedule, pp, plan.grad_accum, v, stage)
+        buffers = self._buffers(plan, stage, params, sharded, e, layers)
+        dynamic = flight * sum(acts.values()) + sum(buffers.values())
+        overhead = self.overhead_bytes + o.fragmentation * dynamic
+        return StageMemory(stage, params, sharded, states, acts, flight, layers, buffers, overhead)
+
+    def _buffers(self, plan: ParallelPlan, stage: int, params: int, sharded: int, e: int, layers: int) -> dict:
+        """Transient tensors live at the peak, beside the saved activations."""
+        m, o = self.model, self.options
+        T = m.seq_len * plan.micro_batch
+        r = plan.tp if plan.sequence_parallel else 1
+        w_bytes, g_bytes, _ = M.state_bytes_per_param(plan.precision, plan.engine)
+        out: dict[str, float] = {}
+        if stage == plan.pp - 1:
+            # fp32 logits and their gradient exist together at the loss
+            out["logits_and_grad"] = 2.0 * T * -(-m.vocab_size // plan.tp) * o.loss_bytes
+        if plan.activation_checkpointing != "none":
+            # the backward of a recomputed layer re-creates that layer's full activations
+            out["recompute_working_set"] = sum(v for _, v in self._layer_terms(plan, e, bool(self._moe), "none"))
+        if plan.zero_stage >= 3 and plan.dp > 1:
+            # two layers' gathered weights (current + prefetch) and one layer's unsharded gradient
+            per_layer = params / max(layers, 1)
+            compute_bytes = e
+            out["gathered_params"] = 2 * per_layer * compute_bytes + per_layer * g_bytes
+        elif plan.engine == "native" and plan.dp > 1:
+            out["ddp_buckets"] = float(params * g_bytes)  # DDP keeps a flat copy of the gradients for all-reduce
+        elif plan.engine == "deepspeed" and plan.dp > 1:
+            out["zero_buckets"] = 2.0 * min(5e8, params) * g_bytes  # reduce + all-gather buckets of 5e8 elements
+        if plan.engine == "native" and plan.precision != "fp32" and plan.zero_stage < 3:
+            out["autocast_weight_copies"] = 2.0 * params  # 16-bit casts of the fp32 weights, saved for backward
+        if plan.pp > 1:
+            out["pipeline_p2p"] = 2.0 * T * m.d_model * e / r
+        if self._moe:
+            out["all_to_all"] = 2.0 * T * m.top_k * m.capacity_factor * m.d_model * e
+        return out
+
+    # ---- time ---------------------------------------------------------------------------------------------
+    def _bandwidth(self, size: int, stride: int) -> float:
+        c = self.cluster
+        gbs = c.intra_node_bandwidth_gbs if _fits_in_node(size, stride, c.gpus_per_node) else c.inter_node_bandwidth_gbs
+        return gbs * GB * self.options.comm_efficiency
+
+    def step_time(self, plan: ParallelPlan, params_first: int, sharded_first: int) -> tuple[dict, float, float, dict]:
+        m, o = self.model, self.options
+        tp, pp, dp, b = plan.tp, plan.pp, plan.dp, plan.micro_batch
+        mb = plan.grad_accum
+        e = M.activation_bytes_per_element(plan.precision)
+        T = m.seq_len * b
+        tokens = plan.global_batch * m.seq_len
+        hw_flops = (self.model_flops_per_token + self._recompute[plan.activation_checkpointing]) * tokens
+        work = b * m.seq_len * m.d_model / tp
+        eff = o.compute_efficiency * work / (work + o.efficiency_half_work)
+        compute = hw_flops / plan.world_size / (self.peak_flops * eff)
+
+        bw = {"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(pp, tp), "dp": self._bandwidth(dp, tp * pp),
+              "ep": self._bandwidth(plan.ep, tp * pp)}
+        layers = m.n_layers // pp
+        t: dict[str, float] = {"compute": compute}
+        if tp > 1:
+            n_ar = 6 if plan.activation_checkpointing == "full" else 4
+            t["tensor_parallel"] = mb * layers * n_ar * ring_all_reduce_s(T * m.d_model * e, tp, bw["tp"])
+        if self._moe and plan.ep > 1:
+            n_moe = sum(1 for i in range(layers) if m.is_moe_layer(i))
+            routed = T * m.top_k * m.capacity_factor * m.d_model * e
+            t["expert_all_to_all"] = mb * n_moe * 4 * (plan.ep - 1) / plan.ep * routed / bw["ep"]
+        per_microbatch_work = sum(t.values())
+        if pp > 1:
+            v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
+            t["pipeline_bubble"] = per_microbatch_work * (pp - 1) / (v * mb)
+            r = tp if plan.sequence_parallel else 1
+            t["pipeline_p2p"] = mb * v * 2 * (T * m.d_model * e / r) / bw["pp"]
+        if dp > 1:
+            _, g_bytes, _ = M.state_bytes_per_param(plan.precision, plan.engine)
+            grad_bytes = params_first * g_bytes
+            if plan.zero_stage >= 3:
+                # per micro-batch: all-gather weights for forward and for backward; one reduce-scatter per step
+                w_comm = M.activation_bytes_per_element(plan.precision)
+                gathers = 2 * mb * ring_gather_s(params_first * w_comm, dp, bw["dp"])
+                dp_s = gathers + ring_gather_s(grad_bytes, dp, bw["dp"])
+            else:
+                dp_s = ring_all_reduce_s(grad_bytes, dp, bw["dp"])
+            t["data_parallel"] = dp_s * (1 - o.dp_overlap)
+        if plan.offload_optimizer or plan.offload_params:
+            pcie = o.pcie_bandwidth_gbs * GB
+            moved = 2 * 2 * sharded_first if plan.offload_optimizer else 0  # 16-bit grads down, weights up
+            if plan.offload_params:
+                moved += 2 * mb * 2 * sharded_first
+            t["offload"] = moved / pcie
+        if o.step_overhead_s:
+            t["step_overhead"] = o.step_overhead_s
+        model_flops = self.model_flops_per_token * tokens
+        return t, model_flops, hw_flops, {"efficiency": eff, **bw}
+
+    # ---- both ---------------------------------------------------------------------------------------------
+    def evaluate(self, plan: ParallelPlan) -> PlanNumbers:
+        stages = [self.stage_memory(plan, 0)]
+        if plan.pp > 1:
+            stages.append(self.stage_memory(plan, plan.pp - 1))
+        peak = max(stages, key=lambda st: st.total)
+        t, model_flops, hw_flops, bw = self.step_time(plan, stages[0].params, stages[0].params_sharded)
+        return PlanNumbers(plan=plan, stages=stages, peak_stage=peak.stage, peak_bytes=peak.total,
+                           peak_rank=peak.stage * plan.tp, time=t, step_s=sum(t.values()),
+                           model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
+                           efficiency=bw.pop("efficiency"), bandwidths=bw, capacity_bytes=self.capacity_bytes)

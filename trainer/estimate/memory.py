@@ -1,0 +1,150 @@
+"""Memory per GPU: model states, activations, temporary buffers. Plain numbers; ``report`` attaches the formulas.
+
+Model states (REFERENCE.md, ZeRO §3.1), bytes per parameter (weights + gradients + optimizer):
+    DeepSpeed, 16-bit:  2 + 2 + 12  (fp32 master, momentum, variance)
+    fp32 (any engine):  4 + 4 + 8   (AdamW exp_avg, exp_avg_sq)
+    native, 16-bit:     4 + 4 + 8   (FSDP2 / autocast keep fp32 parameters and gradients; 16-bit copies are
+                                     transient, counted under buffers)
+ZeRO stage ≥ 1 shards the optimizer over the N_d data-parallel ranks, ≥ 2 the gradients, 3 the weights:
+    ZeRO-1 4Ψ + 12Ψ/N_d, ZeRO-2 2Ψ + 14Ψ/N_d, ZeRO-3 16Ψ/N_d (mixed precision).
+The native engine's ZeRO-3 is FSDP2, which chunks dimension 0 of each tensor (exact per rank, see params.py);
+DeepSpeed partitions a flat buffer (ceil(Ψ/N_d) per rank).
+
+Activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2; REFERENCE.md), T = s·b tokens,
+e bytes per activation element, r = t with sequence parallel else 1:
+    layernorm inputs   2·T·h·e / r     layernorm outputs  2·T·h·e / r      (the 4 + 4 of the "10")
+    dropout masks      2·T·h·1 / r     (the 2 of the "10"; only with dropout)
+    qkv                T·(h + 2kv)·e / t   attention output (c_proj input) T·h·e / t
+    MLP                2·T·f·e / t     (c_fc output, GELU output: 16 of the "24" with f = 4h)
+    attention core     math: T·a·s·e/t (softmax) + with dropout T·a·s·(1 + e)/t (mask, dropped scores)
+                       fused: T·a·4/t (log-sum-exp)
+With e = 2, f = 4h, kv = h and dropout these give s·b·h·(34 + 5as/h) at t = 1, s·b·h·(10 + 24/t + 5as/(ht)) with tensor
+parallel, everything / t with sequence parallel; selective recompute drops the attention core; full recompute keeps the
+layer input only (2·s·b·h at e = 2). Small terms Korthikanti leaves out (options.small_terms): LayerNorm mean and 1/σ
+(2 × 4 bytes per token per LayerNorm), the log-sum-exp of fused attention, the causal mask of math attention (s² bytes),
+index tensors (int64). These constants were checked against what autograd saves in a nanoGPT-style layer
+(tests/trainer/test_estimate_activations_torch.py).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from trainer.spec import ModelSpec
+
+LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32
+INDEX_BYTES = 8     # int64 token ids, positions, targets
+
+
+def activation_bytes_per_element(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def state_bytes_per_param(precision: str, engine: str) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter before sharding."""
+    if precision != "fp32" and engine == "deepspeed":
+        return 2, 2, 12
+    return 4, 4, 8
+
+
+def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, precision: str, engine: str,
+                 offload_optimizer: bool = False, offload_params: bool = False) -> dict[str, int]:
+    """Bytes of weights, gradients, optimizer states on one GPU, and what offload keeps in host memory.
+
+    ``params`` are the rank's parameters before data-parallel sharding; ``params_sharded`` after ZeRO-3/FSDP sharding
+    (the native engine's exact per-tensor chunks; for DeepSpeed pass ceil(params / dp)).
+    """
+    w, g, o = state_bytes_per_param(precision, engine)
+    flat_shard = -(-params // dp)
+    sharded = params_sharded if engine == "native" else flat_shard
+    weights = w * (sharded if zero_stage >= 3 else params)
+    grads = g * (sharded if zero_stage >= 3 else flat_shard if zero_stage == 2 else params)
+    optimizer = o * (sharded if zero_stage >= 3 else flat_shard if zero_stage >= 1 else params)
+    host = 0
+    if offload_optimizer:
+        host += optimizer
+        optimizer = 0
+    if offload_params:
+        host += weights
+        weights = 0
+    return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+
+@lru_cache(maxsize=8192)
+def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, sp: bool, checkpointing: str,
+                      e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None
+                      ) -> tuple[tuple[str, float], ...]:
+    """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
+
+    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms.
+    """
+    T = s * b
+    r = t if sp else 1
+    if checkpointing == "full":
+        return (("layer_input", T * h * e / r),)
+    terms = [("layernorm_inputs", 2 * T * h * e / r), ("layernorm_outputs", 2 * T * h * e / r)]
+    if small_terms:
+        terms.append(("layernorm_stats", 2 * 2 * T * LN_STAT_BYTES / r))
+    if dropout:
+        terms.append(("dropout_masks", 2 * T * h / r))
+    terms += [("qkv", T * (h + 2 * kv) * e / t), ("attention_output", T * h * e / t)]
+    if checkpointing != "selective":
+        if attention == "math":
+            terms.append(("attention_scores", T * a * s * e / t))
+            if dropout:
+                terms.append(("attention_dropout", T * a * s * (1 + e) / t))
+            if small_terms:
+                terms.append(("causal_mask", float(s * s)))
+        elif small_terms:
+            terms.append(("attention_logsumexp", T * a * 4 / t))
+    if moe:
+        n_experts, top_k, capacity = moe
+        routed = T * top_k * capacity
+        terms += [("router_probs", T * n_experts * 4), ("expert_inputs", routed * h * e),
+                  ("expert_mlp", 2 * routed * f * e / t)]
+    else:
+        terms.append(("mlp", 2 * T * f * e / t))
+    return tuple(terms)
+
+
+@lru_cache(maxsize=8192)
+def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, sp: bool, e: int, loss_bytes: int,
+                     small_terms: bool) -> tuple[tuple[str, float], ...]:
+    """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch."""
+    s, h, V = model.seq_len, model.d_model, model.vocab_size
+    T = s * b
+    r = t if sp else 1
+    terms = []
+    if first:
+        if small_terms:
+            terms.append(("token_ids", T * INDEX_BYTES))
+            if model.positions == "learned":
+                terms.append(("position_ids", s * INDEX_BYTES))
+        if model.dropout > 0:
+            terms.append(("embedding_dropout_mask", T * h / r))
+    if last:
+        terms += [("final_layernorm_input", T * h * e / r), ("final_layernorm_output", T * h * e / r),
+                  ("log_probs", T * -(-V // t) * loss_bytes)]
+        if small_terms:
+            terms += [("final_layernorm_stats", 2 * T * LN_STAT_BYTES / r), ("targets", T * INDEX_BYTES),
+                      ("loss_scalars", 4)]
+    return tuple(terms)
+
+
+def in_flight(schedule: str, pp: int, m: int, v: int, stage: int) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak (REFERENCE.md, Pipeline bubble).
+
+    No pipeline: 1 (gradient accumulation frees each micro-batch after its backward). GPipe: all m.
+    1F1B: stage i holds min(m, p − i). Interleaved: stage 0 holds p·(1 + (p−1)/(p·v)) = p + (p−1)/v
+    (Korthikanti 2022); stage i is taken as (p − i) + (p − 1)/v.
+    """
+    if pp <= 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved":
+        return min(float(m), (pp - stage) + (pp - 1) / v)
+    return float(min(m, pp - stage))
+
+
+def layers_on_stage(model: ModelSpec, pp: int) -> int:
+    return model.n_layers // pp
