@@ -1,0 +1,391 @@
+"""Profile a few training steps per rank and digest the traces into compute / communication / idle shares.
+
+Files, under ``<run>/profiles/<name>/``:
+
+    rank-<r>.trace.json.gz    torch.profiler chrome trace of the profiled steps, gzipped
+    summary-rank-<r>.json     that trace digested (``summarize_trace``), written by the rank itself
+    summary.json              all ranks merged (``write_summary``), written by rank 0 after a barrier
+
+Definitions (all per rank, in one trace; times are interval unions, so nothing is counted twice):
+
+* wall: the union of the ``ProfilerStep#<n>`` spans, i.e. the profiled steps end to end. Everything else is
+  clipped to it.
+* timeline: the events analysed. On a GPU trace, the device's kernels and memory copies (per stream); on a CPU-only
+  trace, the host operators (per thread). Host operators of a GPU trace only launch work and are not counted.
+* communication: events whose name marks a collective or point-to-point transfer: ``gloo:…`` and ``nccl:…``
+  annotations (gloo runs collectives on its own ``pt_gloo_runloop`` threads, and records a blocking ``gloo:recv``
+  on the caller's thread), ``c10d::…`` and ``_c10d_functional::…`` operators, ``record_param_comms`` and NCCL kernels.
+  A communication event covers its children: the copies inside a collective are communication.
+* compute: time covered by a non-communication operator (``cpu_op`` category on the host, kernels on the device) on
+  a thread or stream, minus that thread's communication. Annotation ranges (``record_function`` labels such as
+  ``Optimizer.step#…`` or ``DistributedDataParallel.forward``) are labels, not work: a rank blocked inside one waiting
+  for a collective must not count as computing.
+* exposed communication: communication time during which no thread or stream of the rank computes; overlapped
+  communication is the rest (a gradient all-reduce running while backward goes on).
+* idle: wall − (compute ∪ communication): Python between operators, data loading, sleeps, waits no event records.
+
+compute + exposed communication + idle = wall, so their shares sum to 1. Overlapped communication is reported
+beside them, as a share of wall too.
+
+``bubble`` = 1 − compute share = exposed communication + idle: the fraction of a step in which a rank does no work.
+For a pipeline stage this is the time it waits for activations or gradients from its neighbours (recorded as
+``gloo:recv``/``nccl:recv`` — exposed communication — or as gaps), plus transfer time and host overhead.
+With p equal stages, m micro-batches and free transfers, a GPipe or 1F1B stage computes m units of work in
+m + p − 1 units of time, so its bubble is (p − 1)/(m + p − 1): the figure to compare against. The measured one is
+higher by the real transfer time and the host overhead, which the no-pipeline baseline's bubble estimates.
+
+Top operators: by self time (duration minus that of operators nested in it on the same thread), over the timeline's
+operators and communication events, with counts. MFU is computed elsewhere (it needs the model's FLOPs).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable
+
+from trainer.runfolder import PROFILES, read_json, write_json_atomic
+
+__all__ = ["StepProfiler", "summarize_trace", "summarize_traces", "write_summary", "is_communication",
+           "union", "intersect", "subtract", "total"]
+
+TOP_OPS = 15
+_COMM = re.compile(r"^(gloo:|nccl:|c10d::|c10d:|_c10d_functional::|c10d_functional::|record_param_comms"
+                   r"|ncclKernel|ncclDevKernel)")
+_DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+_STEP = re.compile(r"^ProfilerStep#\d+$")
+_TRACE_RE = re.compile(r"^rank-(\d+)\.trace\.json(\.gz)?$")
+_SUMMARY_RE = re.compile(r"^summary-rank-(\d+)\.json$")
+
+Interval = tuple[float, float]
+
+
+def is_communication(name: str) -> bool:
+    return bool(_COMM.match(name))
+
+
+# ---------------------------------------------------------------- interval arithmetic on sorted, disjoint lists
+
+
+def union(intervals: Iterable[Interval]) -> list[Interval]:
+    """Merge intervals into a sorted list of disjoint ones; empty intervals vanish."""
+    merged: list[list[float]] = []
+    for start, end in sorted(i for i in intervals if i[1] > i[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(s, e) for s, e in merged]
+
+
+def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """a ∩ b for two unions."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
+    """a − b for two unions."""
+    out, j = [], 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k, cur = j, start
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def total(a: list[Interval]) -> float:
+    return sum(e - s for s, e in a)
+
+
+# ---------------------------------------------------------------- one trace
+
+
+def _load(path: Path) -> dict[str, Any]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        data = json.load(f)
+    return data if isinstance(data, dict) else {"traceEvents": data}
+
+
+def _self_times(events: list[dict]) -> dict[tuple, float]:
+    """Self time of each event (by identity within its thread): its duration minus that of its direct children."""
+    self_time: dict[int, float] = {}
+    by_thread: dict[tuple, list[dict]] = defaultdict(list)
+    for e in events:
+        by_thread[(e["pid"], e["tid"])].append(e)
+    for evs in by_thread.values():
+        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack: list[dict] = []
+        for e in evs:
+            while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
+                stack.pop()
+            self_time[id(e)] = e["dur"]
+            if stack:
+                self_time[id(stack[-1])] -= min(e["dur"], stack[-1]["ts"] + stack[-1]["dur"] - e["ts"])
+            stack.append(e)
+    return self_time
+
+
+def summarize_trace(path: str | os.PathLike, steps: int | None = None) -> dict[str, Any]:
+    """Digest one rank's chrome trace (plain or gzipped) by the definitions in the module docstring. Times in ms.
+
+    ``steps`` keeps only the first so many profiled steps: a profiler stopped mid-window also records the unfinished
+    step from the last ``step()`` call to the stop, which is not a training step.
+    """
+    path = Path(path)
+    events = [e for e in _load(path).get("traceEvents", [])
+              if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float)) and "ts" in e]
+    spans = sorted((e for e in events if _STEP.match(e.get("name", "")) and e.get("cat") != "gpu_user_annotation"),
+                   key=lambda e: e["ts"])[:steps]
+    device = [e for e in events if e.get("cat") in _DEVICE_CATS]
+    if device:
+        timeline, name = device, "device"
+    else:
+        timeline, name = [e for e in events if e.get("cat") == "cpu_op" or
+                          (is_communication(e.get("name", "")) and not e.get("cat", "").startswith("gpu"))], "cpu"
+    if spans:
+        window = union((e["ts"], e["ts"] + e["dur"]) for e in spans)
+    elif timeline:  # a trace taken without a step schedule: its whole span
+        window = [(min(e["ts"] for e in timeline), max(e["ts"] + e["dur"] for e in timeline))]
+    else:
+        window = []
+
+    comm_parts, compute_parts = [], []
+    threads: dict[tuple, list[dict]] = defaultdict(list)
+    for e in timeline:
+        threads[(e["pid"], e["tid"])].append(e)
+    for evs in threads.values():
+        comm_t = union((e["ts"], e["ts"] + e["dur"]) for e in evs if is_communication(e["name"]))
+        work_t = union((e["ts"], e["ts"] + e["dur"]) for e in evs if not is_communication(e["name"]))
+        comm_parts.extend(comm_t)
+        compute_parts.extend(subtract(work_t, comm_t))
+    comm = intersect(union(comm_parts), window)
+    compute = intersect(union(compute_parts), window)
+    exposed = subtract(comm, compute)
+    busy = union(compute + comm)
+    wall = total(window)
+
+    ms = lambda us: round(us / 1000.0, 4)  # noqa: E731  (chrome traces count microseconds)
+    share = lambda us: us / wall if wall else 0.0  # noqa: E731
+    compute_us, comm_us, exposed_us = total(compute), total(comm), total(exposed)
+    idle_us = wall - total(busy)
+    return {
+        "trace": path.name,
+        "timeline": name,
+        "steps": len(spans),
+        "step_ms": [ms(e["dur"]) for e in spans],
+        "wall_ms": ms(wall),
+        "compute_ms": ms(compute_us),
+        "comm_ms": ms(comm_us),
+        "comm_exposed_ms": ms(exposed_us),
+        "comm_overlapped_ms": ms(comm_us - exposed_us),
+        "idle_ms": ms(idle_us),
+        "shares": {"compute": share(compute_us), "comm_exposed": share(exposed_us), "idle": share(idle_us),
+                   "comm_overlapped": share(comm_us - exposed_us), "comm": share(comm_us)},
+        "bubble": share(wall - compute_us),
+        "top_ops": _top_ops(timeline, window),
+        "comm_ops": _comm_ops(timeline, window),
+    }
+
+
+def _inside(e: dict, window: list[Interval]) -> bool:
+    return any(s <= e["ts"] < end for s, end in window)
+
+
+def _top_ops(timeline: list[dict], window: list[Interval]) -> list[dict[str, Any]]:
+    self_time = _self_times(timeline)
+    stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for e in timeline:
+        if _inside(e, window):
+            s = stats[e["name"]]
+            s[0] += 1
+            s[1] += self_time[id(e)]
+            s[2] += e["dur"]
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][1])[:TOP_OPS]
+    return [{"name": n, "count": int(c), "self_ms": round(st / 1000, 4), "total_ms": round(tt / 1000, 4),
+             "comm": is_communication(n)} for n, (c, st, tt) in ranked]
+
+
+def _comm_ops(timeline: list[dict], window: list[Interval]) -> list[dict[str, Any]]:
+    """Per communication name: count and summed duration (not a union: concurrent transfers add up)."""
+    stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in timeline:
+        if is_communication(e["name"]) and _inside(e, window):
+            stats[e["name"]][0] += 1
+            stats[e["name"]][1] += e["dur"]
+    return [{"name": n, "count": int(c), "total_ms": round(t / 1000, 4)}
+            for n, (c, t) in sorted(stats.items(), key=lambda kv: -kv[1][1])]
+
+
+# ---------------------------------------------------------------- all ranks
+
+
+def _merge(name: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """One summary over ranks: mean shares (each rank weighs the same), the slowest wall, summed operator times."""
+    ranks = sorted(ranks, key=lambda r: r.get("rank", 0))
+    ok = [r for r in ranks if "shares" in r]
+    keys = ("compute", "comm_exposed", "idle", "comm_overlapped", "comm")
+    ops: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+    for r in ok:
+        for op in r["top_ops"]:
+            o = ops[op["name"]]
+            o[0] += op["count"]
+            o[1] += op["self_ms"]
+            o[2] += op["total_ms"]
+    top = sorted(ops.items(), key=lambda kv: -kv[1][1])[:TOP_OPS]
+    return {
+        "name": name,
+        "world": len(ranks),
+        "ranks": ranks,
+        "wall_ms": max((r["wall_ms"] for r in ok), default=0.0),
+        "steps": max((r["steps"] for r in ok), default=0),
+        "shares": {k: sum(r["shares"][k] for r in ok) / len(ok) if ok else 0.0 for k in keys},
+        "bubble": sum(r["bubble"] for r in ok) / len(ok) if ok else 0.0,
+        "bubble_max": max((r["bubble"] for r in ok), default=0.0),
+        "top_ops": [{"name": n, "count": int(c), "self_ms": round(s, 4), "total_ms": round(t, 4),
+                     "comm": is_communication(n)} for n, (c, s, t) in top],
+    }
+
+
+def _rank_traces(folder: Path) -> dict[int, Path]:
+    found = {}
+    for p in folder.iterdir() if folder.is_dir() else []:
+        m = _TRACE_RE.match(p.name)
+        if m:
+            found[int(m.group(1))] = p
+    return found
+
+
+def summarize_traces(folder: str | os.PathLike) -> dict[str, Any]:
+    """Digest every ``rank-<r>.trace.json[.gz]`` in a profile folder and merge them (see ``_merge``)."""
+    folder = Path(folder)
+    ranks = [{"rank": r, **summarize_trace(p)} for r, p in sorted(_rank_traces(folder).items())]
+    return _merge(folder.name, ranks)
+
+
+def write_summary(folder: str | os.PathLike) -> dict[str, Any]:
+    """Merge the ranks' ``summary-rank-<r>.json`` into ``summary.json`` (digesting a trace whose summary is missing).
+
+    Rank 0 calls this after a barrier, once every rank has written its trace and summary.
+    """
+    folder = Path(folder)
+    ranks: dict[int, dict[str, Any]] = {}
+    for p in folder.iterdir() if folder.is_dir() else []:
+        m = _SUMMARY_RE.match(p.name)
+        data = read_json(p) if m else None
+        if isinstance(data, dict):
+            ranks[int(m.group(1))] = data
+    for r, trace in _rank_traces(folder).items():
+        if r not in ranks:
+            ranks[r] = {"rank": r, **summarize_trace(trace)}
+    merged = _merge(folder.name, list(ranks.values()))
+    write_json_atomic(folder / "summary.json", merged)
+    return merged
+
+
+# ---------------------------------------------------------------- the profiler the training loop drives
+
+
+class StepProfiler:
+    """torch.profiler over the steps a ProfileSpec names; a no-op without one.
+
+    Call ``step()`` after every training step and ``close()`` at the end (or use it as a context manager).
+    ``first_step`` is the step the loop starts from, so a resumed run profiles the same absolute steps; a run
+    resumed past ``start_step`` does not profile.
+    """
+
+    def __init__(self, profile_spec, out_dir: str | os.PathLike, rank: int, first_step: int = 0):
+        self.spec, self.rank = profile_spec, rank
+        self.folder = Path(out_dir) / PROFILES / profile_spec.name if profile_spec else None
+        self.trace_path = self.folder / f"rank-{rank}.trace.json.gz" if self.folder else None
+        self.summary_path = self.folder / f"summary-rank-{rank}.json" if self.folder else None
+        self.summary: dict[str, Any] | None = None
+        self._prof = None
+        self._calls = 0  # step() calls so far
+        if profile_spec is None or first_step > profile_spec.start_step:
+            return
+        import torch
+        from torch.profiler import ProfilerActivity, profile, schedule
+
+        self._lead = profile_spec.start_step - first_step  # unrecorded steps before the first profiled one
+        warmup = min(profile_spec.warmup, self._lead)
+        activities = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(ProfilerActivity.CUDA)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*warmup.*")  # warmup=0 is the spec's choice, not a mistake
+            when = schedule(wait=self._lead - warmup, warmup=warmup, active=profile_spec.steps, repeat=1)
+        self._prof = profile(activities=activities, schedule=when, on_trace_ready=self._write,
+                             record_shapes=False, with_stack=False)
+        self._prof.start()
+
+    @property
+    def enabled(self) -> bool:
+        return self._prof is not None
+
+    @property
+    def written(self) -> bool:
+        return self.summary is not None
+
+    def step(self) -> None:
+        if self._prof is not None:
+            self._calls += 1
+            self._prof.step()
+
+    def close(self) -> None:
+        if self._prof is not None:
+            prof, self._prof = self._prof, None
+            prof.stop()  # inside the active window this still writes what was recorded
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _write(self, prof) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        fd, raw = tempfile.mkstemp(prefix=f".rank-{self.rank}.", suffix=".json", dir=self.folder)
+        os.close(fd)
+        packed = raw + ".gz"
+        try:
+            prof.export_chrome_trace(raw)
+            with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
+                shutil.copyfileobj(src, dst)
+            os.chmod(packed, 0o644)
+            os.replace(packed, self.trace_path)
+        finally:
+            Path(raw).unlink(missing_ok=True)
+            Path(packed).unlink(missing_ok=True)
+        try:
+            done = min(self.spec.steps, max(0, self._calls - self._lead))  # profiled steps that finished
+            summary = {"rank": self.rank, "profile": self.spec.name, **summarize_trace(self.trace_path, steps=done)}
+        except Exception as exc:  # a digest that fails must not fail the training run; the trace is kept
+            print(f"profiling: could not summarize {self.trace_path}: {exc!r}", file=sys.stderr)
+            summary = {"rank": self.rank, "profile": self.spec.name, "trace": self.trace_path.name,
+                       "error": repr(exc)}
+        write_json_atomic(self.summary_path, summary)
+        self.summary = summary
