@@ -92,7 +92,8 @@ class Planner:
         self.peak_flops = cluster.gpu.peak_tflops * 1e12
         self.capacity_bytes = cluster.gpu.memory_gb * GB
         self.overhead_bytes = self.options.overhead_for(cluster.gpu.name)
-        self.kv_dim = model.kv_heads * model.head_dim
+        # grouped-query keys and values are repeated to n_heads before the attention kernel (options.repeat_kv)
+        self.kv_dim = model.d_model if self.options.repeat_kv else model.kv_heads * model.head_dim
         self._moe = (model.n_experts, model.top_k, model.capacity_factor) if model.is_moe else None
         self._recompute = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
 
@@ -101,7 +102,8 @@ class Planner:
         m, o = self.model, self.options
         return M.layer_activations(m.d_model, m.ffn, self.kv_dim, m.n_heads, m.seq_len, plan.micro_batch, plan.tp,
                                    plan.sequence_parallel, checkpointing or plan.activation_checkpointing, e,
-                                   o.attention, m.dropout > 0, o.small_terms, self._moe if moe else None)
+                                   o.attention, m.dropout > 0, o.small_terms, self._moe if moe else None,
+                                   m.positions == "rope", m.head_dim)
 
     def stage_memory(self, plan: ParallelPlan, stage: int) -> StageMemory:
         m, o = self.model, self.options

@@ -14,8 +14,8 @@ Activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2; 
 e bytes per activation element, r = t with sequence parallel else 1:
     layernorm inputs   2·T·h·e / r     layernorm outputs  2·T·h·e / r      (the 4 + 4 of the "10")
     dropout masks      2·T·h·1 / r     (the 2 of the "10"; only with dropout)
-    qkv                T·(h + 2kv)·e / t   attention output (c_proj input) T·h·e / t
-    MLP                2·T·f·e / t     (c_fc output, GELU output: 16 of the "24" with f = 4h)
+    qkv                T·(h + 2kv)·e / t   attention output (out-projection input) T·h·e / t
+    MLP                2·T·f·e / t     (up output, GELU output: 16 of the "24" with f = 4h)
     attention core     math: T·a·s·e/t (softmax) + with dropout T·a·s·(1 + e)/t (mask, dropped scores)
                        fused: T·a·4/t (log-sum-exp)
 With e = 2, f = 4h, kv = h and dropout these give s·b·h·(34 + 5as/h) at t = 1, s·b·h·(10 + 24/t + 5as/(ht)) with tensor
@@ -71,11 +71,13 @@ def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, pre
 
 @lru_cache(maxsize=8192)
 def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, sp: bool, checkpointing: str,
-                      e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None
-                      ) -> tuple[tuple[str, float], ...]:
+                      e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None,
+                      rope: bool = False, head_dim: int = 0) -> tuple[tuple[str, float], ...]:
     """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
 
-    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms.
+    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms. ``kv`` is the
+    key/value width attention saves: n_kv_heads·head_dim, or h when grouped-query heads are repeated before the
+    kernel (the native trainer does). ``rope``: rotary positions (measured: one extra T·h·e, plus the cos/sin tables).
     """
     T = s * b
     r = t if sp else 1
@@ -87,6 +89,11 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
     if dropout:
         terms.append(("dropout_masks", 2 * T * h / r))
     terms += [("qkv", T * (h + 2 * kv) * e / t), ("attention_output", T * h * e / t)]
+    if rope:
+        # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
+        terms.append(("rotary", T * h * e / t))
+        if small_terms:
+            terms.append(("rotary_tables", 2 * s * (head_dim // 2) * 4.0))
     if checkpointing != "selective":
         if attention == "math":
             terms.append(("attention_scores", T * a * s * e / t))

@@ -26,6 +26,8 @@ class EstimateOptions:
     step_overhead_s: fixed seconds per step (optimizer launch, host work, synchronisation).
     overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
     fragmentation: extra fraction of the dynamic part (activations + buffers) lost to allocator fragmentation.
+    repeat_kv: grouped-query keys/values are repeated to n_heads before attention, so autograd saves 3·h per token
+        for q, k, v (the native trainer does); False saves h + 2·n_kv_heads·head_dim (kernels with native GQA).
     pcie_bandwidth_gbs: host link used by CPU offload.
     loss_bytes: bytes per element of the logits the loss works on (fp32, as autocast and Megatron do).
     """
@@ -40,6 +42,7 @@ class EstimateOptions:
     overhead_bytes: float | None = None
     fragmentation: float = 0.0
     pcie_bandwidth_gbs: float = 25.0
+    repeat_kv: bool = True
     loss_bytes: int = 4
 
     def problems(self) -> dict[str, list[str]]:

@@ -1,11 +1,11 @@
 """Exact parameter counts: the whole model, per token (MoE active), and on one rank.
 
 A GPT block (REFERENCE.md, Parameters) holds, with kv = n_kv_heads·head_dim and f the FFN width:
-    ln_1, ln_2            2·(h + h)                 (weight + bias; weight only without biases)
-    attention  c_attn     h·(h + 2kv) + (h + 2kv)   column-parallel (rows split by t)
-               c_proj     h·h + h                   row-parallel (columns split by t, bias replicated)
-    MLP        c_fc       f·h + f                   column-parallel
-               c_proj     h·f + h                   row-parallel
+    ln1, ln2              2·(h + h)                 (weight + bias; weight only without biases)
+    attention  q, k, v    h·(h + 2kv) + (h + 2kv)   column-parallel (rows split by t)
+               out        h·h + h                   row-parallel (columns split by t, bias replicated)
+    MLP        up         f·h + f                   column-parallel
+               down       h·f + h                   row-parallel
 = 12h² + 13h for kv = h, f = 4h. A mixture-of-experts block swaps the MLP for E experts (2hf + f + h each) and a
 router h·E. Outside the blocks: token embedding V·h (vocabulary split by t), learned positions s·h, final LayerNorm
 2h and, when untied, an LM head V·h.
@@ -58,30 +58,31 @@ def _linear(name: str, out: int, inp: int, bias: bool, tp_dim: int | None, exper
 
 
 def block_tensors(model: ModelSpec, moe: bool) -> list[ParamTensor]:
-    """The tensors of one block; a MoE block lists one expert's tensors (times n_experts in ``block_count``)."""
+    """The tensors of one block, named as the native trainer names them (q, k, v are separate tensors, which
+    matters for FSDP's per-tensor chunks); a MoE block lists one expert's tensors (× n_experts in the counts)."""
     h, f, kv, bias = model.d_model, model.ffn, model.kv_heads * model.head_dim, model.bias
-    tensors = _layernorm("ln_1", h, bias) + _linear("attn.c_attn", h + 2 * kv, h, bias, 0) \
-        + _linear("attn.c_proj", h, h, bias, 1) + _layernorm("ln_2", h, bias)
+    tensors = _layernorm("ln1", h, bias) + _linear("attn.q", h, h, bias, 0) + _linear("attn.k", kv, h, bias, 0) \
+        + _linear("attn.v", kv, h, bias, 0) + _linear("attn.out", h, h, bias, 1) + _layernorm("ln2", h, bias)
     if moe:
         tensors += [ParamTensor("moe.router.weight", model.n_experts, h)]
-        tensors += _linear("moe.expert.c_fc", f, h, bias, 0, True) + _linear("moe.expert.c_proj", h, f, bias, 1, True)
+        tensors += _linear("moe.expert.up", f, h, bias, 0, True) + _linear("moe.expert.down", h, f, bias, 1, True)
     else:
-        tensors += _linear("mlp.c_fc", f, h, bias, 0) + _linear("mlp.c_proj", h, f, bias, 1)
+        tensors += _linear("mlp.up", f, h, bias, 0) + _linear("mlp.down", h, f, bias, 1)
     return tensors
 
 
 def embedding_tensors(model: ModelSpec) -> list[ParamTensor]:
-    tensors = [ParamTensor("wte.weight", model.vocab_size, model.d_model, 0)]
+    tensors = [ParamTensor("embed.tokens.weight", model.vocab_size, model.d_model, 0)]
     if model.positions == "learned":
-        tensors.append(ParamTensor("wpe.weight", model.seq_len, model.d_model))
+        tensors.append(ParamTensor("embed.positions.weight", model.seq_len, model.d_model))
     return tensors
 
 
 def final_tensors(model: ModelSpec, pipelined: bool) -> list[ParamTensor]:
     """Final LayerNorm and the head; a tied head is a separate copy only when the last stage is not the first."""
-    tensors = _layernorm("ln_f", model.d_model, model.bias)
+    tensors = _layernorm("norm", model.d_model, model.bias)
     if not model.tied_embeddings or pipelined:
-        tensors.append(ParamTensor("lm_head.weight", model.vocab_size, model.d_model, 0))
+        tensors.append(ParamTensor("head.weight", model.vocab_size, model.d_model, 0))
     return tensors
 
 
