@@ -16,6 +16,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.split("\n")[0])
     parser.add_argument("--spec", required=True, help="the run's spec.json")
     parser.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
+    parser.add_argument("--until-step", type=int, default=0,
+                        help="stop after this step with a checkpoint, as on SIGTERM (0: run all steps)")
     parser.add_argument("--output-dir", default="", help="run folder (default: the spec's output_dir)")
     args = parser.parse_args(argv)
 
@@ -36,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.train import run
 
     run_dir = Path(args.output_dir or spec.output_dir)
-    run(spec, run_dir, resume=args.resume)
+    run(spec, run_dir, resume=args.resume, stop_at=args.until_step)
     import torch.distributed as dist
 
     if dist.is_initialized():

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from trainer import flops as flops_mod
@@ -69,7 +70,10 @@ class StopRequest:
 
     def __init__(self):
         self.requested = False
-        signal.signal(signal.SIGTERM, self._handle)
+        self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
 
     def _handle(self, signum, frame) -> None:
         self.requested = True
@@ -92,6 +96,7 @@ class StepContext:
     pm: ParallelModel
     scaler: LossScaler
     probe: Optional[SavedActivations] = None  # measuring saved activations of the next micro-batch
+    probe_loss: bool = False  # the pipeline's loss function still has to be measured once
 
     def autocast(self):
         precision = self.spec.plan.precision
@@ -101,6 +106,11 @@ class StepContext:
     def loss_context(self):
         # Cross-entropy on vocabulary-sharded logits (and its backward) must run inside loss_parallel().
         return loss_parallel() if self.pm.loss_parallel else contextlib.nullcontext()
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A loss computed under loss_parallel is a replicated DTensor; the value itself is its local tensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _tensor(batch, device: torch.device) -> torch.Tensor:
@@ -137,7 +147,7 @@ def forward_backward(ctx: StepContext, micro: list) -> torch.Tensor:
                 with ctx.autocast():
                     loss = loss_fn(model(x), y)
             (loss * (ctx.scaler.scale / n)).backward()
-        total += loss.detach().float()
+        total += _plain(loss.detach()).float()
     return total / n
 
 
@@ -153,7 +163,7 @@ def _pipeline_forward_backward(ctx: StepContext, micro: list) -> torch.Tensor:
     if not losses:
         return torch.zeros((), device=device)
     # The loss function returned scale × loss; report the loss itself.
-    return torch.stack([l.detach().float() for l in losses]).mean() / ctx.scaler.scale
+    return torch.stack([_plain(l.detach()).float() for l in losses]).mean() / ctx.scaler.scale
 
 
 def make_pipeline_loss(get_ctx):
@@ -161,11 +171,11 @@ def make_pipeline_loss(get_ctx):
 
     def pipeline_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         ctx = get_ctx()
-        probe = ctx.probe if ctx is not None else None
+        probe = ctx.probe if ctx is not None and ctx.probe_loss else None
         with probe if probe is not None else contextlib.nullcontext():
             loss = loss_fn(logits, targets)
         if probe is not None:
-            ctx.probe = None  # only the first micro-batch is measured
+            ctx.probe_loss = False  # only the first micro-batch is measured
         return loss * (ctx.scaler.scale if ctx is not None else 1.0)
 
     return pipeline_loss
@@ -208,7 +218,7 @@ def evaluate(ctx: StepContext, batches: list) -> float:
             if pm.schedule is None:
                 total = torch.zeros((), device=device, dtype=torch.float64)
                 for x, y in batches:
-                    total += loss_fn(pm.callables[0](_tensor(x, device)), _tensor(y, device)).double()
+                    total += _plain(loss_fn(pm.callables[0](_tensor(x, device)), _tensor(y, device))).double()
                 value = total / len(batches)
             else:
                 m = ctx.spec.plan.grad_accum
@@ -220,7 +230,7 @@ def evaluate(ctx: StepContext, batches: list) -> float:
                     args = (x,) if pm.has_first_stage else ()
                     kwargs = {"target": y, "losses": losses} if pm.has_last_stage else {}
                     pm.schedule.eval(*args, **kwargs)
-                value = (torch.stack([l.double() for l in losses]).mean() / ctx.scaler.scale if losses
+                value = (torch.stack([_plain(l).double() for l in losses]).mean() / ctx.scaler.scale if losses
                          else torch.zeros((), device=device, dtype=torch.float64))
     finally:
         for m in pm.modules:
@@ -248,19 +258,20 @@ def _seed_rank(spec: RunSpec, topo: Topology, step: int) -> None:
     torch.manual_seed(hash((spec.seed, topo.dp_rank, topo.pp_rank, step)) % (2 ** 63))
 
 
-def run(spec: RunSpec, run_dir: Path, resume: bool) -> str:
-    """Train; return "finished" or "stopped". Raises on failure (after writing the event)."""
+def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
+    """Train; return "finished" or "stopped" (SIGTERM, or ``stop_at`` > 0 steps reached: checkpoint saved either
+    way). Raises on failure (after writing the event). Callable again in the same process group."""
     rank, world, device = init_distributed()
     files = RunFiles(run_dir, rank)
     try:
-        return _run(spec, Path(run_dir), resume, files, device)
+        return _run(spec, Path(run_dir), resume, files, device, stop_at)
     except Exception as exc:
         files.log(f"failed: {exc!r}")
         files.event("failed", any_rank=True, error=repr(exc), traceback=traceback.format_exc())
         raise
 
 
-def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: torch.device) -> str:
+def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: torch.device, stop_at: int) -> str:
     from trainer.data import BatchSampler, load_tokens, prepare_dataset
 
     plan = spec.plan
@@ -312,6 +323,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         if measure:
             ctx.probe = SavedActivations(params)
             if pm.schedule is not None:
+                ctx.probe_loss = True
                 for m in pm.modules:
                     _probe_first_forward(m, ctx)
         lr = lr_at(step, spec.optimizer, spec.steps)
@@ -364,7 +376,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
             files.metric({"step": step, "val_loss": val_loss})
             files.log(f"step {step} val_loss {val_loss:.4f}")
 
-        stopping = stop.agreed(device)
+        stopping = stop.agreed(device) or step == stop_at
         if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or stopping:
             _save(run_dir, step, tokens_seen, pm, optimizers, scaler, spec, data, topo, files)
             last_saved = step
@@ -378,6 +390,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         profiler.close()
         if profiler.written:
             _profile_done(profiler, files, topo, write_summary)
+    stop.restore()
     files.event(outcome, step=step, tokens_seen=tokens_seen)
     files.log(f"{outcome} at step {step}")
     if topo.world_size > 1:
