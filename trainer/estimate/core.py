@@ -151,8 +151,10 @@ class Planner:
             per_layer = params / max(layers, 1)
             compute_bytes = e
             out["gathered_params"] = 2 * per_layer * compute_bytes + per_layer * g_bytes
-        elif plan.engine == "native" and plan.dp > 1:
-            out["ddp_buckets"] = float(params * g_bytes)  # DDP keeps a flat copy of the gradients for all-reduce
+        elif plan.engine == "native" and plan.dp > 1 and plan.tp == 1:
+            # DDP (gradient_as_bucket_view off) keeps a flat copy of the gradients for the all-reduce; with tp > 1
+            # the native trainer averages the DTensor gradients in place instead
+            out["ddp_buckets"] = float(params * g_bytes)
         elif plan.engine == "deepspeed" and plan.dp > 1:
             out["zero_buckets"] = 2.0 * min(5e8, params) * g_bytes  # reduce + all-gather buckets of 5e8 elements
         if plan.engine == "native" and plan.precision != "fp32" and plan.zero_stage < 3:
@@ -214,7 +216,9 @@ class Planner:
             moved = 2 * 2 * sharded_first if plan.offload_optimizer else 0  # 16-bit grads down, weights up
             if plan.offload_params:
                 moved += 2 * mb * 2 * sharded_first
-            t["offload"] = moved / pcie
+            # and the optimizer step runs on the host: Adam reads and writes ~16 bytes per parameter
+            cpu_step = 16 * sharded_first / (o.host_memory_bandwidth_gbs * GB) if plan.offload_optimizer else 0.0
+            t["offload"] = moved / pcie + cpu_step
         if o.step_overhead_s:
             t["step_overhead"] = o.step_overhead_s
         model_flops = self.model_flops_per_token * tokens

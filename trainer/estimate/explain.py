@@ -63,7 +63,7 @@ TIME_FORMULAS = {
     "pipeline_p2p": "m · v · 2 · (T·h·e/r) / β_pp",
     "data_parallel": "(1 − overlap) · [ZeRO 0–2: 2·(d−1)/d · P_rank·grad_bytes / β_dp;  "
                      "ZeRO-3: (2m)·(d−1)/d·P_rank·e/β_dp + (d−1)/d·P_rank·grad_bytes/β_dp]",
-    "offload": "bytes moved over PCIe / pcie_bandwidth",
+    "offload": "bytes moved over PCIe / pcie_bandwidth + 16·P_shard / host_memory_bandwidth (CPU Adam)",
     "step_overhead": "options.step_overhead_s",
 }
 

@@ -26,6 +26,7 @@ class EstimateOptions:
     step_overhead_s: fixed seconds per step (optimizer launch, host work, synchronisation).
     overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
     fragmentation: extra fraction of the dynamic part (activations + buffers) lost to allocator fragmentation.
+    host_memory_bandwidth_gbs: host memory bandwidth one rank's CPU optimizer step gets (offloaded Adam).
     repeat_kv: grouped-query keys/values are repeated to n_heads before attention, so autograd saves 3·h per token
         for q, k, v (the native trainer does); False saves h + 2·n_kv_heads·head_dim (kernels with native GQA).
     pcie_bandwidth_gbs: host link used by CPU offload.
@@ -42,6 +43,7 @@ class EstimateOptions:
     overhead_bytes: float | None = None
     fragmentation: float = 0.0
     pcie_bandwidth_gbs: float = 25.0
+    host_memory_bandwidth_gbs: float = 10.0
     repeat_kv: bool = True
     loss_bytes: int = 4
 
@@ -59,8 +61,9 @@ class EstimateOptions:
                 p[name] = [f"{name}={getattr(self, name)} must not be negative"]
         if self.overhead_bytes is not None and self.overhead_bytes < 0:
             p["overhead_bytes"] = [f"overhead_bytes={self.overhead_bytes} must not be negative"]
-        if self.pcie_bandwidth_gbs <= 0:
-            p["pcie_bandwidth_gbs"] = [f"pcie_bandwidth_gbs={self.pcie_bandwidth_gbs} must be positive"]
+        for name in ("pcie_bandwidth_gbs", "host_memory_bandwidth_gbs"):
+            if getattr(self, name) <= 0:
+                p[name] = [f"{name}={getattr(self, name)} must be positive"]
         if self.loss_bytes not in (2, 4):
             p["loss_bytes"] = [f"loss_bytes={self.loss_bytes} must be 2 or 4"]
         return p
