@@ -96,6 +96,7 @@ class Planner:
         self.kv_dim = model.d_model if self.options.repeat_kv else model.kv_heads * model.head_dim
         self._moe = (model.n_experts, model.top_k, model.capacity_factor) if model.is_moe else None
         self._recompute = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
+        self._static: dict[tuple, tuple] = {}
 
     # ---- memory -------------------------------------------------------------------------------------------
     def _layer_terms(self, plan: ParallelPlan, e: int, moe: bool, checkpointing: str | None = None):
@@ -223,6 +224,42 @@ class Planner:
             t["step_overhead"] = o.step_overhead_s
         model_flops = self.model_flops_per_token * tokens
         return t, model_flops, hw_flops, {"efficiency": eff, **bw}
+
+    # ---- the tuner's fast path -----------------------------------------------------------------------------
+    def _stage_static(self, plan: ParallelPlan, stage: int) -> tuple:
+        """(model states, activations per micro-batch, buffers, params, sharded params) of a stage, cached.
+
+        None of these depend on the global batch, the schedule or (for dense models) the virtual stages, which is
+        where the tuner's grid multiplies; the in-flight count is applied by ``quick``.
+        """
+        key = (plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.sequence_parallel, plan.ep, plan.engine,
+               plan.zero_stage, plan.activation_checkpointing, plan.precision, plan.offload_optimizer,
+               plan.offload_params, stage, plan.virtual_stages if self._moe else 1)
+        hit = self._static.get(key)
+        if hit is None:
+            st = self.stage_memory(plan, stage)
+            hit = (st.model_state_bytes, sum(st.activations_per_microbatch.values()), sum(st.buffers.values()),
+                   st.params, st.params_sharded)
+            self._static[key] = hit
+        return hit
+
+    def quick(self, plan: ParallelPlan) -> tuple[float, float, int, float, float, float]:
+        """(step seconds, peak bytes per GPU, peak stage, model FLOPs per step, the peak stage's model states and
+        activations in flight) — what ``evaluate`` gives, without the named parts."""
+        v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
+        frag = self.options.fragmentation
+        peak, peak_stage, first, parts = -1.0, 0, None, (0.0, 0.0)
+        for stage in ((0, plan.pp - 1) if plan.pp > 1 else (0,)):
+            states, acts, buffers, params, sharded = self._stage_static(plan, stage)
+            if first is None:
+                first = (params, sharded)
+            flight = M.in_flight(plan.pipeline_schedule, plan.pp, plan.grad_accum, v, stage) * acts
+            dynamic = flight + buffers
+            total = states + dynamic + self.overhead_bytes + frag * dynamic
+            if total > peak:
+                peak, peak_stage, parts = total, stage, (states, flight)
+        t, model_flops, _, _ = self.step_time(plan, *first)
+        return sum(t.values()), peak, peak_stage, model_flops, parts[0], parts[1]
 
     # ---- both ---------------------------------------------------------------------------------------------
     def evaluate(self, plan: ParallelPlan) -> PlanNumbers:

@@ -70,13 +70,11 @@ class TuneResult:
         return out
 
 
-def memory_reason(numbers) -> str:
+def memory_reason(states: float, activations: float, capacity: float) -> str:
     """Why a plan does not fit, by the first part of the peak stage's memory that crosses the capacity."""
-    stage = max(numbers.stages, key=lambda st: st.total)
-    cap = numbers.capacity_bytes
-    if stage.model_state_bytes > cap:
+    if states > capacity:
         return "out of memory: model states alone exceed GPU memory"
-    if stage.model_state_bytes + stage.activations > cap:
+    if states + activations > capacity:
         return "out of memory: activations exceed what model states leave"
     return "out of memory: buffers and overhead exceed what is left"
 
@@ -105,15 +103,14 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
     for batch in batches:
         tokens = batch * model.seq_len
         for plan in enumerate_plans(model, cluster, batch, space, rejected):
-            n = planner.evaluate(plan)
+            step_s, peak, stage, model_flops, states, activations = planner.quick(plan)
             evaluated += 1
-            if n.peak_bytes > cap:
-                reason = memory_reason(n)
+            if peak > cap:
+                reason = memory_reason(states, activations, cap)
                 rejected[reason] = rejected.get(reason, 0) + 1
                 continue
-            fitting.append(Candidate(plan, n.step_s, n.peak_bytes, n.peak_rank,
-                                     n.model_flops_per_step / (n.step_s * plan.world_size * planner.peak_flops),
-                                     tokens / n.step_s))
+            fitting.append(Candidate(plan, step_s, peak, stage * plan.tp,
+                                     model_flops / (step_s * plan.world_size * planner.peak_flops), tokens / step_s))
             if progress and evaluated % 20000 == 0:
                 progress({"phase": "rank", "evaluated": evaluated, "fitting": len(fitting)})
     fitting.sort(key=lambda c: (c.step_time_s / (c.plan.global_batch * model.seq_len), c.peak_memory_bytes))
