@@ -1,8 +1,9 @@
 """Data parallel: each of the dp ranks runs its share of the global batch; gradients are averaged over dp.
 
 - zero_stage 0: every rank keeps full weights, gradients and optimizer state. DDP all-reduces gradients in buckets
-  while backward is still running (overlap). DDP does not take DTensor parameters, so with tensor parallel the
-  same average is done by ``ReplicatedGradSync`` after backward: one all-reduce of all local gradient shards,
+  while backward is still running (overlap). DDP does not take DTensor parameters (tensor parallel), and its
+  bucket bookkeeping breaks when a pipeline runs several forwards before the first backward, so in those cases
+  the same average is done by ``ReplicatedGradSync`` after backward: one all-reduce of all local gradient shards,
   flattened, over the dp group.
 - zero_stage 3 (FSDP2, ``fully_shard``): each parameter is split into dp pieces (Shard(0) DTensors); a block's
   weights are all-gathered just before its forward and backward and dropped after; gradients are reduce-scattered

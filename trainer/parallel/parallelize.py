@@ -101,7 +101,7 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
             # With a pipeline each block runs several micro-batches: keep it gathered from forward to backward.
             apply_fsdp(m, mesh, DTYPES[plan.precision] if plan.precision == "bf16" else torch.float32,
                        reshard_after_forward=plan.pp == 1)
-    elif plan.dp > 1 and plan.tp == 1:
+    elif plan.dp > 1 and plan.tp == 1 and plan.pp == 1:
         callables = [apply_ddp(m, topo.dp_group, topo.device) for m in modules]
     elif plan.dp > 1:
         grad_sync = ReplicatedGradSync(list({id(p): p for m in modules for p in m.parameters()}.values()),
