@@ -172,8 +172,8 @@ def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         out["narayanan_check"] = fig(F.narayanan_flops_per_step(m, plan.global_batch, full), "FLOP",
                                      "96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))" if full else
                                      "72·B·s·L·h²·(1 + s/(6h) + V/(12·h·L))",
-                                     note="Narayanan et al. 2021 eq. 3; differs from hardware_per_step by the "
-                                          "biases it leaves out")
+                                     note="Narayanan et al. 2021 eq. 3: equals model_per_step without recompute "
+                                          "and hardware_per_step with full recompute (N = 12·L·h² + V·h)")
     return out
 
 
