@@ -15,11 +15,14 @@ Definitions (all per rank, in one trace; times are interval unions, so nothing i
 * communication: events whose name marks a collective or point-to-point transfer: ``gloo:…`` and ``nccl:…``
   annotations (gloo runs collectives on its own ``pt_gloo_runloop`` threads, and records a blocking ``gloo:recv``
   on the caller's thread), ``c10d::…`` and ``_c10d_functional::…`` operators, ``record_param_comms`` and NCCL kernels.
-  A communication event covers its children: the copies inside a collective are communication.
+  The two kinds differ: an operator is a call its thread is inside, and covers its children (the copies inside a
+  collective are communication); a ``gloo:``/``nccl:`` annotation marks a transfer in flight, from issue to
+  completion, and the issuing thread may compute meanwhile (gloo's ``gloo:send`` of an ``isend`` lasts until the
+  peer has received it, while the sender runs its next micro-batch).
 * compute: time covered by a non-communication operator (``cpu_op`` category on the host, kernels on the device) on
-  a thread or stream, minus that thread's communication. Annotation ranges (``record_function`` labels such as
-  ``Optimizer.step#…`` or ``DistributedDataParallel.forward``) are labels, not work: a rank blocked inside one waiting
-  for a collective must not count as computing.
+  a thread or stream, minus the time that thread is inside a communication operator. Annotation ranges
+  (``record_function`` labels such as ``Optimizer.step#…`` or ``DistributedDataParallel.forward``) are labels, not
+  work: a rank blocked inside one, waiting for a collective, must not count as computing.
 * exposed communication: communication time during which no thread or stream of the rank computes; overlapped
   communication is the rest (a gradient all-reduce running while backward goes on).
 * idle: wall − (compute ∪ communication): Python between operators, data loading, sleeps, waits no event records.
@@ -178,10 +181,12 @@ def summarize_trace(path: str | os.PathLike, steps: int | None = None) -> dict[s
     for e in timeline:
         threads[(e["pid"], e["tid"])].append(e)
     for evs in threads.values():
-        comm_t = union((e["ts"], e["ts"] + e["dur"]) for e in evs if is_communication(e["name"]))
+        comm_parts.extend((e["ts"], e["ts"] + e["dur"]) for e in evs if is_communication(e["name"]))
+        # Only communication *operators* are calls the thread is inside; annotations mark a transfer in flight.
+        inside_comm = union((e["ts"], e["ts"] + e["dur"]) for e in evs
+                            if is_communication(e["name"]) and e.get("cat") != "user_annotation")
         work_t = union((e["ts"], e["ts"] + e["dur"]) for e in evs if not is_communication(e["name"]))
-        comm_parts.extend(comm_t)
-        compute_parts.extend(subtract(work_t, comm_t))
+        compute_parts.extend(subtract(work_t, inside_comm))
     comm = intersect(union(comm_parts), window)
     compute = intersect(union(compute_parts), window)
     exposed = subtract(comm, compute)

@@ -205,6 +205,20 @@ def test_it_counts_nested_operators_once_and_communication_inside_them_as_commun
     assert "Optimizer.step#SGD.step" not in ops and "ProfilerStep#0" not in ops
 
 
+def test_it_counts_compute_while_an_asynchronous_send_is_in_flight_on_the_same_thread(tmp_path):
+    events = [
+        X("ProfilerStep#0", 0, 100, cat="user_annotation"),
+        X("c10d::send", 0, 10), X("gloo:send", 9, 61, cat="user_annotation"),  # isend: in flight until 70
+        X("aten::mm", 10, 40),  # the next micro-batch runs meanwhile
+        X("c10d::recv_", 50, 5), X("gloo:recv", 55, 35, cat="user_annotation"),  # blocked receiving until 90
+        X("aten::mm", 90, 10),
+    ]
+    s = summarize_trace(write_trace(tmp_path / "rank-0.trace.json.gz", events))
+    assert s["compute_ms"] == pytest.approx(0.05)  # 10–50 and 90–100
+    assert s["comm_overlapped_ms"] == pytest.approx(0.04) and s["comm_exposed_ms"] == pytest.approx(0.05)
+    assert s["idle_ms"] == pytest.approx(0.0)
+
+
 def test_it_measures_a_pipeline_bubble_as_the_time_a_stage_does_not_compute(tmp_path):
     # The last of p = 2 stages in a GPipe step with m = 4 micro-batches, 10 µs per forward and per backward on each
     # stage: it waits for stage 0's first forward (0–10), runs 4 forwards (10–50) and 4 backwards (50–90), then
