@@ -57,9 +57,10 @@ class KVCache:
     def __init__(self):
         self.keys: dict[int, torch.Tensor] = {}
         self.values: dict[int, torch.Tensor] = {}
+        self.offset = 0  # positions already cached; GPT.forward advances it after all blocks have run
 
     def length(self) -> int:
-        return next(iter(self.keys.values())).size(2) if self.keys else 0
+        return self.offset
 
     def extend(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if layer in self.keys:
@@ -176,6 +177,8 @@ class GPT(nn.Module):
             x = self.embed(x, cache.length() if cache is not None else 0)  # (B, T, C)
         for block in self.layers.values():
             x = self.wrap_block(block, x, cache) if cache is None else block(x, cache)
+        if cache is not None:
+            cache.offset += x.size(1)
         if self.norm is not None:
             x = self.norm(x)
         if self.head is not None:
