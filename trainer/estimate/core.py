@@ -97,14 +97,25 @@ class Planner:
         self._moe = (model.n_experts, model.top_k, model.capacity_factor) if model.is_moe else None
         self._recompute = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
         self._static: dict[tuple, tuple] = {}
+        on_cpu = cluster.gpu.name == "cpu"
+        self._mask_bytes = self.options.dropout_mask_bytes  # None: 1 byte on GPUs, the activation dtype on the CPU
+        # scaled_dot_product_attention has no fused CPU kernel with dropout: it falls back to the math path
+        self._attention = "sdpa_math" if (self.options.attention == "fused" and on_cpu and model.dropout > 0) \
+            else self.options.attention
+        self._on_cpu = on_cpu
 
     # ---- memory -------------------------------------------------------------------------------------------
+    def mask_bytes(self, e: int) -> int:
+        if self._mask_bytes is not None:
+            return self._mask_bytes
+        return e if self._on_cpu else 1
+
     def _layer_terms(self, plan: ParallelPlan, e: int, moe: bool, checkpointing: str | None = None):
         m, o = self.model, self.options
         return M.layer_activations(m.d_model, m.ffn, self.kv_dim, m.n_heads, m.seq_len, plan.micro_batch, plan.tp,
                                    plan.sequence_parallel, checkpointing or plan.activation_checkpointing, e,
-                                   o.attention, m.dropout > 0, o.small_terms, self._moe if moe else None,
-                                   m.positions == "rope", m.head_dim)
+                                   self._attention, m.dropout > 0, o.small_terms, self._moe if moe else None,
+                                   m.positions == "rope", m.head_dim, self.mask_bytes(e))
 
     def stage_memory(self, plan: ParallelPlan, stage: int) -> StageMemory:
         m, o = self.model, self.options
@@ -126,7 +137,8 @@ class Planner:
                     key = ("moe_" if moe_layer else "") + name
                     acts[key] = acts.get(key, 0.0) + n * value
         for name, value in M.edge_activations(m, stage == 0, stage == pp - 1, plan.micro_batch, tp,
-                                              plan.sequence_parallel, e, o.loss_bytes, o.small_terms):
+                                              plan.sequence_parallel, e, o.loss_bytes, o.small_terms,
+                                              self.mask_bytes(e)):
             acts[name] = value
         flight = M.in_flight(plan.pipeline_schedule, pp, plan.grad_accum, v, stage)
         buffers = self._buffers(plan, stage, params, sharded, e, layers)

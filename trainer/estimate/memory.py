@@ -72,12 +72,15 @@ def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, pre
 @lru_cache(maxsize=8192)
 def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, sp: bool, checkpointing: str,
                       e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None,
-                      rope: bool = False, head_dim: int = 0) -> tuple[tuple[str, float], ...]:
+                      rope: bool = False, head_dim: int = 0, mask_bytes: int = 1) -> tuple[tuple[str, float], ...]:
     """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
 
     ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms. ``kv`` is the
     key/value width attention saves: n_kv_heads·head_dim, or h when grouped-query heads are repeated before the
     kernel (the native trainer does). ``rope``: rotary positions (measured: one extra T·h·e, plus the cos/sin tables).
+    ``mask_bytes``: bytes per dropout-mask element (1 on GPUs; PyTorch's CPU dropout keeps a mask of the input's dtype).
+    ``attention`` "sdpa_math": scaled_dot_product_attention falling back to its math path (dropout on the CPU) —
+    the scores as "math", but the causal mask is not saved.
     """
     T = s * b
     r = t if sp else 1
@@ -87,7 +90,7 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
     if small_terms:
         terms.append(("layernorm_stats", 2 * 2 * T * LN_STAT_BYTES / r))
     if dropout:
-        terms.append(("dropout_masks", 2 * T * h / r))
+        terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
     terms += [("qkv", T * (h + 2 * kv) * e / t), ("attention_output", T * h * e / t)]
     if rope:
         # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
@@ -95,11 +98,11 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
         if small_terms:
             terms.append(("rotary_tables", 2 * s * (head_dim // 2) * 4.0))
     if checkpointing != "selective":
-        if attention == "math":
+        if attention in ("math", "sdpa_math"):
             terms.append(("attention_scores", T * a * s * e / t))
             if dropout:
-                terms.append(("attention_dropout", T * a * s * (1 + e) / t))
-            if small_terms:
+                terms.append(("attention_dropout", T * a * s * (mask_bytes + e) / t))
+            if small_terms and attention == "math":
                 terms.append(("causal_mask", float(s * s)))
         elif small_terms:
             terms.append(("attention_logsumexp", T * a * 4 / t))
@@ -115,7 +118,7 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
 
 @lru_cache(maxsize=8192)
 def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, sp: bool, e: int, loss_bytes: int,
-                     small_terms: bool) -> tuple[tuple[str, float], ...]:
+                     small_terms: bool, mask_bytes: int = 1) -> tuple[tuple[str, float], ...]:
     """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch."""
     s, h, V = model.seq_len, model.d_model, model.vocab_size
     T = s * b
@@ -127,7 +130,7 @@ def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, 
             if model.positions == "learned":
                 terms.append(("position_ids", s * INDEX_BYTES))
         if model.dropout > 0:
-            terms.append(("embedding_dropout_mask", T * h / r))
+            terms.append(("embedding_dropout_mask", T * h * mask_bytes / r))
     if last:
         terms += [("final_layernorm_input", T * h * e / r), ("final_layernorm_output", T * h * e / r),
                   ("log_probs", T * -(-V // t) * loss_bytes)]

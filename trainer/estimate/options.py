@@ -27,6 +27,8 @@ class EstimateOptions:
     overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
     fragmentation: extra fraction of the dynamic part (activations + buffers) lost to allocator fragmentation.
     host_memory_bandwidth_gbs: host memory bandwidth one rank's CPU optimizer step gets (offloaded Adam).
+    dropout_mask_bytes: bytes per dropout-mask element; None: 1 on GPUs (Korthikanti), the activation dtype on the
+        CPU device (PyTorch's CPU dropout multiplies by a noise tensor of the input's dtype).
     repeat_kv: grouped-query keys/values are repeated to n_heads before attention, so autograd saves 3·h per token
         for q, k, v (the native trainer does); False saves h + 2·n_kv_heads·head_dim (kernels with native GQA).
     pcie_bandwidth_gbs: host link used by CPU offload.
@@ -45,6 +47,7 @@ class EstimateOptions:
     pcie_bandwidth_gbs: float = 25.0
     host_memory_bandwidth_gbs: float = 10.0
     repeat_kv: bool = True
+    dropout_mask_bytes: int | None = None
     loss_bytes: int = 4
 
     def problems(self) -> dict[str, list[str]]:
@@ -64,6 +67,8 @@ class EstimateOptions:
         for name in ("pcie_bandwidth_gbs", "host_memory_bandwidth_gbs"):
             if getattr(self, name) <= 0:
                 p[name] = [f"{name}={getattr(self, name)} must be positive"]
+        if self.dropout_mask_bytes is not None and self.dropout_mask_bytes not in (1, 2, 4):
+            p["dropout_mask_bytes"] = [f"dropout_mask_bytes={self.dropout_mask_bytes} must be 1, 2, 4 or None"]
         if self.loss_bytes not in (2, 4):
             p["loss_bytes"] = [f"loss_bytes={self.loss_bytes} must be 2 or 4"]
         return p
