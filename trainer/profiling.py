@@ -349,6 +349,7 @@ class StepProfiler:
 
     @property
     def enabled(self) -> bool:
+        """True until the profile is written (or closed): the loop can stop calling step() once it turns False."""
         return self._prof is not None
 
     @property
@@ -359,6 +360,8 @@ class StepProfiler:
         if self._prof is not None:
             self._calls += 1
             self._prof.step()
+            if self.summary is not None:  # the window is over and written: stop paying for step markers
+                self.close()
 
     def close(self) -> None:
         if self._prof is not None:

@@ -122,7 +122,9 @@ def test_it_does_nothing_without_a_profile_spec(tmp_path):
 
 def test_it_profiles_exactly_the_named_steps(tmp_path):
     with StepProfiler(ProfileSpec(start_step=3, steps=2, warmup=1, name="p"), tmp_path, rank=3) as profiler:
-        run_steps(profiler, 8)
+        run_steps(profiler, 5)
+        assert profiler.written and not profiler.enabled  # written after step 4, released at once
+        run_steps(profiler, 3)
     folder = tmp_path / "profiles" / "p"
     assert sorted(p.name for p in folder.iterdir()) == ["rank-3.trace.json.gz", "summary-rank-3.json"]
     summary = json.loads((folder / "summary-rank-3.json").read_text())
