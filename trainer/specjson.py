@@ -6,6 +6,7 @@ trip exactly (JSON writes ``repr(float)``), so ``from_dict(to_dict(x)) == x`` fo
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, Literal, Union
@@ -82,9 +83,14 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
         raise SpecError.single(path, f"must be an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise SpecError.single(path, f"must be a finite number, got {value!r}")
             return float(value)
         raise SpecError.single(path, f"must be a number, got {value!r}")
     if tp is str:
+        if isinstance(value, str) and "\x00" in value:
+            # NUL is never meaningful in a name or path, and PostgreSQL's jsonb cannot store it.
+            raise SpecError.single(path, "must not contain NUL characters")
         if isinstance(value, str):
             return value
         raise SpecError.single(path, f"must be a string, got {value!r}")

@@ -1,0 +1,74 @@
+"""Personas and objects for the web tests: alice and bob are ordinary users, staff is staff."""
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+from trainer import presets
+from webapp import models
+
+
+def _user(username: str, is_staff: bool = False) -> User:
+    user = User.objects.create_user(username, f"{username}@example.org", "correct-horse-battery", is_staff=is_staff)
+    Token.objects.create(user=user)
+    return user
+
+
+@pytest.fixture
+def alice(db):
+    return _user("alice")
+
+
+@pytest.fixture
+def bob(db):
+    return _user("bob")
+
+
+@pytest.fixture
+def staff(db):
+    return _user("staff", is_staff=True)
+
+
+def client_for(user) -> APIClient:
+    client = APIClient()
+    if user is not None:
+        client.credentials(HTTP_AUTHORIZATION=f"Token {user.auth_token.key}")
+    return client
+
+
+@pytest.fixture
+def api():
+    return client_for
+
+
+@pytest.fixture
+def cluster8(db):
+    return models.Cluster.objects.create(name="a100x8", spec=presets.cluster("A100-SXM-80GB", 1, 8).to_dict())
+
+
+@pytest.fixture
+def data_root(tmp_path, settings):
+    root = tmp_path / "data"
+    root.mkdir()
+    (root / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 50)
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [root], "RUNS_ROOT": tmp_path / "runs"}
+    return root
+
+
+@pytest.fixture
+def gpt2_small(alice):
+    return models.ModelConfig.objects.create(owner=alice, name="gpt2-small",
+                                             spec=presets.MODELS["gpt2-small"].to_dict())
+
+
+@pytest.fixture
+def plan222(alice, gpt2_small, cluster8):
+    from trainer.spec import ParallelPlan
+    spec = ParallelPlan(dp=2, tp=2, pp=2, micro_batch=2, global_batch=16).to_dict()
+    return models.ParallelismPlan.objects.create(owner=alice, name="2x2x2", model_config=gpt2_small,
+                                                 cluster=cluster8, spec=spec)
+
+
+@pytest.fixture
+def corpus(alice, data_root):
+    return models.Dataset.objects.create(owner=alice, name="corpus", path=str(data_root / "corpus.txt"))

@@ -1,0 +1,1 @@
+"""The Django side: models, services, REST API, admin. Never imports torch (see DESIGN.md)."""

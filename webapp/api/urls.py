@@ -1,0 +1,16 @@
+from django.urls import include, path
+from rest_framework.routers import DefaultRouter
+
+from . import views
+
+router = DefaultRouter()
+router.register("model-configs", views.ModelConfigViewSet)
+router.register("plans", views.ParallelismPlanViewSet)
+router.register("clusters", views.ClusterViewSet)
+router.register("datasets", views.DatasetViewSet)
+router.register("runs", views.RunViewSet)
+router.register("metrics", views.MetricViewSet)
+router.register("checkpoints", views.CheckpointViewSet)
+router.register("profiles", views.ProfileViewSet)
+
+urlpatterns = [path("", include(router.urls))]

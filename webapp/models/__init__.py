@@ -1,0 +1,8 @@
+from .configs import Cluster, Dataset, ModelConfig, ParallelismPlan
+from .ownership import Owned, OwnedQuerySet
+from .runs import FINISHED, TRANSITIONS, Checkpoint, IllegalTransition, Metric, Profile, Run, RunStatus
+from .serving import Deployment, PromptTemplate, TritonServer
+
+__all__ = ["Cluster", "Dataset", "ModelConfig", "ParallelismPlan", "Owned", "OwnedQuerySet", "FINISHED", "TRANSITIONS",
+           "Checkpoint", "IllegalTransition", "Metric", "Profile", "Run", "RunStatus", "Deployment", "PromptTemplate",
+           "TritonServer"]

@@ -1,0 +1,143 @@
+"""A training run and what it produced: metrics, checkpoints and profiles (ingested from its run folder)."""
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.utils import timezone
+
+from .configs import Cluster, Dataset, ModelConfig, ParallelismPlan
+from .ownership import Owned
+
+
+class RunStatus(models.TextChoices):
+    DRAFT = "draft"
+    QUEUED = "queued"
+    SUBMITTED = "submitted"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+# Which status may follow which. A failed attempt may be retried (failed → queued) while attempts remain.
+TRANSITIONS: dict[str, set[str]] = {
+    RunStatus.DRAFT: {RunStatus.QUEUED, RunStatus.CANCELLED},
+    RunStatus.QUEUED: {RunStatus.SUBMITTED, RunStatus.FAILED, RunStatus.CANCELLED},
+    RunStatus.SUBMITTED: {RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED},
+    RunStatus.RUNNING: {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.QUEUED},
+    RunStatus.FAILED: {RunStatus.QUEUED},
+    RunStatus.COMPLETED: set(),
+    RunStatus.CANCELLED: set(),
+}
+FINISHED = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
+
+
+class IllegalTransition(ValidationError):
+    pass
+
+
+class Run(Owned):
+    name = models.CharField(max_length=120)
+    model_config = models.ForeignKey(ModelConfig, on_delete=models.PROTECT, related_name="runs")
+    plan = models.ForeignKey(ParallelismPlan, on_delete=models.PROTECT, related_name="runs")
+    cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="runs")
+    dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="runs")
+    steps = models.PositiveIntegerField(default=100)
+    seed = models.PositiveIntegerField(default=1234)
+    checkpoint_every = models.PositiveIntegerField(default=0)
+    eval_every = models.PositiveIntegerField(default=0)
+    optimizer = models.JSONField(default=dict, blank=True, help_text="trainer.spec.OptimizerSpec as JSON")
+    profile = models.JSONField(null=True, blank=True, help_text="trainer.spec.ProfileSpec as JSON, or empty")
+
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.DRAFT, db_index=True)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    run_dir = models.CharField(max_length=500, blank=True)
+    job_id = models.CharField(max_length=64, blank=True, help_text="Slurm job id or local process id")
+    status_message = models.TextField(blank=True)
+    last_step = models.PositiveIntegerField(default=0)
+    queued_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "status"])]
+
+    def __str__(self):
+        return f"{self.name} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+    def can_transition(self, to: str) -> bool:
+        return to in TRANSITIONS[self.status]
+
+    def transition(self, to: str, message: str = "") -> None:
+        """Move to status ``to`` (not saved), stamping the time it happened."""
+        if not self.can_transition(to):
+            raise IllegalTransition(f"a {self.status} run cannot become {to}")
+        now = timezone.now()
+        if to == RunStatus.QUEUED:
+            self.queued_at = now
+        elif to == RunStatus.RUNNING and not self.started_at:
+            self.started_at = now
+        elif to in FINISHED:
+            self.finished_at = now
+        self.status = to
+        if message:
+            self.status_message = message
+
+    def clean(self):
+        errors = {}
+        if self.plan_id and self.model_config_id and self.plan.model_config_id != self.model_config_id:
+            errors["plan"] = [f"plan {self.plan.name!r} is for model config {self.plan.model_config.name!r}, "
+                              f"not {self.model_config.name!r}"]
+        if self.plan_id and self.cluster_id and self.plan.cluster_id != self.cluster_id:
+            errors["plan"] = [f"plan {self.plan.name!r} is for cluster {self.plan.cluster.name!r}, "
+                              f"not {self.cluster.name!r}"]
+        if errors:
+            raise ValidationError(errors)
+
+
+class Metric(models.Model):
+    """One record of metrics.jsonl: a training step ('train') or a validation pass ('val')."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metrics")
+    kind = models.CharField(max_length=16, default="train")
+    step = models.PositiveIntegerField()
+    loss = models.FloatField(null=True, blank=True)
+    values = models.JSONField(default=dict)
+    recorded_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "kind", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "kind", "step"], name="unique_metric_per_step")]
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=500)
+    tokens_seen = models.BigIntegerField(default=0)
+    size_bytes = models.BigIntegerField(default=0)
+    manifest = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "-step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="unique_checkpoint_per_step")]
+
+    def __str__(self):
+        return f"{self.run.name} step {self.step}"
+
+
+class Profile(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="profiles")
+    name = models.CharField(max_length=120)
+    path = models.CharField(max_length=500)
+    summary = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["run", "name"]
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="unique_profile_name_per_run")]

@@ -1,0 +1,77 @@
+"""Deployment: Triton servers, models deployed from checkpoints, and prompt templates for the playground."""
+from django.db import models
+
+from .ownership import Owned
+from .runs import Checkpoint
+
+
+class TritonServer(models.Model):
+    """A Triton Inference Server reachable over HTTP (and gRPC). Managed by staff."""
+
+    class Kind(models.TextChoices):
+        MANAGED = "managed", "Started and stopped by the workbench"
+        EXTERNAL = "external", "Run elsewhere; only connected to"
+
+    name = models.CharField(max_length=120, unique=True)
+    kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.MANAGED)
+    http_url = models.URLField(help_text="e.g. http://127.0.0.1:8000")
+    grpc_url = models.CharField(max_length=200, blank=True, help_text="host:port, e.g. 127.0.0.1:8001")
+    model_repository = models.CharField(max_length=500, help_text="Folder of the server's model repository")
+    is_ready = models.BooleanField(default=False)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Deployment(Owned):
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        EXPORTING = "exporting"
+        LOADING = "loading"
+        READY = "ready"
+        FAILED = "failed"
+        UNLOADED = "unloaded"
+
+    class Reduction(models.TextChoices):
+        NONE = "none", "Full precision"
+        BF16 = "bf16", "bfloat16 cast"
+        FP16 = "fp16", "float16 cast"
+        INT8 = "int8", "int8 weight-only"
+
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.PROTECT, related_name="deployments")
+    server = models.ForeignKey(TritonServer, on_delete=models.PROTECT, related_name="deployments")
+    model_name = models.SlugField(max_length=100, help_text="The name Triton serves it under")
+    reduction = models.CharField(max_length=8, choices=Reduction.choices, default=Reduction.NONE)
+    tensor_parallel = models.PositiveIntegerField(default=1, help_text="Shards of the serving layout")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    status_message = models.TextField(blank=True)
+    repository_path = models.CharField(max_length=500, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [models.UniqueConstraint(fields=["server", "model_name"], name="unique_model_name_per_server")]
+
+    def __str__(self):
+        return f"{self.model_name} on {self.server}"
+
+
+class PromptTemplate(Owned):
+    """A few-shot template: ``template`` with {examples} and {input}; each example is {"input", "output"}."""
+
+    name = models.CharField(max_length=120)
+    template = models.TextField(default="{examples}{input}")
+    examples = models.JSONField(default=list, blank=True)
+    sampling = models.JSONField(default=dict, blank=True,
+                                help_text="Default sampling: temperature, top_k, top_p, max_tokens, seed")
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["owner", "name"], name="unique_template_name_per_owner")]
+
+    def __str__(self):
+        return self.name

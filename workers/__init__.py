@@ -1,0 +1,1 @@
+"""Celery workers: tasks, launchers and ingesters. Imports no torch at module import time."""
