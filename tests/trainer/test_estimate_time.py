@@ -1,0 +1,124 @@
+"""FLOPs, communication, bubble, step time, MFU, budget and inference figures."""
+import json
+
+import pytest
+
+from trainer.estimate import estimate, inference_estimate
+from trainer.estimate import flops as F
+from trainer.estimate.core import Planner, ring_all_reduce_s, ring_gather_s
+from trainer.estimate.figure import Figure, walk
+from trainer.estimate.options import EstimateOptions
+from trainer.estimate.params import count
+from trainer.presets import MODELS, cluster
+from trainer.spec import ParallelPlan
+
+GPT3 = MODELS["gpt3-175b"]
+MEGATRON_PLAN = ParallelPlan(dp=8, tp=8, pp=16, micro_batch=1, global_batch=1536, sequence_parallel=True,
+                             precision="bf16", activation_checkpointing="selective",
+                             pipeline_schedule="interleaved", virtual_stages=3)
+
+
+def test_it_counts_model_flops_as_palm_and_narayanan_do():
+    m = GPT3
+    assert F.model_flops_per_token(m) == 6 * count(m).matmul_per_token + 12 * m.n_layers * m.d_model * m.seq_len
+    B = 1536
+    assert F.model_flops_per_token(m) * B * m.seq_len == pytest.approx(F.narayanan_flops_per_step(m, B, False),
+                                                                       rel=1e-12)
+    full = (F.model_flops_per_token(m) + F.recompute_flops_per_token(m, "full")) * B * m.seq_len
+    assert full == pytest.approx(F.narayanan_flops_per_step(m, B, True), rel=1e-12)
+
+
+def test_it_uses_ring_formulas():
+    assert ring_all_reduce_s(8e9, 8, 1e9) == pytest.approx(2 * 7 / 8 * 8)
+    assert ring_gather_s(8e9, 8, 1e9) == pytest.approx(7 / 8 * 8)
+    assert ring_all_reduce_s(8e9, 1, 1e9) == 0
+
+
+def test_it_charges_four_tensor_parallel_all_reduces_per_layer_per_micro_batch():
+    c = cluster("A100-SXM-80GB", 1)
+    opts = EstimateOptions(comm_efficiency=1.0)
+    plan = ParallelPlan(dp=1, tp=8, micro_batch=2, global_batch=6, precision="bf16")
+    m = MODELS["gpt2-large"]
+    t = Planner(m, c, opts).evaluate(plan).time
+    one = 2 * 7 / 8 * (m.seq_len * 2 * m.d_model * 2) / (c.intra_node_bandwidth_gbs * 1e9)
+    assert t["tensor_parallel"] == pytest.approx(3 * m.n_layers * 4 * one)
+
+
+def test_it_uses_intra_node_bandwidth_only_for_groups_inside_a_node():
+    c = cluster("A100-SXM-80GB", 4)
+    p = Planner(MODELS["gpt2-xl"], c)
+    inside = p.evaluate(ParallelPlan(dp=4, tp=8, micro_batch=1, global_batch=32, precision="bf16")).bandwidths
+    assert inside["tp"] > inside["dp"]  # tp in the node, dp across nodes
+    single = Planner(MODELS["gpt2-xl"], cluster("A100-SXM-80GB", 1)).evaluate(
+        ParallelPlan(dp=8, micro_batch=1, global_batch=32, precision="bf16")).bandwidths
+    assert single["dp"] == inside["tp"]
+
+
+def test_it_adds_the_pipeline_bubble_as_p_minus_1_over_m_and_v():
+    c = cluster("A100-SXM-80GB", 16)
+    p = Planner(GPT3, c)
+    base = dict(dp=8, tp=8, pp=2, micro_batch=1, global_batch=64, precision="bf16")
+    one = p.evaluate(ParallelPlan(**base, pipeline_schedule="1f1b")).time
+    inter = p.evaluate(ParallelPlan(**base, pipeline_schedule="interleaved", virtual_stages=4)).time
+    work = one["compute"] + one["tensor_parallel"]
+    assert one["pipeline_bubble"] == pytest.approx(work * 1 / 8)
+    assert inter["pipeline_bubble"] == pytest.approx(work * 1 / (4 * 8))
+
+
+def test_it_moves_one_and_a_half_times_the_all_reduce_volume_under_zero3_with_one_micro_batch():
+    c = cluster("A100-SXM-80GB", 1)
+    m = MODELS["gpt2-medium"]
+    p = Planner(m, c, EstimateOptions())
+    z0 = p.evaluate(ParallelPlan(dp=8, micro_batch=1, global_batch=8, engine="deepspeed", zero_stage=0,
+                                 precision="bf16")).time["data_parallel"]
+    z3 = p.evaluate(ParallelPlan(dp=8, micro_batch=1, global_batch=8, engine="deepspeed", zero_stage=3,
+                                 precision="bf16")).time["data_parallel"]
+    assert z3 == pytest.approx(1.5 * z0)
+
+
+def test_it_estimates_gpt3_175b_mfu_in_the_published_range():
+    est = estimate(GPT3, MEGATRON_PLAN, cluster("A100-SXM-80GB", 128))
+    assert 0.35 < est.time["mfu"].value < 0.55  # Narayanan 2021: 44–52 % of peak on A100
+    assert est.fits
+
+
+def test_it_returns_json_with_a_formula_on_every_figure():
+    est = estimate(GPT3, MEGATRON_PLAN, cluster("A100-SXM-80GB", 128, gpu_hour_cost=2.0), token_budget=300e9)
+    data = json.loads(json.dumps(est.to_dict()))
+    assert set(data) >= {"parameters", "flops", "memory", "time", "budget", "plan", "model", "cluster", "warnings"}
+    stage = data["memory"]["stages"][0]
+    assert set(stage) >= {"weights", "gradients", "optimizer", "activations", "activations_per_microbatch",
+                          "buffers", "overhead", "total", "rank", "stage"}
+    figures = [f for part in (est.time, est.flops, est.parameters, est.budget) for top in part.values()
+               for _, _, f in walk(top)]
+    figures += [f for st in est.memory["stages"] for _, _, f in walk(st["total"])]
+    assert figures and all(isinstance(f, Figure) and f.formula and f.unit for f in figures)
+    budget = est.budget
+    assert budget["gpu_hours"].value == pytest.approx(budget["time"].value * 1024 / 3600)
+    assert budget["cost"].value == pytest.approx(2.0 * budget["gpu_hours"].value)
+    assert est.time["step"].value == pytest.approx(sum(f.value for f in est.time["step"].terms.values()))
+
+
+def test_it_agrees_with_the_tuners_fast_path():
+    c = cluster("A100-SXM-80GB", 4)
+    p = Planner(MODELS["gpt2-xl"], c)
+    from trainer.tune.space import enumerate_plans
+    plans = list(enumerate_plans(MODELS["gpt2-xl"], c, 64))[::3]
+    assert len(plans) > 100
+    for plan in plans:
+        n = p.evaluate(plan)
+        step, peak, stage, flops, _, _ = p.quick(plan)
+        assert step == pytest.approx(n.step_s, rel=1e-12) and peak == pytest.approx(n.peak_bytes, rel=1e-12)
+        assert stage == n.peak_stage and flops == n.model_flops_per_step
+
+
+def test_it_bounds_decode_time_by_memory_bandwidth():
+    m, c = MODELS["mixtral-like-8x7b"], cluster("H100-SXM", 1)
+    inf = inference_estimate(m, c, tp=2, batch=4, context=4096)
+    per_token = 2 * m.n_layers * m.kv_heads * m.head_dim * 2
+    assert inf["kv_per_token"].value == per_token == 131072
+    assert inf["kv_cache"].value == per_token * 4 * 4096
+    weights_gpu = count(m).total * 2 / 2
+    expected = (weights_gpu + per_token * 4 * 4096 / 2) / (c.gpu.memory_bandwidth_gbs * 1e9)
+    assert inf["decode_time_per_token"].value == pytest.approx(expected)
+    assert json.dumps(inf.to_dict())
