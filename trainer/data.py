@@ -13,7 +13,9 @@ The prepared dir is ``DatasetSpec.prepared_dir`` when set (the files go straight
 Files of a folder are taken recursively in sorted order of their relative paths (hidden files skipped), each encoded
 on its own and joined with the EOS id.
 
-Preparation is idempotent and safe to call from every rank of a job at once: an exclusive ``fcntl`` lock on
+Preparation is idempotent: it is redone only when the text (sha256 of names and bytes; files whose size and mtime
+are unchanged are not read again) or the vocabulary changes, and a new val_fraction reuses the tokenizer. A read-only
+prepared folder that is up to date is used as it is. It is safe to call from every rank of a job at once: an exclusive ``fcntl`` lock on
 ``<prepared dir>/.lock`` lets one process do the work while the others wait and then find a matching meta.json.
 Each file is written under a temporary name and renamed into place, meta.json last, so a reader that sees meta.json
 sees complete files. (``flock`` is only as good as the file system's locking: local disks and most cluster file
@@ -219,13 +221,29 @@ def _read_meta(folder: Path) -> dict[str, Any] | None:
         return None
 
 
-def _wanted(meta: dict | None, source_sha: str, vocab: int) -> str:
-    """Whether a previous preparation was of this text with this vocabulary: 'all' (reusable) or 'nothing'."""
+def _source_stat(path: Path, files: list[Path]) -> list[list]:
+    return [[f.name if path.is_file() else f.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns]
+            for f in files for st in [f.stat()]]
+
+
+def _source_sha(path: str | Path, files: list[Path], stat: list[list], meta: dict | None) -> str:
+    """The source's sha256; taken from meta when no file changed size or mtime since, because every rank of every
+    launch asks, and hashing a large corpus each time would cost minutes."""
+    if meta and meta.get("source_stat") == stat and meta.get("source_sha256"):
+        return meta["source_sha256"]
+    return _source_hash(Path(path), files)
+
+
+def _reusable(out: Path, meta: dict | None, source_sha: str, vocab: int, val_fraction: float) -> str:
+    """What a previous preparation in ``out`` still serves: 'all', 'tokenizer' (same text and vocabulary, another
+    split) or 'nothing'."""
     if not meta or meta.get("format_version") != FORMAT_VERSION:
         return "nothing"
     if meta.get("source_sha256") != source_sha or meta.get("requested_vocab") != vocab:
         return "nothing"
-    return "all"
+    if meta.get("val_fraction") != val_fraction or not all((out / n).is_file() for n in (TRAIN, VAL)):
+        return "tokenizer" if (out / TOKENIZER).is_file() else "nothing"
+    return "all" if (out / TOKENIZER).is_file() else "nothing"
 
 
 def prepare_dataset(spec, vocab_size: int) -> PreparedData:
@@ -247,25 +265,28 @@ def prepare_dataset(spec, vocab_size: int) -> PreparedData:
     path = Path(spec.path).expanduser()
     out = Path(spec.prepared_dir).expanduser() if spec.prepared_dir else default_prepared_dir(path, requested)
     files = _source_files(path, out)
+    stat = _source_stat(path, files)
     try:
         out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / LOCK, "a+")
     except OSError as exc:
-        raise DataError(f"cannot create the prepared-data folder {out} ({exc.strerror}): set dataset.prepared_dir "
-                        f"to a writable folder") from None
-
-    with open(out / LOCK, "a+") as lock:
+        # A read-only folder prepared elsewhere (a shared dataset copy) still serves if it is up to date.
+        meta = _read_meta(out)
+        if _reusable(out, meta, _source_sha(path, files, stat, meta), requested, spec.val_fraction) == "all":
+            return _prepared(out, meta, vocab_size)
+        raise DataError(f"cannot write in the prepared-data folder {out} ({exc.strerror}): set "
+                        f"dataset.prepared_dir to a writable folder") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-        try:
-            source_sha = _source_hash(path, files)
-            meta = _read_meta(out)
-            reuse = _wanted(meta, source_sha, requested)
-            if reuse == "all" and meta.get("val_fraction") != spec.val_fraction:
-                reuse = "tokenizer"  # same text, same tokenizer: only the split moves
-            if reuse != "all" or not all((out / n).is_file() for n in (TOKENIZER, TRAIN, VAL)):
-                meta = _build(path, files, out, source_sha, requested, spec.val_fraction,
-                              reuse_tokenizer=reuse == "tokenizer" and (out / TOKENIZER).is_file())
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        meta = _read_meta(out)
+        source_sha = _source_sha(path, files, stat, meta)
+        reuse = _reusable(out, meta, source_sha, requested, spec.val_fraction)
+        if reuse != "all":
+            meta = _build(path, files, out, source_sha, stat, requested, spec.val_fraction,
+                          reuse_tokenizer=reuse == "tokenizer")
+        elif meta.get("source_stat") != stat:  # touched but unchanged: remember, so the next call needs no hash
+            meta = {**meta, "source_stat": stat}
+            _write_json(out / META, meta)
     return _prepared(out, meta, vocab_size)
 
 
@@ -277,8 +298,8 @@ def _prepared(out: Path, meta: dict[str, Any], vocab_size: int) -> PreparedData:
                         vocab_size=meta["vocab_size"], dtype=meta["dtype"], meta=meta)
 
 
-def _build(path: Path, files: list[Path], out: Path, source_sha: str, requested: int, val_fraction: float,
-           reuse_tokenizer: bool) -> dict[str, Any]:
+def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list[list], requested: int,
+           val_fraction: float, reuse_tokenizer: bool) -> dict[str, Any]:
     t0 = time.perf_counter()
     # A meta.json that no longer describes the files must go first: a crash half-way must not leave it vouching
     # for a mix of old and new files.
@@ -328,6 +349,7 @@ def _build(path: Path, files: list[Path], out: Path, source_sha: str, requested:
         "source": str(path.resolve()),
         "source_files": [f.name if path.is_file() else f.relative_to(path).as_posix() for f in files],
         "source_sha256": source_sha,
+        "source_stat": stat,  # [name, size, mtime_ns] per file: unchanged files need no rehash
         "source_bytes": n_bytes,
         "requested_vocab": requested,
         "vocab_size": tok.vocab_size,

@@ -83,6 +83,16 @@ def test_it_reuses_prepared_files_when_source_and_vocab_are_unchanged(text_file,
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()} == stamps
 
 
+def test_it_reuses_prepared_files_when_only_the_modification_time_changes(text_file, tmp_path):
+    first = prepare_dataset(spec(text_file, tmp_path / "out"), 512)
+    stamp = (tmp_path / "out" / "train.bin").stat().st_mtime_ns
+    os.utime(text_file, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched, same bytes: hashed again, same hash
+    again = prepare_dataset(spec(text_file, tmp_path / "out"), 512)
+    assert again.meta["source_sha256"] == first.meta["source_sha256"]
+    assert (tmp_path / "out" / "train.bin").stat().st_mtime_ns == stamp
+    assert again.meta["source_stat"][0][2] == text_file.stat().st_mtime_ns
+
+
 def test_it_prepares_again_when_the_source_text_changes(text_file, tmp_path):
     first = prepare_dataset(spec(text_file, tmp_path / "out"), 512)
     text_file.write_text(text_file.read_text() + "\nA new line of verse.\n")
