@@ -37,8 +37,12 @@ With p equal stages, m micro-batches and free transfers, a GPipe or 1F1B stage c
 m + p − 1 units of time, so its bubble is (p − 1)/(m + p − 1): the figure to compare against. The measured one is
 higher by the real transfer time and the host overhead, which the no-pipeline baseline's bubble estimates.
 
-Top operators: by self time (duration minus that of operators nested in it on the same thread), over the timeline's
-operators and communication events, with counts. MFU is computed elsewhere (it needs the model's FLOPs).
+Top operators: by self time (duration minus that of operators nested in it on the same thread; an annotation's is its
+duration), over the timeline's operators and communication events, with counts. MFU is computed elsewhere (it
+needs the model's FLOPs).
+
+Only ``StepProfiler`` imports torch (when it is created with a spec): the digest functions use the standard library,
+so an ingesting worker can call them.
 """
 from __future__ import annotations
 
@@ -133,21 +137,24 @@ def _load(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {"traceEvents": data}
 
 
-def _self_times(events: list[dict]) -> dict[tuple, float]:
-    """Self time of each event (by identity within its thread): its duration minus that of its direct children."""
-    self_time: dict[int, float] = {}
+def _self_times(events: list[dict]) -> dict[int, float]:
+    """Self time by event identity: an operator's duration minus that of the operators directly nested in it on
+    its thread. Annotations (gloo:/nccl: transfers in flight) do not nest, they overlap: their self time is their
+    duration, and operators that run meanwhile are not theirs."""
+    self_time = {id(e): float(e["dur"]) for e in events}
     by_thread: dict[tuple, list[dict]] = defaultdict(list)
     for e in events:
-        by_thread[(e["pid"], e["tid"])].append(e)
+        if e.get("cat") != "user_annotation":
+            by_thread[(e["pid"], e["tid"])].append(e)
     for evs in by_thread.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack: list[dict] = []
         for e in evs:
             while stack and stack[-1]["ts"] + stack[-1]["dur"] <= e["ts"]:
                 stack.pop()
-            self_time[id(e)] = e["dur"]
             if stack:
-                self_time[id(stack[-1])] -= min(e["dur"], stack[-1]["ts"] + stack[-1]["dur"] - e["ts"])
+                parent = stack[-1]
+                self_time[id(parent)] -= min(e["dur"], parent["ts"] + parent["dur"] - e["ts"])
             stack.append(e)
     return self_time
 
@@ -193,8 +200,12 @@ def summarize_trace(path: str | os.PathLike, steps: int | None = None) -> dict[s
     busy = union(compute + comm)
     wall = total(window)
 
-    ms = lambda us: round(us / 1000.0, 4)  # noqa: E731  (chrome traces count microseconds)
-    share = lambda us: us / wall if wall else 0.0  # noqa: E731
+    def ms(us: float) -> float:  # chrome traces count microseconds
+        return round(us / 1000.0, 4)
+
+    def share(us: float) -> float:
+        return us / wall if wall else 0.0
+
     compute_us, comm_us, exposed_us = total(compute), total(comm), total(exposed)
     idle_us = wall - total(busy)
     return {

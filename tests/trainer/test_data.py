@@ -19,7 +19,8 @@ SLICE = 200_000  # characters: enough text for a 512-token BPE, fast to train
 
 
 def shakespeare_path() -> Path:
-    """tinyshakespeare.txt in ../shared/data beside the checkout, or in $WORKBENCH_SHARED_DATA (the shared or data folder)."""
+    """tinyshakespeare.txt in ../shared/data beside the checkout, or under $WORKBENCH_SHARED_DATA (the shared folder
+    or its data folder)."""
     base = Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO / ".." / "shared"))
     for candidate in (base / "data" / "tinyshakespeare.txt", base / "tinyshakespeare.txt"):
         if candidate.is_file():

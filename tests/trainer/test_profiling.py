@@ -248,11 +248,13 @@ def test_it_reads_the_device_timeline_when_the_trace_has_kernels(tmp_path):
 def test_it_merges_rank_summaries_and_digests_a_trace_whose_summary_is_missing(tmp_path):
     step = X("ProfilerStep#0", 0, 100, cat="user_annotation")
     write_trace(tmp_path / "rank-0.trace.json.gz", [step, X("aten::mm", 0, 100)])
-    write_trace(tmp_path / "rank-1.trace.json.gz", [step, X("aten::mm", 0, 50), X("gloo:recv", 50, 50, cat="user_annotation")])
+    write_trace(tmp_path / "rank-1.trace.json.gz",
+                [step, X("aten::mm", 0, 50), X("gloo:recv", 50, 50, cat="user_annotation")])
     (tmp_path / "summary-rank-0.json").write_text(json.dumps({"rank": 0, **summarize_trace(
         tmp_path / "rank-0.trace.json.gz")}))
     merged = write_summary(tmp_path)
     assert json.loads((tmp_path / "summary.json").read_text()) == merged
     assert merged["world"] == 2 and merged["bubble_max"] == pytest.approx(0.5)
     assert merged["shares"]["compute"] == pytest.approx(0.75)
-    assert merged["top_ops"][0] == {"name": "aten::mm", "count": 2, "self_ms": 0.15, "total_ms": 0.15, "comm": False}
+    assert merged["top_ops"][0] == {"name": "aten::mm", "count": 2, "self_ms": 0.15, "total_ms": 0.15,
+                                    "comm": False}
