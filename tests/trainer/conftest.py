@@ -1,0 +1,90 @@
+"""Session fixtures: one prepared dataset, and a few batched launches whose run folders several tests read.
+
+A torchrun launch costs ~15 s on a 2-core machine, so every 2-rank job of the suite runs in one launch, every
+4-rank job in another, and the single-process jobs in a third.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.launch import launch, tiny_spec
+from trainer.spec import DatasetSpec
+
+TEXT_BYTES = 200_000  # enough tinyshakespeare for a 512-token BPE and thousands of 64-token windows
+
+
+@pytest.fixture(scope="session")
+def dataset(tmp_path_factory) -> DatasetSpec:
+    from tests.conftest import shared_data_dir
+
+    root = tmp_path_factory.mktemp("data")
+    text = (shared_data_dir() / "tinyshakespeare.txt").read_bytes()[:TEXT_BYTES]
+    (root / "shakespeare.txt").write_bytes(text[:text.rfind(b"\n") + 1])
+    spec = DatasetSpec(path=str(root / "shakespeare.txt"), prepared_dir=str(root / "prepared"))
+    from trainer.data import prepare_dataset
+
+    prepare_dataset(spec, 512)
+    return spec
+
+
+# Plans checked against a single process; the reference is the same spec with dp=tp=pp=1. Pipelines hold the
+# embedding and the head on different ranks, so they run untied models (and are compared with untied references).
+TWO_RANK_PLANS = {
+    "tp2": dict(tp=2),
+    "tp2-sp": dict(tp=2, sequence_parallel=True),
+    "pp2-gpipe": dict(pp=2, tied=False, pipeline_schedule="gpipe"),
+    "pp2-1f1b": dict(pp=2, tied=False, pipeline_schedule="1f1b"),
+    "pp2-interleaved": dict(pp=2, tied=False, pipeline_schedule="interleaved", virtual_stages=2),
+    "dp2-ddp": dict(dp=2),
+    "dp2-fsdp": dict(dp=2, zero_stage=3),
+}
+FOUR_RANK_PLANS = {
+    "tp2-dp2": dict(tp=2, dp=2),
+    "pp2-tp2": dict(pp=2, tp=2, tied=False),
+    "fsdp2-tp2-sp": dict(dp=2, zero_stage=3, tp=2, sequence_parallel=True),
+}
+PARITY_STEPS = 20
+RESUME_STEPS, RESUME_AT = 10, 5
+AC_MODES = ("none", "selective", "full")
+
+
+def _job(spec, resume=False, stop_at=0) -> dict:
+    return {"spec": spec, "run_dir": spec.output_dir, "resume": resume, "stop_at": stop_at}
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def two_rank_runs(runs, dataset) -> Path:
+    """Every 2-rank parity plan, and the first half of the dp 2 → 1 resume (stopped with a checkpoint)."""
+    jobs = [_job(tiny_spec(runs / name, dataset, PARITY_STEPS, **kw)) for name, kw in TWO_RANK_PLANS.items()]
+    jobs.append(_job(tiny_spec(runs / "resume-dp2-to-dp1", dataset, RESUME_STEPS, dp=2), stop_at=RESUME_AT))
+    launch(2, jobs, runs / "jobs")
+    return runs
+
+
+@pytest.fixture(scope="session")
+def four_rank_runs(runs, dataset) -> Path:
+    launch(4, [_job(tiny_spec(runs / name, dataset, PARITY_STEPS, **kw)) for name, kw in FOUR_RANK_PLANS.items()],
+           runs / "jobs")
+    return runs
+
+
+@pytest.fixture(scope="session")
+def single_rank_runs(runs, dataset, two_rank_runs) -> Path:
+    """References (tied and untied), resume straight and split, the second half of dp 2 → 1, checkpointing modes."""
+    ref = lambda name, **kw: tiny_spec(runs / name, dataset, PARITY_STEPS, **kw)  # noqa: E731
+    straight = tiny_spec(runs / "resume-straight", dataset, RESUME_STEPS, checkpoint_every=5, eval_every=5,
+                         keep_checkpoints=1)
+    split = tiny_spec(runs / "resume-split", dataset, RESUME_STEPS, checkpoint_every=5, eval_every=5)
+    jobs = [_job(ref("ref-tied")), _job(ref("ref-untied", tied=False)), _job(straight),
+            _job(split, stop_at=RESUME_AT), _job(split, resume=True),
+            _job(tiny_spec(runs / "resume-dp2-to-dp1", dataset, RESUME_STEPS), resume=True)]
+    jobs += [_job(tiny_spec(runs / f"ac-{mode}", dataset, 3, activation_checkpointing=mode)) for mode in AC_MODES]
+    launch(1, jobs, runs / "jobs")
+    return runs
