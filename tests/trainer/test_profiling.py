@@ -82,7 +82,7 @@ def test_it_splits_each_rank_step_into_compute_communication_and_idle_shares_tha
     for summary in merged["ranks"] + [merged]:
         shares = summary["shares"]
         assert shares["compute"] + shares["comm_exposed"] + shares["idle"] == pytest.approx(1.0, abs=1e-6)
-        assert shares["compute"] > 0.05 and shares["comm"] > 0
+        assert shares["compute"] > 0.01 and shares["comm"] > 0
         assert 0 <= shares["comm_overlapped"] <= shares["comm"]
         assert summary["bubble"] == pytest.approx(1 - shares["compute"], abs=1e-6)
     for rank in merged["ranks"]:
