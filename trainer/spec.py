@@ -27,6 +27,13 @@ __all__ = ["SCHEMA_VERSION", "SpecError", "ModelSpec", "ParallelPlan", "GPUSpec"
 class _Spec:
     """JSON in and out, shared by every spec. Subclasses add ``problems()``."""
 
+    def __post_init__(self):
+        # Store 80 given for a float field as 80.0, so that equal specs always write the same JSON text.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("float", float) and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
+
     def problems(self) -> dict[str, list[str]]:
         return {}
 

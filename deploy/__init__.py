@@ -1,0 +1,1 @@
+"""Checkpoint → Triton model repository, Triton server control, inference client."""

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The run command: the whole product on one machine with embedded defaults: SQLite in var/, a local Redis,
+# a Celery worker with beat, and the web server. Ctrl-C stops everything it started.
+# PORT (default 8000) and the variables in webapp/settings.py change the defaults.
+set -euo pipefail
+source "$(dirname "$0")/setup-env.sh"
+cd "$REPO"
+PORT="${PORT:-8000}"
+mkdir -p var/log
+
+ensure_redis
+echo "== migrating the database"
+"$PY" manage.py migrate --noinput -v0
+
+pids=()
+stop() {
+  trap - INT TERM EXIT
+  echo; echo "== stopping"
+  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap stop INT TERM EXIT
+
+echo "== starting a Celery worker with beat (log: var/log/worker.log)"
+"$VENV/bin/celery" -A workers.celery_app worker -B --loglevel=INFO --concurrency=2 \
+  --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
+pids+=($!)
+
+echo "== starting the web server"
+"$PY" manage.py runserver "127.0.0.1:$PORT" --noreload &
+pids+=($!)
+
+cat <<MSG
+
+  The workbench is at      http://127.0.0.1:$PORT/api/   (API, browsable)
+  API documentation        http://127.0.0.1:$PORT/api/docs/
+  Admin                    http://127.0.0.1:$PORT/admin/
+  Create an admin user:    .venv/bin/python manage.py createsuperuser
+  Press Ctrl-C to stop everything.
+
+MSG
+wait -n "${pids[@]}"

@@ -1,0 +1,40 @@
+# Sourced by the run and test commands: creates .venv and installs the project with its test tools.
+# Re-running is cheap: the install is skipped while pyproject.toml is unchanged.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$REPO/.venv"
+PY="$VENV/bin/python"
+
+if [ ! -x "$PY" ]; then
+  echo "== creating $VENV"
+  python3 -m venv "$VENV"
+fi
+stamp="$VENV/.installed-$(sha256sum "$REPO/pyproject.toml" | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "== installing the project and its test tools (torch 2.13.0 CPU build; a few minutes the first time)"
+  "$PY" -m pip install --quiet --upgrade pip
+  # torch first, on its own pin: this exact version is the CPU build kept on the machine's disk.
+  "$PY" -m pip install --quiet "torch==2.13.0"
+  "$PY" -m pip install --quiet -e "$REPO[dev]"
+  rm -f "$VENV"/.installed-*
+  touch "$stamp"
+fi
+
+redis_up() { "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).ping()" "$1" >/dev/null 2>&1; }
+
+ensure_redis() {
+  # Start a local Redis if none answers on the default port (the embedded default of the product and the tests).
+  local url="redis://127.0.0.1:6379/0"
+  redis_up "$url" && return 0
+  if ! command -v redis-server >/dev/null; then
+    echo "== installing redis-server"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  echo "== starting redis-server on 127.0.0.1:6379"
+  mkdir -p "$REPO/var/redis"
+  redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no \
+    --dir "$REPO/var/redis" --logfile "$REPO/var/redis/redis.log"
+  for _ in $(seq 50); do redis_up "$url" && return 0; sleep 0.1; done
+  echo "redis did not start; see $REPO/var/redis/redis.log" >&2
+  return 1
+}

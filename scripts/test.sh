@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The test command: sets up the environment, starts what the tests need, runs the whole suite.
+# With DATABASE_URL set (PostgreSQL) the suite runs against it, and the database tests run again on SQLite.
+# Extra arguments go to pytest (e.g. scripts/test.sh tests/webapp -x).
+set -euo pipefail
+source "$(dirname "$0")/setup-env.sh"
+cd "$REPO"
+ensure_redis
+
+if [ -n "${DATABASE_URL:-}" ] && [[ "$DATABASE_URL" == postgres* ]]; then
+  if ! pg_isready -q -h 127.0.0.1 2>/dev/null && command -v pg_ctlcluster >/dev/null; then
+    echo "== starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -1)" main start
+  fi
+fi
+
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+status=0
+if [ -n "${DATABASE_URL:-}" ]; then
+  echo "== tests on ${DATABASE_URL%%://*}"
+  "$PY" -m pytest "$@" || status=$?
+  if [ $# -eq 0 ]; then
+    echo "== database tests again on SQLite"
+    env -u DATABASE_URL "$PY" -m pytest -q tests/webapp tests/workers tests/test_migrations.py || status=$?
+  fi
+else
+  "$PY" -m pytest "$@" || status=$?
+fi
+exit $status
