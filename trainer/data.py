@@ -15,11 +15,11 @@ on its own and joined with the EOS id.
 
 Preparation is idempotent: it is redone only when the text (sha256 of names and bytes; files whose size and mtime
 are unchanged are not read again) or the vocabulary changes, and a new val_fraction reuses the tokenizer. A read-only
-prepared folder that is up to date is used as it is. It is safe to call from every rank of a job at once: an exclusive ``fcntl`` lock on
-``<prepared dir>/.lock`` lets one process do the work while the others wait and then find a matching meta.json.
-Each file is written under a temporary name and renamed into place, meta.json last, so a reader that sees meta.json
-sees complete files. (``flock`` is only as good as the file system's locking: local disks and most cluster file
-systems honour it; an NFS without lock support does not.)
+prepared folder that is up to date is used as it is. It is safe to call from every rank of a job at once: an
+exclusive ``fcntl`` lock on ``<prepared dir>/.lock`` lets one process do the work while the others wait and then find
+a matching meta.json. Each file is written under a temporary name and renamed into place, meta.json last, so a reader
+that sees meta.json sees complete files. (``flock`` is only as good as the file system's locking: local disks and
+most cluster file systems honour it; an NFS without lock support does not.)
 
 Sampling (``BatchSampler``) depends on (seed, step) only, so a resumed run draws exactly what a straight run drew,
 and the global batch of a step is the same set of sequences for any data-parallel degree.
