@@ -23,8 +23,22 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
     return (str(t.device), t.untyped_storage().data_ptr())
 
 
+# Autograd nodes that only reshape or cast: a tensor reached from a parameter through these alone is the weight
+# itself in another form (autocast's 16-bit copy, a transposed view), not an activation.
+_WEIGHT_FORMS = {"TBackward0", "ToCopyBackward0", "ViewBackward0", "TransposeBackward0", "PermuteBackward0",
+                 "ExpandBackward0", "UnsafeViewBackward0"}
+
+
 def _is_parameter(t: torch.Tensor) -> bool:
-    return isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter)
+    if isinstance(t, nn.Parameter) or isinstance(getattr(t, "_base", None), nn.Parameter):
+        return True
+    node = t.grad_fn
+    while node is not None and type(node).__name__ in _WEIGHT_FORMS:
+        nxt = [f for f, _ in node.next_functions if f is not None]
+        if len(nxt) != 1:
+            return False
+        node = nxt[0]
+    return node is not None and type(node).__name__ == "AccumulateGrad" and t.grad_fn is not None
 
 
 class SavedActivations:
