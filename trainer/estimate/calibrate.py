@@ -86,7 +86,13 @@ def solve_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> 
     return [a[i][n] / a[i][i] / scale[i] for i in range(n)]
 
 
-def _time_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
+def ideal_options(base: EstimateOptions) -> EstimateOptions:
+    """``base`` at ideal efficiency and without overheads: the planner's raw compute and communication split."""
+    return base.replace(compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0, dp_overlap=0.0,
+                        overhead_bytes=0.0, fragmentation=0.0)
+
+
+def time_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
     t = planner.evaluate(plan).time
     compute = sum(t.get(k, 0.0) for k in _COMPUTE)
     in_stage = compute + t.get("tensor_parallel", 0.0) + t.get("expert_all_to_all", 0.0)
@@ -152,8 +158,7 @@ def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = Non
     if not records:
         raise SpecError.single("records", "calibration needs at least one measured run")
     base = base or EstimateOptions()
-    ideal = base.replace(compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0, dp_overlap=0.0,
-                         overhead_bytes=0.0, fragmentation=0.0)
+    ideal = ideal_options(base)
     groups: dict[str, list[MeasuredRun]] = {}
     for i, r in enumerate(records):
         if not isinstance(r, MeasuredRun):
@@ -165,7 +170,7 @@ def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = Non
 
     result = {}
     for key, runs in groups.items():
-        tf = [_time_features(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
+        tf = [time_features(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
         ty = [r.step_time_s for r in runs]
         mem_runs = [(i, r) for i, r in enumerate(runs) if r.memory_bytes is not None]
         mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for _, r in mem_runs]

@@ -14,7 +14,9 @@ from trainer.estimate.core import GB, Planner
 from trainer.estimate.explain import estimate
 from trainer.estimate.options import EstimateOptions
 from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan, SpecError
+from trainer.estimate.calibrate import ideal_options, time_features
 from trainer.tune.space import SearchSpace, enumerate_plans
+from trainer.tune.trials import run_trials
 
 Progress = Callable[[dict], None]
 
@@ -117,6 +119,13 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
     return fitting, rejected, evaluated
 
 
+def trial_features(model: ModelSpec, cluster: ClusterSpec, options: EstimateOptions | None,
+                   plans: Sequence[ParallelPlan]) -> list[tuple[float, float]]:
+    """(compute, communication) seconds of each plan at ideal efficiency: what trials refit on."""
+    planner = Planner(model, cluster, ideal_options(options or EstimateOptions()))
+    return [time_features(planner, p) for p in plans]
+
+
 def _check_inputs(model, cluster, global_batch, top_k):
     problems = {}
     for prefix, obj in (("model", model), ("cluster", cluster)):
@@ -151,8 +160,9 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[in
                         evaluated, len(ranked), rejected, ranked, pareto_front(ranked), 0.0, top_k)
     result.details = [estimate(model, c.plan, cluster, options).to_dict() for c in ranked[:explain_top]]
     if measure is not None and ranked:
-        from trainer.tune.trials import run_trials
-        result.trials = run_trials(ranked[:trial_pool], measure, max_fraction, tolerance, progress)
+        pool = ranked[:trial_pool]
+        result.trials = run_trials(pool, measure, max_fraction, tolerance, progress,
+                                   features=trial_features(model, cluster, options, [c.plan for c in pool]))
     result.elapsed_s = time.perf_counter() - started
     if progress:
         progress({"phase": "done", "evaluated": evaluated, "fitting": len(ranked), "elapsed_s": result.elapsed_s})

@@ -1,0 +1,56 @@
+"""Ranking, memory rejections with reasons, the Pareto front, the result's JSON, and the benchmark."""
+import json
+
+from trainer.presets import MODELS, cluster
+from trainer.tune import bench
+from trainer.tune.search import pareto_front, tune
+from trainer.tune.space import SearchSpace
+
+
+def test_it_ranks_fitting_plans_fastest_first_and_says_why_others_do_not_fit():
+    clu = cluster("A100-SXM-80GB", 16)
+    result = tune(MODELS["gpt3-175b"], clu, 512, SearchSpace(engines=("native",)), explain_top=2)
+    times = [c.step_time_s for c in result.ranked]
+    assert times == sorted(times) and result.fitting == len(result.ranked) > 0
+    assert all(c.peak_memory_bytes <= 80e9 for c in result.ranked)
+    oom = {k: v for k, v in result.rejected.items() if k.startswith("out of memory")}
+    assert "out of memory: model states alone exceed GPU memory" in oom
+    assert result.evaluated == result.fitting + sum(oom.values())
+    assert len(result.details) == 2 and result.details[0]["time"]["step"]["value"] == result.ranked[0].step_time_s
+    data = json.loads(json.dumps(result.to_dict(explain=True)))
+    assert data["best"]["plan"] == result.ranked[0].plan.to_dict() and len(data["top"]) == 10
+
+
+def test_it_keeps_exactly_the_non_dominated_plans_on_the_pareto_front():
+    result = tune(MODELS["gpt2-xl"], cluster("A100-SXM-80GB", 2), 64)
+    front = pareto_front(result.ranked)
+    assert front == result.pareto and len(front) >= 2
+    on_front = {id(c) for c in front}
+
+    def dominates(a, b):
+        return (a.step_time_s <= b.step_time_s and a.peak_memory_bytes <= b.peak_memory_bytes
+                and (a.step_time_s < b.step_time_s or a.peak_memory_bytes < b.peak_memory_bytes))
+    for c in front:
+        assert not any(dominates(o, c) for o in result.ranked)
+    for c in result.ranked[::25]:
+        if id(c) not in on_front:
+            assert any(dominates(f, c) or (f.step_time_s == c.step_time_s and
+                                           f.peak_memory_bytes == c.peak_memory_bytes) for f in front)
+
+
+def test_it_ranks_over_100000_gpt3_plans_on_1024_gpus_within_10_seconds(capsys):
+    out = bench.run()
+    assert out["gpus"] == 1024 and out["evaluated"] >= 100_000
+    assert out["seconds"] < 10
+    assert bench.main(["--batches", "512"]) == 0
+    assert "plans estimated and ranked" in capsys.readouterr().out
+
+
+def test_it_imports_the_planner_without_torch_or_django():
+    import subprocess
+    import sys
+    code = ("import sys, trainer.estimate, trainer.tune.search, trainer.tune.bench, trainer.estimate.__main__, "
+            "trainer.tune.__main__; bad = [m for m in ('torch', 'django', 'numpy') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
