@@ -1,0 +1,60 @@
+"""Generation with a KV cache gives what recomputing the whole prefix gives, and loads any plan's checkpoint."""
+import pytest
+import torch
+
+from trainer.generate import generate, generate_stream, load_model_from_checkpoint
+from trainer.model import build_model
+from trainer.presets import MODELS
+
+
+def _greedy_without_cache(model, ids, n):
+    ids = list(ids)
+    for _ in range(n):
+        ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    return ids
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(positions="rope", n_kv_heads=2)])
+def test_it_generates_with_the_cache_as_without(kw):
+    model = build_model(MODELS["tiny"].replace(**kw), 3).eval()
+    assert generate(model, [5, 6, 7], 30, temperature=0) == _greedy_without_cache(model, [5, 6, 7], 30)
+
+
+def test_it_slides_past_the_context_window():
+    model = build_model(MODELS["tiny"].replace(seq_len=16), 3).eval()
+    out = generate(model, list(range(10)), 30, temperature=0)
+    assert len(out) == 40
+
+
+def test_it_samples_reproducibly_from_a_seed():
+    model = build_model(MODELS["tiny"], 3).eval()
+    a = generate(model, [1, 2], 20, temperature=0.9, top_k=40, top_p=0.9, seed=11)
+    b = generate(model, [1, 2], 20, temperature=0.9, top_k=40, top_p=0.9, seed=11)
+    assert a == b and len(a) == 22
+    assert all(0 <= t < 512 for t in a)
+
+
+def test_it_stops_at_eos():
+    model = build_model(MODELS["tiny"], 3).eval()
+    first = next(generate_stream(model, [1, 2], 5, temperature=0))
+    assert list(generate_stream(model, [1, 2], 5, temperature=0, eos_id=first)) == [first]
+
+
+def test_it_keeps_only_the_top_k():
+    from trainer.generate import _pick
+
+    logits = torch.tensor([[0.0, 5.0, 4.0, -1.0]])
+    picks = {int(_pick(logits, 1.0, 2, 1.0, torch.Generator().manual_seed(i))) for i in range(50)}
+    assert picks <= {1, 2}
+    assert {int(_pick(logits, 1.0, 0, 0.5, torch.Generator().manual_seed(i))) for i in range(50)} == {1}
+
+
+@pytest.mark.slow
+def test_it_loads_a_checkpoint_written_by_two_tensor_parallel_ranks(two_rank_runs, single_rank_runs):
+    from trainer.checkpoint import latest_checkpoint
+    from trainer.train import _eval_batches  # noqa: F401  (import check: deploy reuses this module)
+
+    model, tokenizer = load_model_from_checkpoint(latest_checkpoint(two_rank_runs / "resume-dp2-to-dp1"))
+    assert tokenizer is not None
+    ids = generate(model, tokenizer.encode("ROMEO:"), 10, temperature=0)
+    assert len(ids) > 10 and isinstance(tokenizer.decode(ids), str)

@@ -1,0 +1,93 @@
+"""The GPT itself: parameter counts from REFERENCE.md, seeded initialisation, shapes, refusals."""
+import pytest
+import torch
+
+from trainer.flops import flops_per_token, matmul_params
+from trainer.memory import SavedActivations
+from trainer.model import GPT, MoENotSupported, build_model, count_parameters, loss_fn
+from trainer.parallel.ac import apply_ac
+from trainer.presets import MODELS
+from trainer.spec import ModelSpec
+
+TINY = MODELS["tiny"]
+
+
+def test_it_counts_12h2_plus_13h_per_block():
+    h = TINY.d_model
+    model = build_model(TINY, seed=0)
+    assert count_parameters(model.layers["0"]) == 12 * h * h + 13 * h
+    # L(12h² + 13h) + Vh + s·h + 2h, the head tied to the token embedding
+    assert count_parameters(model) == TINY.n_layers * (12 * h * h + 13 * h) + TINY.vocab_size * h + TINY.seq_len * h + 2 * h
+
+
+def test_it_counts_gpt2_small_like_the_paper():
+    with torch.device("meta"):
+        model = GPT(MODELS["gpt2-small"])
+    assert count_parameters(model) == 124_439_808
+
+
+def test_it_unties_the_head_when_asked():
+    tied = count_parameters(build_model(TINY, 0))
+    untied = count_parameters(build_model(TINY.replace(tied_embeddings=False), 0))
+    assert untied - tied == TINY.vocab_size * TINY.d_model
+
+
+def test_it_initialises_from_the_seed_only():
+    a, b, c = build_model(TINY, 7), build_model(TINY, 7), build_model(TINY, 8)
+    for (name, p), q, r in zip(a.named_parameters(), b.parameters(), c.parameters()):
+        assert torch.equal(p, q), name
+    assert not torch.equal(a.layers["0"].attn.q.weight, c.layers["0"].attn.q.weight)
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(positions="rope"), dict(n_kv_heads=2), dict(bias=False),
+                                dict(positions="rope", n_kv_heads=1, tied_embeddings=False)])
+def test_it_predicts_every_position(kw):
+    spec = TINY.replace(**kw)
+    model = build_model(spec, 0)
+    x = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+    y = torch.randint(0, spec.vocab_size, (2, spec.seq_len))
+    logits = model(x)
+    assert logits.shape == (2, spec.seq_len, spec.vocab_size)
+    loss = loss_fn(logits, y)
+    loss.backward()
+    # a fresh model predicts about uniformly: loss ≈ ln V
+    assert abs(loss.item() - torch.log(torch.tensor(float(spec.vocab_size))).item()) < 0.2
+
+
+def test_it_is_causal():
+    model = build_model(TINY.replace(positions="rope"), 0)
+    x = torch.randint(0, TINY.vocab_size, (1, 16))
+    y = x.clone()
+    y[0, 10:] = (y[0, 10:] + 1) % TINY.vocab_size
+    assert torch.allclose(model(x)[0, :10], model(y)[0, :10], atol=1e-6)
+
+
+def test_it_refuses_mixture_of_experts_for_now():
+    with pytest.raises(MoENotSupported, match="mixture-of-experts"):
+        GPT(MODELS["tiny-moe"])
+
+
+def test_it_counts_model_flops_like_palm():
+    spec = MODELS["gpt2-small"]
+    h, L = spec.d_model, spec.n_layers
+    assert matmul_params(spec) == L * 12 * h * h + spec.vocab_size * h
+    assert flops_per_token(spec) == 6 * matmul_params(spec) + 12 * L * h * spec.seq_len
+
+
+def _saved_bytes(mode: str) -> tuple[int, float]:
+    model = build_model(TINY, 0)
+    apply_ac(model, mode)
+    x = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len), generator=torch.Generator().manual_seed(0))
+    with SavedActivations(model.parameters()) as probe:
+        loss = loss_fn(model(x), x)
+    loss.backward()
+    return probe.bytes, loss.item()
+
+
+def test_it_measures_what_autograd_keeps():
+    none, loss = _saved_bytes("none")
+    full, loss_full = _saved_bytes("full")
+    B, T, C, V, L = 2, TINY.seq_len, TINY.d_model, TINY.vocab_size, TINY.n_layers
+    # full recompute keeps each block's input (B·T·C fp32) plus what the head and loss keep (≥ the logits)
+    assert full >= L * B * T * C * 4 + B * T * V * 4
+    assert none > 3 * full and loss == loss_full
