@@ -3,9 +3,9 @@
 ``Planner`` holds what depends only on the model, cluster and options; ``Planner.evaluate(plan)`` returns a
 ``PlanNumbers`` with every named term. ``report.estimate`` turns the same numbers into figures with formulas.
 
-Rank layout: ranks are numbered over a (dp, pp, tp) mesh with tp innermost, so rank = (d·pp + stage)·tp + j. A group
-of n ranks with stride k sits inside one node when n·k ≤ gpus_per_node (tp: stride 1; pp: t; dp and ep: t·p) and then
-uses the intra-node bandwidth, else the inter-node one.
+Rank layout (the native trainer's mesh, trainer/parallel/mesh.py): a (pp, dp, tp) grid with tp innermost, so
+rank = (stage·dp + d)·tp + j. A group of n ranks with stride k sits inside one node when n·k ≤ gpus_per_node
+(tp: stride 1; dp and ep: t; pp: t·d) and then uses the intra-node bandwidth, else the inter-node one.
 """
 from __future__ import annotations
 
@@ -65,6 +65,11 @@ class PlanNumbers:
         return self.peak_bytes <= self.capacity_bytes
 
     capacity_bytes: float = 0.0
+
+
+def rank_of(plan: ParallelPlan, stage: int, d: int = 0, j: int = 0) -> int:
+    """Global rank of pipeline stage ``stage``, data-parallel index d, tensor-parallel index j."""
+    return (stage * plan.dp + d) * plan.tp + j
 
 
 def _fits_in_node(size: int, stride: int, gpus_per_node: int) -> bool:
@@ -196,8 +201,8 @@ class Planner:
         eff = o.compute_efficiency * work / (work + o.efficiency_half_work)
         compute = hw_flops / plan.world_size / (self.peak_flops * eff)
 
-        bw = {"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(pp, tp), "dp": self._bandwidth(dp, tp * pp),
-              "ep": self._bandwidth(plan.ep, tp * pp)}
+        bw = {"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(pp, tp * dp), "dp": self._bandwidth(dp, tp),
+              "ep": self._bandwidth(plan.ep, tp)}
         layers = m.n_layers // pp
         t: dict[str, float] = {"compute": compute}
         if tp > 1:
@@ -281,6 +286,6 @@ class Planner:
         peak = max(stages, key=lambda st: st.total)
         t, model_flops, hw_flops, bw = self.step_time(plan, stages[0].params, stages[0].params_sharded)
         return PlanNumbers(plan=plan, stages=stages, peak_stage=peak.stage, peak_bytes=peak.total,
-                           peak_rank=peak.stage * plan.tp, time=t, step_s=sum(t.values()),
+                           peak_rank=rank_of(plan, peak.stage), time=t, step_s=sum(t.values()),
                            model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
                            efficiency=bw.pop("efficiency"), bandwidths=bw, capacity_bytes=self.capacity_bytes)

@@ -11,7 +11,7 @@ from typing import Any
 
 from trainer.estimate import flops as F
 from trainer.estimate import memory as M
-from trainer.estimate.core import GB, Planner, PlanNumbers, StageMemory
+from trainer.estimate.core import GB, Planner, PlanNumbers, StageMemory, rank_of
 from trainer.estimate.figure import Figure, fig, total
 from trainer.estimate.options import EstimateOptions
 from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan, SpecError, check_plan
@@ -208,7 +208,7 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
     overhead = fig(st.overhead, "bytes", "overhead_bytes + fragmentation · (activations + buffers)",
                    overhead_bytes=planner.overhead_bytes, fragmentation=planner.options.fragmentation)
     parts = {**states, "activations": activations, "buffers": buffers, "overhead": overhead}
-    return {"stage": st.stage, "rank": st.stage * plan.tp, **parts,
+    return {"stage": st.stage, "rank": rank_of(plan, st.stage), **parts,
             "activations_per_microbatch": per_mb_total,
             "total": total("bytes", parts), "host_bytes": st.states["host"]}
 
@@ -274,7 +274,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options
         "peak_stage": peak["stage"], "peak_rank": peak["rank"],
         "capacity": fig(capacity, "bytes", "gpu.memory_gb · 1e9", memory_gb=cluster.gpu.memory_gb),
         "fits": peak["total"].value <= capacity,
-        "rank_rule": "rank = (d·pp + stage)·tp + j; the figures are for d = 0, j = 0 (the largest shards)",
+        "rank_rule": "rank = (stage·dp + d)·tp + j; the figures are for d = 0, j = 0 (the largest shards)",
     }
     time = _time(planner, numbers)
     warnings = []

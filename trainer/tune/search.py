@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from trainer.estimate.core import GB, Planner
+from trainer.estimate.core import GB, Planner, rank_of
 from trainer.estimate.explain import estimate
 from trainer.estimate.options import EstimateOptions
 from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan, SpecError
@@ -111,7 +111,7 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
                 reason = memory_reason(states, activations, cap)
                 rejected[reason] = rejected.get(reason, 0) + 1
                 continue
-            fitting.append(Candidate(plan, step_s, peak, stage * plan.tp,
+            fitting.append(Candidate(plan, step_s, peak, rank_of(plan, stage),
                                      model_flops / (step_s * plan.world_size * planner.peak_flops), tokens / step_s))
             if progress and evaluated % 20000 == 0:
                 progress({"phase": "rank", "evaluated": evaluated, "fitting": len(fitting)})
