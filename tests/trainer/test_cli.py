@@ -1,0 +1,77 @@
+"""python -m trainer as the workers launch it: refusals before any work, SIGTERM, failures, profiling."""
+import json
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.trainer.launch import PYTHON, REPO, _env, records, tiny_spec
+from trainer.presets import MODELS
+from trainer.spec import ProfileSpec
+
+
+def _start(spec, tmp_path, *args):
+    path = tmp_path / "spec.json"
+    path.write_text(spec.to_json())
+    return subprocess.Popen([PYTHON, "-m", "trainer", "--spec", str(path), *args], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.parametrize("change, reason", [
+    (dict(model="tiny-moe"), "mixture-of-experts"),
+    (dict(pp=2), "tied_embeddings=false"),
+])
+def test_it_refuses_what_it_cannot_run_before_any_work(tmp_path, dataset, change, reason):
+    kw = dict(change)
+    spec = tiny_spec(tmp_path / "run", dataset, **{k: v for k, v in kw.items() if k != "model"})
+    if "model" in kw:
+        spec = spec.replace(model=MODELS[kw["model"]])
+    proc = _start(spec, tmp_path)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert reason in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_it_stops_cleanly_on_sigterm(tmp_path, dataset):
+    run = tmp_path / "run"
+    proc = _start(tiny_spec(run, dataset, steps=10_000), tmp_path)
+    deadline = time.time() + 120
+    while len(records(run)) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    events = records(run, "events.jsonl")
+    assert [e["event"] for e in events] == ["started", "checkpoint_saved", "stopped"]
+    stopped_at = events[-1]["step"]
+    assert events[1]["step"] == stopped_at and records(run)[-1]["step"] == stopped_at
+    assert (run / "checkpoints" / f"step-{stopped_at}" / "manifest.json").is_file()
+
+
+@pytest.mark.slow
+def test_it_records_a_failure_with_its_traceback(tmp_path, dataset):
+    spec = tiny_spec(tmp_path / "run", dataset.replace(path=str(tmp_path / "missing.txt"),
+                                                       prepared_dir=str(tmp_path / "prep")))
+    proc = _start(spec, tmp_path)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    failed = records(tmp_path / "run", "events.jsonl")[-1]
+    assert failed["event"] == "failed" and "does not exist" in failed["traceback"]
+    assert "failed" in (tmp_path / "run" / "logs" / "rank-0.log").read_text()
+
+
+@pytest.mark.slow
+def test_it_profiles_the_steps_asked_for(tmp_path, dataset):
+    run = tmp_path / "run"
+    spec = tiny_spec(run, dataset, steps=5, profile=ProfileSpec(start_step=2, steps=2, warmup=1, name="p"))
+    proc = _start(spec, tmp_path)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    written = [e for e in records(run, "events.jsonl") if e["event"] == "profile_written"]
+    assert len(written) == 1 and written[0]["name"] == "p"
+    summary = json.loads((run / "profiles" / "p" / "summary.json").read_text())
+    assert summary
+    assert (run / "profiles" / "p" / "rank-0.trace.json.gz").is_file()
