@@ -14,4 +14,5 @@ def health() -> dict:
         cursor.execute("SELECT 1")
         database_ok = cursor.fetchone()[0] == 1
     return {"worker": platform.node(), "time": timezone.now().isoformat(), "database": database_ok,
-            "database_vendor": connection.vendor, "monotonic": time.monotonic()}
+            "database_vendor": connection.vendor, "database_name": str(connection.settings_dict["NAME"]),
+            "monotonic": time.monotonic()}

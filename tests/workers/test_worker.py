@@ -9,11 +9,29 @@ from celery import Celery
 
 from tests.conftest import REPO
 
+# The worker opens the test database itself, so the session must create it even when only this module runs.
+pytestmark = pytest.mark.django_db
+
+
+def _test_database_url() -> str | None:
+    """The test database as a URL a separate process can open (SQLite's in-memory test database cannot be shared;
+    then the worker uses its own SQLite file)."""
+    from django.db import connection
+
+    settings = connection.settings_dict
+    if connection.vendor != "postgresql":
+        return None
+    user = settings["USER"] or "postgres"
+    return f"postgres://{user}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{settings['NAME']}"
+
 
 @pytest.fixture(scope="module")
-def worker(redis_url, tmp_path_factory):
-    """One worker process for this module, on the tests' Redis database."""
+def worker(redis_url, tmp_path_factory, django_db_setup):
+    """One worker process for this module, on the tests' Redis database and the test database."""
     env = {**os.environ, "REDIS_URL": redis_url, "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var"))}
+    env.pop("DATABASE_URL", None)
+    if database_url := _test_database_url():
+        env["DATABASE_URL"] = database_url
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with open(log, "w") as out:
         process = subprocess.Popen(
@@ -33,6 +51,8 @@ def test_it_runs_the_health_task_on_a_worker_reaching_redis_and_the_database(wor
     started = time.monotonic()
     result = client.send_task("workbench.health").get(timeout=90)
     assert result["database"] is True and result["worker"]
+    if database_url := _test_database_url():
+        assert database_url.endswith("/" + result["database_name"])  # the very database the tests use
     assert time.monotonic() - started < 90, log.read_text()
 
 
