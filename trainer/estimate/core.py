@@ -120,7 +120,7 @@ class Planner:
         return M.layer_activations(m.d_model, m.ffn, self.kv_dim, m.n_heads, m.seq_len, plan.micro_batch, plan.tp,
                                    plan.sequence_parallel, checkpointing or plan.activation_checkpointing, e,
                                    self._attention, m.dropout > 0, o.small_terms, self._moe if moe else None,
-                                   m.positions == "rope", m.head_dim, self.mask_bytes(e))
+                                   m.positions == "rope", m.head_dim, self.mask_bytes(e), o.sp_gathered)
 
     def stage_memory(self, plan: ParallelPlan, stage: int) -> StageMemory:
         m, o = self.model, self.options
@@ -132,6 +132,12 @@ class Planner:
             else -(-params // dp)
         states = M.model_states(params, sharded, dp, plan.zero_stage, plan.precision, plan.engine,
                                 plan.offload_optimizer, plan.offload_params)
+        if (stage == 0 and tp > 1 and plan.engine == "native" and plan.zero_stage < 3
+                and (pp > 1 or not m.tied_embeddings)):
+            # measured on the native trainer: the gradient of a vocabulary-split embedding that is not also the
+            # head is a 1/t view of a full V×h gradient, which stays allocated
+            _, g_bytes, _ = M.state_bytes_per_param(plan.precision, plan.engine)
+            states["gradients"] += (m.vocab_size - -(-m.vocab_size // tp)) * m.d_model * g_bytes
 
         layers = m.n_layers // pp
         n_moe = sum(1 for i in range(layers) if m.is_moe_layer(i)) if m.is_moe else 0  # pp = 1 for MoE
@@ -143,7 +149,7 @@ class Planner:
                     acts[key] = acts.get(key, 0.0) + n * value
         for name, value in M.edge_activations(m, stage == 0, stage == pp - 1, plan.micro_batch, tp,
                                               plan.sequence_parallel, e, o.loss_bytes, o.small_terms,
-                                              self.mask_bytes(e)):
+                                              self.mask_bytes(e), o.sp_gathered):
             acts[name] = value
         flight = M.in_flight(plan.pipeline_schedule, pp, plan.grad_accum, v, stage)
         buffers = self._buffers(plan, stage, params, sharded, e, layers)

@@ -19,7 +19,7 @@ from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan, SpecError, check_
 # Formulas of the named terms (T = s·b tokens per micro-batch, e bytes per activation, r = t with sequence parallel).
 ACTIVATION_FORMULAS = {
     "layernorm_inputs": "n_layers · 2·T·h·e / r",
-    "layernorm_outputs": "n_layers · 2·T·h·e / r",
+    "layernorm_outputs": "n_layers · 2·T·h·e / r  (/1 when sequence parallel keeps the gathered outputs)",
     "layernorm_stats": "n_layers · 2·2·T·4 / r  (mean, 1/σ in fp32)",
     "dropout_masks": "n_layers · 2·T·h·mask_bytes / r",
     "qkv": "n_layers · T·(h + 2·kv)·e / t",
@@ -39,7 +39,7 @@ ACTIVATION_FORMULAS = {
     "position_ids": "s·8",
     "embedding_dropout_mask": "T·h·mask_bytes / r",
     "final_layernorm_input": "T·h·e / r",
-    "final_layernorm_output": "T·h·e / r",
+    "final_layernorm_output": "T·h·e / r  (/1 when sequence parallel keeps the gathered output)",
     "final_layernorm_stats": "2·T·4 / r",
     "log_probs": "T·ceil(V/t)·loss_bytes",
     "targets": "T·8",

@@ -72,13 +72,17 @@ def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, pre
 @lru_cache(maxsize=8192)
 def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, sp: bool, checkpointing: str,
                       e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None,
-                      rope: bool = False, head_dim: int = 0, mask_bytes: int = 1) -> tuple[tuple[str, float], ...]:
+                      rope: bool = False, head_dim: int = 0, mask_bytes: int = 1, sp_gathered: bool = False
+                      ) -> tuple[tuple[str, float], ...]:
     """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
 
     ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms. ``kv`` is the
     key/value width attention saves: n_kv_heads·head_dim, or h when grouped-query heads are repeated before the
     kernel (the native trainer does). ``rope``: rotary positions (measured: one extra T·h·e, plus the cos/sin tables).
     ``mask_bytes``: bytes per dropout-mask element (1 on GPUs; PyTorch's CPU dropout keeps a mask of the input's dtype).
+    ``sp_gathered``: with sequence parallel, the all-gathered LayerNorm outputs that feed the column-parallel
+    projections are what autograd keeps (PyTorch DTensor does; Megatron keeps the 1/t shard and gathers again in
+    backward): 2·T·h·e instead of 2·T·h·e/t.
     ``attention`` "sdpa_math": scaled_dot_product_attention falling back to its math path (dropout on the CPU) —
     the scores as "math", but the causal mask is not saved.
     """
@@ -86,7 +90,8 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
     r = t if sp else 1
     if checkpointing == "full":
         return (("layer_input", T * h * e / r),)
-    terms = [("layernorm_inputs", 2 * T * h * e / r), ("layernorm_outputs", 2 * T * h * e / r)]
+    terms = [("layernorm_inputs", 2 * T * h * e / r),
+             ("layernorm_outputs", 2 * T * h * e / (1 if sp_gathered else r))]
     if small_terms:
         terms.append(("layernorm_stats", 2 * 2 * T * LN_STAT_BYTES / r))
     if dropout:
@@ -118,7 +123,8 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
 
 @lru_cache(maxsize=8192)
 def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, sp: bool, e: int, loss_bytes: int,
-                     small_terms: bool, mask_bytes: int = 1) -> tuple[tuple[str, float], ...]:
+                     small_terms: bool, mask_bytes: int = 1, sp_gathered: bool = False
+                     ) -> tuple[tuple[str, float], ...]:
     """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch."""
     s, h, V = model.seq_len, model.d_model, model.vocab_size
     T = s * b
@@ -132,7 +138,8 @@ def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, 
         if model.dropout > 0:
             terms.append(("embedding_dropout_mask", T * h * mask_bytes / r))
     if last:
-        terms += [("final_layernorm_input", T * h * e / r), ("final_layernorm_output", T * h * e / r),
+        terms += [("final_layernorm_input", T * h * e / r),
+                  ("final_layernorm_output", T * h * e / (1 if sp_gathered else r)),
                   ("log_probs", T * -(-V // t) * loss_bytes)]
         if small_terms:
             terms += [("final_layernorm_stats", 2 * T * LN_STAT_BYTES / r), ("targets", T * INDEX_BYTES),

@@ -29,6 +29,9 @@ class EstimateOptions:
     host_memory_bandwidth_gbs: host memory bandwidth one rank's CPU optimizer step gets (offloaded Adam).
     dropout_mask_bytes: bytes per dropout-mask element; None: 1 on GPUs (Korthikanti), the activation dtype on the
         CPU device (PyTorch's CPU dropout multiplies by a noise tensor of the input's dtype).
+    sp_gathered: with sequence parallel, autograd keeps the all-gathered (full-sequence) LayerNorm outputs that feed
+        the column-parallel projections (PyTorch DTensor, the native trainer); False keeps the 1/t shard (Megatron,
+        Korthikanti's table).
     repeat_kv: grouped-query keys/values are repeated to n_heads before attention, so autograd saves 3·h per token
         for q, k, v (the native trainer does); False saves h + 2·n_kv_heads·head_dim (kernels with native GQA).
     pcie_bandwidth_gbs: host link used by CPU offload.
@@ -48,6 +51,7 @@ class EstimateOptions:
     host_memory_bandwidth_gbs: float = 10.0
     repeat_kv: bool = True
     dropout_mask_bytes: int | None = None
+    sp_gathered: bool = True
     loss_bytes: int = 4
 
     def problems(self) -> dict[str, list[str]]:

@@ -1,0 +1,66 @@
+"""The planner against real multi-rank runs of the native trainer (gloo on the CPU, fp32).
+
+Reuses the trainer suite's session launches (tests/trainer/conftest.py): 2-rank tp2, tp2 + sequence parallel,
+pp2 with GPipe / 1F1B / interleaved, dp2 DDP, dp2 FSDP2; 4-rank tp2×dp2, pp2×tp2, FSDP2×tp2 + sequence parallel;
+single-process references and the three checkpointing modes. Each rank records params/grads/optimizer bytes and
+the bytes autograd saved in one micro-batch's forward; the planner must give the model states exactly and the
+saved activations within 3 % on every rank (rank = (stage·dp + d)·tp + j).
+"""
+import json
+from pathlib import Path
+
+import pytest
+
+from trainer.estimate.core import Planner
+
+pytest.importorskip("torch")
+from tests.trainer.conftest import AC_MODES, FOUR_RANK_PLANS, PARITY_STEPS, TWO_RANK_PLANS  # noqa: E402
+from tests.trainer.launch import tiny_spec  # noqa: E402
+
+ONE_RANK_PLANS = {"ref-tied": {}, "ref-untied": dict(tied=False),
+                  **{f"ac-{mode}": dict(activation_checkpointing=mode) for mode in AC_MODES}}
+
+
+def _measured(run_dir: Path, dataset, kw: dict) -> tuple:
+    spec = tiny_spec(run_dir, dataset, PARITY_STEPS, **kw)  # the spec the suite launched this run folder with
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line) if line.strip() else {}
+        memory = record.get("memory") or {}
+        if memory.get("activations_bytes") is not None or memory.get("per_rank"):
+            return spec, memory.get("per_rank") or [memory]
+    raise AssertionError(f"no memory record in {run_dir}")
+
+
+def _check(run_dir: Path, dataset, kw: dict) -> list[str]:
+    spec, per_rank = _measured(run_dir, dataset, kw)
+    plan = spec.plan
+    planner = Planner(spec.model, spec.cluster)
+    problems = []
+    for rank, got in enumerate(per_rank):
+        stage = rank // (plan.dp * plan.tp)
+        st = planner.stage_memory(plan, stage)
+        want_states = {"params_bytes": st.states["weights"], "grads_bytes": st.states["gradients"],
+                       "optimizer_bytes": st.states["optimizer"]}
+        have_states = {k: got[k] for k in want_states}
+        if have_states != want_states:
+            problems.append(f"{run_dir.name} rank {rank}: states {have_states} != planned {want_states}")
+        acts = sum(st.activations_per_microbatch.values())
+        if abs(acts - got["activations_bytes"]) > 0.03 * got["activations_bytes"]:
+            problems.append(f"{run_dir.name} rank {rank}: activations {got['activations_bytes']} vs planned "
+                            f"{acts:.0f} ({acts / got['activations_bytes'] - 1:+.2%})")
+    return problems
+
+
+@pytest.mark.parametrize("name", list(ONE_RANK_PLANS))
+def test_it_matches_single_process_runs(single_rank_runs, dataset, name):
+    assert _check(single_rank_runs / name, dataset, ONE_RANK_PLANS[name]) == []
+
+
+@pytest.mark.parametrize("name", list(TWO_RANK_PLANS))
+def test_it_matches_two_rank_runs(two_rank_runs, dataset, name):
+    assert _check(two_rank_runs / name, dataset, TWO_RANK_PLANS[name]) == []
+
+
+@pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
+def test_it_matches_four_rank_runs(four_rank_runs, dataset, name):
+    assert _check(four_rank_runs / name, dataset, FOUR_RANK_PLANS[name]) == []
