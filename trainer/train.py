@@ -332,10 +332,9 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         t0 = time.perf_counter()
 
         local_loss = forward_backward(ctx, sampler.micro_batches(step))
-        if pm.grad_sync is not None:
-            pm.grad_sync()
+        pm.sync_gradients()
         finite = scaler.unscale_and_check(params, device)
-        norm = global_grad_norm(params, topo.dp * topo.tp, device)
+        norm = global_grad_norm(pm.norm_parameters(), topo.dp * topo.tp, device)
         if finite:
             clip_grads_(params, spec.optimizer.grad_clip, norm)
             for opt in optimizers:

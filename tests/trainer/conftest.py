@@ -29,20 +29,21 @@ def dataset(tmp_path_factory) -> DatasetSpec:
     return spec
 
 
-# Plans checked against a single process; the reference is the same spec with dp=tp=pp=1. Pipelines hold the
-# embedding and the head on different ranks, so they run untied models (and are compared with untied references).
+# Plans checked against a single process; the reference is the same spec with dp=tp=pp=1 (tied or untied head;
+# with a pipeline a tied head lives on the last stage and its gradient is summed with the embedding's).
 TWO_RANK_PLANS = {
     "tp2": dict(tp=2),
     "tp2-sp": dict(tp=2, sequence_parallel=True),
-    "pp2-gpipe": dict(pp=2, tied=False, pipeline_schedule="gpipe"),
+    "pp2-gpipe": dict(pp=2, pipeline_schedule="gpipe"),
     "pp2-1f1b": dict(pp=2, tied=False, pipeline_schedule="1f1b"),
-    "pp2-interleaved": dict(pp=2, tied=False, pipeline_schedule="interleaved", virtual_stages=2),
+    "pp2-interleaved": dict(pp=2, pipeline_schedule="interleaved", virtual_stages=2),
     "dp2-ddp": dict(dp=2),
     "dp2-fsdp": dict(dp=2, zero_stage=3),
 }
 FOUR_RANK_PLANS = {
     "tp2-dp2": dict(tp=2, dp=2),
-    "pp2-tp2": dict(pp=2, tp=2, tied=False),
+    "pp2-tp2": dict(pp=2, tp=2),
+    "pp2-tp2-untied": dict(pp=2, tp=2, tied=False),
     "fsdp2-tp2-sp": dict(dp=2, zero_stage=3, tp=2, sequence_parallel=True),
 }
 PARITY_STEPS = 20

@@ -18,7 +18,7 @@ from trainer.model import GPT, build_model
 from trainer.parallel.ac import apply_ac
 from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_fsdp
 from trainer.parallel.mesh import Topology
-from trainer.parallel.pipeline import build_schedule, split_stage, stage_ids
+from trainer.parallel.pipeline import TiedEmbeddingSync, build_schedule, split_stage, stage_ids, tied_embedding_sync
 from trainer.parallel.tensor import apply_tp
 from trainer.spec import ModelSpec, ParallelPlan
 
@@ -44,6 +44,7 @@ class ParallelModel:
     stage_ids: list[int] = field(default_factory=lambda: [0])
     n_stages: int = 1
     grad_sync: Optional[ReplicatedGradSync] = None
+    tied_sync: Optional[TiedEmbeddingSync] = None  # embedding ↔ head across pipeline stages
     fsdp: bool = False
     loss_parallel: bool = False
 
@@ -58,6 +59,18 @@ class ParallelModel:
     def parameters(self) -> list[nn.Parameter]:
         return list({id(p): p for m in self.modules for p in m.parameters()}.values())
 
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """Parameters whose gradients count in the global norm: a tied head copied onto the last stage does not."""
+        skip = self.tied_sync.param if self.tied_sync is not None and self.tied_sync.is_duplicate else None
+        return [p for p in self.parameters() if p is not skip]
+
+    def sync_gradients(self) -> None:
+        """What backward leaves undone: the dp average (when DDP/FSDP do not), then the tied-embedding sum."""
+        if self.grad_sync is not None:
+            self.grad_sync()
+        if self.tied_sync is not None:
+            self.tied_sync()
+
 
 def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     """What the native engine cannot do with this model and plan (beyond spec.py's checks)."""
@@ -67,9 +80,6 @@ def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     if model.is_moe:
         reasons.append(f"mixture-of-experts (n_experts={model.n_experts}) is not built by the native engine yet; "
                        f"use n_experts=0")
-    if plan.pp > 1 and model.tied_embeddings:
-        reasons.append("pipeline parallel puts the embedding on the first stage and the LM head on the last, so "
-                       "their weights cannot be one tensor: set tied_embeddings=false for pp > 1")
     if plan.pp > 1 and model.dropout > 0 and plan.tp > 1:
         reasons.append("dropout with tensor and pipeline parallel together is not supported yet: set dropout=0")
     if plan.precision == "fp16" and plan.zero_stage == 3:
@@ -108,6 +118,8 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
                                        topo.dp_group, plan.dp)
     pm = ParallelModel(modules=modules, callables=callables, stage_ids=ids, n_stages=n_stages,
                        grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel)
+    if plan.pp > 1 and spec.tied_embeddings:
+        pm.tied_sync = tied_embedding_sync(modules, topo.mesh, plan.pp)
     if plan.pp > 1:
         pm.schedule, _ = build_schedule(plan.pipeline_schedule, callables, ids, n_stages, plan.grad_accum,
                                         loss_fn, topo.pp_group, topo.device)

@@ -52,3 +52,53 @@ def build_schedule(kind: str, stage_modules: list[nn.Module], ids: list[int], n_
     if kind == "interleaved":
         return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True), stages
     return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True), stages
+
+
+class TiedEmbeddingSync:
+    """Keep the token embedding (first stage) and the LM head (last stage) one matrix across a pipeline.
+
+    Both stages start from the same seeded values (they were one tensor before the split). After backward the two
+    gradients are summed over a group of exactly those two ranks (one group per (dp, tp) coordinate, so that
+    tensor-parallel and FSDP shards meet their counterparts), giving both the gradient of the tied weight,
+    dL/dE = dL/dE|lookup + dL/dE|head; identical updates then keep them equal (Megatron-LM's embedding group).
+    The last stage's copy is left out of the gradient norm so that the weight counts once.
+    """
+
+    def __init__(self, param: nn.Parameter | None, group, is_duplicate: bool):
+        self.param, self.group, self.is_duplicate = param, group, is_duplicate
+
+    def __call__(self) -> None:
+        import torch.distributed as dist
+        from torch.distributed.tensor import DTensor
+
+        if self.param is None or self.param.grad is None:
+            return
+        grad = self.param.grad
+        if isinstance(grad, DTensor) and grad.placements != self.param.placements:
+            # DTensor's embedding backward leaves a replicated gradient; bring it to the weight's own shards so
+            # that both stages hand the group tensors of the same shape.
+            grad = grad.redistribute(grad.device_mesh, self.param.placements)
+            self.param.grad = grad
+        dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.group)
+
+
+def tied_embedding_sync(modules: list[GPT], mesh, pp: int) -> TiedEmbeddingSync:
+    """Create the first/last-stage groups (every rank must take part in creating every group)."""
+    import torch.distributed as dist
+
+    grid = mesh.mesh  # (pp, dp, tp) tensor of global ranks
+    me = dist.get_rank()
+    mine = None
+    for d in range(grid.size(1)):
+        for t in range(grid.size(2)):
+            ranks = [int(grid[0, d, t]), int(grid[pp - 1, d, t])]
+            group = dist.new_group(ranks)
+            if me in ranks:
+                mine = group
+    param, duplicate = None, False
+    for m in modules:
+        if m.embed is not None:
+            param = m.embed.tokens.weight
+        elif m.head is not None:
+            param, duplicate = m.head.weight, True
+    return TiedEmbeddingSync(param, mine, duplicate)
