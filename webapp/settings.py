@@ -64,6 +64,8 @@ DATABASES["default"]["ATOMIC_REQUESTS"] = True
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # The web server and the worker write the same file; wait for a lock instead of failing at once.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # A file (not memory) for the test database, so that a worker process in the tests can open it too.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-workbench.sqlite3")}
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

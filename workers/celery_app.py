@@ -28,6 +28,7 @@ app.conf.update(
     timezone="UTC",
     beat_schedule={
         "health-every-minute": {"task": "workbench.health", "schedule": 60.0},
+        "reconcile-runs": {"task": "workbench.runs.reconcile", "schedule": 5.0},
     },
 )
 app.autodiscover_tasks(["workers"], related_name="tasks", force=True)

@@ -54,6 +54,8 @@ class Run(Owned):
     job_id = models.CharField(max_length=64, blank=True, help_text="Slurm job id or local process id")
     status_message = models.TextField(blank=True)
     last_step = models.PositiveIntegerField(default=0)
+    ingest_state = models.JSONField(default=dict, blank=True, editable=False,
+                                    help_text="How far the run folder's files have been read")
     queued_at = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

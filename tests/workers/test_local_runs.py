@@ -1,0 +1,95 @@
+"""Runs launched for real: the web side queues, a Celery worker starts torchrun, reconcile ingests the run folder.
+
+These use the real worker, Redis, database and trainer (one CPU process a run, a tiny model), so they are few.
+"""
+import json
+import time
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+
+from tests.conftest import shared_data_dir
+from trainer import presets
+from trainer.spec import ParallelPlan
+from webapp import models, services
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def broker(worker, redis_url, settings):
+    from webapp.services import tasks
+    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
+    tasks._client.cache_clear()
+    yield worker[0]
+    tasks._client.cache_clear()
+
+
+@pytest.fixture
+def tiny_run_parts(tmp_path, settings):
+    owner = User.objects.create_user("runner")
+    text = (shared_data_dir() / "tinyshakespeare.txt").read_text()[:120_000]
+    corpus = tmp_path / "data" / "shakespeare.txt"
+    corpus.parent.mkdir()
+    corpus.write_text(text)
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [corpus.parent], "RUNS_ROOT": tmp_path / "runs"}
+    cluster = models.Cluster.objects.create(name="local-1", spec=presets.local_cpu_cluster(1).to_dict())
+    model = models.ModelConfig.objects.create(owner=owner, name="tiny", spec=presets.MODELS["tiny"].replace(
+        n_layers=2).to_dict())
+    plan = models.ParallelismPlan.objects.create(owner=owner, name="one", model_config=model, cluster=cluster,
+                                                 spec=ParallelPlan(micro_batch=2, global_batch=4).to_dict())
+    dataset = models.Dataset.objects.create(owner=owner, name="shakespeare", path=str(corpus))
+    return owner, plan, dataset
+
+
+def _reconcile_until(broker, run_id, done, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        broker.send_task("workbench.runs.reconcile").get(timeout=60)
+        run = models.Run.objects.get(pk=run_id)
+        if done(run):
+            return run
+        time.sleep(0.5)
+    run = models.Run.objects.get(pk=run_id)
+    log = Path(run.run_dir, "logs", "launcher.log")
+    raise AssertionError(f"run {run_id} stuck in {run.status}: {run.status_message}\n"
+                         f"{log.read_text()[-3000:] if log.exists() else 'no launcher log'}")
+
+
+def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, tiny_run_parts):
+    owner, plan, dataset = tiny_run_parts
+    run = services.run_create(owner=owner, name="e2e", plan=plan, dataset=dataset, steps=6, checkpoint_every=3,
+                              eval_every=3, launch=True)
+    run = _reconcile_until(broker, run.pk, lambda r: r.is_finished)
+    assert run.status == "completed", run.status_message
+    assert run.attempts == 1 and run.last_step == 6 and run.started_at and run.finished_at
+    folder = Path(run.run_dir)
+    assert json.loads((folder / "spec.json").read_text()) == services.run_spec(run).to_dict()
+    assert json.loads((folder / "launch.json").read_text())["job_id"] == run.job_id
+    train = list(run.metrics.filter(kind="train").order_by("step").values_list("step", flat=True))
+    assert train == [1, 2, 3, 4, 5, 6]
+    assert run.metrics.filter(kind="val").count() == 2
+    assert sorted(run.checkpoints.values_list("step", flat=True)) == [3, 6]
+    assert run.checkpoints.get(step=6).manifest["step"] == 6
+
+
+def test_it_retries_a_failing_run_until_its_attempts_are_used(broker, tiny_run_parts, tmp_path):
+    owner, plan, dataset = tiny_run_parts
+    Path(dataset.path).write_text("too short to train on\n")
+    run = services.run_create(owner=owner, name="doomed", plan=plan, dataset=dataset, steps=3, max_attempts=2,
+                              launch=True)
+    run = _reconcile_until(broker, run.pk, lambda r: r.status == "failed" and r.attempts == 2
+                           and r.ingest_state.get("job_ended"))
+    assert "attempt 2" in run.status_message and run.metrics.count() == 0
+
+
+def test_it_stops_a_cancelled_run_which_saves_a_checkpoint_on_the_way_out(broker, tiny_run_parts):
+    owner, plan, dataset = tiny_run_parts
+    run = services.run_create(owner=owner, name="long", plan=plan, dataset=dataset, steps=100_000, launch=True)
+    _reconcile_until(broker, run.pk, lambda r: r.status == "running" and r.last_step >= 2)
+    services.run_cancel(run, "enough")
+    run = _reconcile_until(broker, run.pk, lambda r: r.ingest_state.get("job_ended"))
+    assert run.status == "cancelled" and run.status_message == "enough"
+    assert run.checkpoints.exists() and run.last_step < 100_000
+    assert run.ingest_state["last_event"] == "stopped"

@@ -1,0 +1,58 @@
+"""Runs a job detached from the worker and records how it ended.
+
+    python -m workers.launchers.supervise RUN_DIR -- COMMAND...
+
+The parent prints the supervisor's pid and returns at once; the supervisor (a new session, so the worker's
+restart or Ctrl-C does not touch it) runs COMMAND with its output in RUN_DIR/logs/launcher.log and writes
+RUN_DIR/exit.json when it ends. SIGTERM to the session reaches every rank.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainer.runfolder import LOGS, write_json_atomic
+
+EXIT_FILE = "exit.json"
+
+
+def _supervise(run_dir: Path, command: list[str]) -> None:
+    log_path = run_dir / LOGS / "launcher.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    # Survive the SIGTERM sent to the whole session so that the exit is recorded once the ranks have saved and
+    # stopped; a Python handler (unlike SIG_IGN) is not inherited by the command.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    with open(log_path, "ab") as log:
+        try:
+            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir)
+        except OSError as exc:
+            log.write(f"could not start {command[0]}: {exc}\n".encode())
+            code = 127
+    write_json_atomic(run_dir / EXIT_FILE, {"exit_code": code, "started": started, "ended": time.time()})
+
+
+def main(argv: list[str]) -> int:
+    run_dir, separator, *command = argv
+    if separator != "--" or not command:
+        print("usage: python -m workers.launchers.supervise RUN_DIR -- COMMAND...", file=sys.stderr)
+        return 2
+    pid = os.fork()
+    if pid:
+        print(pid, flush=True)
+        return 0
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    try:
+        _supervise(Path(run_dir), command)
+    finally:
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

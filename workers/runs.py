@@ -1,0 +1,119 @@
+"""Launching, watching and stopping runs. The database and the run folder hold all state; any worker can pick up
+where another stopped, and every step is safe to repeat."""
+import json
+import logging
+import time
+from pathlib import Path
+
+from django.db import transaction
+
+from trainer.runfolder import CHECKPOINTS, LAUNCH, MANIFEST, SPEC, write_json_atomic
+from trainer.spec import SpecError
+from webapp import services
+from webapp.models import Run, RunStatus
+from webapp.services.ingest import run_ingest
+
+from .launchers import LaunchError, launcher_for
+from .launchers.local import trainer_command
+
+log = logging.getLogger(__name__)
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    return any((run_dir / CHECKPOINTS).glob(f"step-*/{MANIFEST}"))
+
+
+def _write_spec_once(run_dir: Path, spec_json: str) -> None:
+    """spec.json is written once before the first launch; later attempts must find the same spec."""
+    path = run_dir / SPEC
+    if path.exists():
+        if json.loads(path.read_text()) != json.loads(spec_json):
+            raise LaunchError(f"{path} holds a different spec; a run's spec never changes after its first launch")
+        return
+    write_json_atomic(path, json.loads(spec_json))
+
+
+def run_launch(run_id: int) -> str:
+    """queued → submitted: write the run folder's spec, start the job, record how. Other statuses: nothing."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("cluster").get(pk=run_id)
+        if run.status != RunStatus.QUEUED:
+            return f"skipped: run is {run.status}"
+        try:
+            spec = services.run_spec(run)
+            run_dir = Path(spec.output_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            _write_spec_once(run_dir, spec.to_json())
+            resume = _has_checkpoint(run_dir)
+            job_id = launcher_for(run.cluster.kind).start(run_dir, spec.plan.world_size, resume,
+                                                          run.cluster.env_setup)
+        except (SpecError, LaunchError, OSError) as exc:
+            run.transition(RunStatus.FAILED, f"could not launch: {exc}")
+            run.save()
+            return "failed"
+        run.attempts += 1
+        run.job_id = job_id
+        run.ingest_state = {**run.ingest_state, "job_ended": False}
+        run.transition(RunStatus.SUBMITTED, f"attempt {run.attempts} started" + (" from a checkpoint" if resume else ""))
+        run.save()
+        write_json_atomic(run_dir / LAUNCH, {
+            "backend": run.cluster.kind, "job_id": job_id, "attempt": run.attempts, "resume": resume,
+            "command": trainer_command(run_dir, spec.plan.world_size, resume), "time": time.time()})
+        return "submitted"
+
+
+def run_stop(run_id: int) -> None:
+    """Send the job SIGTERM: the trainer finishes its step, saves a checkpoint and exits."""
+    run = Run.objects.select_related("cluster").get(pk=run_id)
+    if run.job_id and run.run_dir:
+        launcher_for(run.cluster.kind).stop(Path(run.run_dir), run.job_id)
+
+
+def _job_ended(run: Run):
+    if not run.job_id or not run.run_dir:
+        return None
+    state = launcher_for(run.cluster.kind).poll(Path(run.run_dir), run.job_id)
+    return None if state.alive else state
+
+
+def run_reconcile(run_id: int) -> Run:
+    """Bring one run's status in line with its folder and its job; retry a failed job while attempts remain."""
+    run = run_ingest(run_id)
+    ended = None if run.ingest_state.get("job_ended") else _job_ended(run)
+    if ended is not None:
+        run = run_ingest(run_id)  # the last lines were written just before the job ended
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
+                if run.ingest_state.get("last_event") == "stopped":
+                    run.transition(RunStatus.QUEUED, "stopped by a signal; resuming from its checkpoint")
+                else:
+                    run.transition(RunStatus.FAILED, f"attempt {run.attempts}: the job ended (exit code "
+                                                     f"{ended.exit_code}) without finishing; see logs/launcher.log")
+            run.ingest_state = {**run.ingest_state, "job_ended": True}
+            run.save()
+        if run.status == RunStatus.QUEUED:
+            services.enqueue(services.runs.LAUNCH_TASK, run.pk)
+    retry = run.status == RunStatus.FAILED and run.ingest_state.get("job_ended") and run.job_id
+    if retry and run.attempts < run.max_attempts:
+        run = services.run_queue(run)  # resumes from its newest checkpoint, if any
+    return run
+
+
+def active_run_ids() -> list[int]:
+    """Runs whose job may still be going: submitted or running, or failed or cancelled with a job not yet seen to
+    end (its last metrics still come in, and a failed one is retried once its job is gone)."""
+    active = list(Run.objects.filter(status__in=[RunStatus.SUBMITTED, RunStatus.RUNNING])
+                  .values_list("pk", flat=True))
+    ending = Run.objects.filter(status__in=[RunStatus.FAILED, RunStatus.CANCELLED]).exclude(job_id="")
+    active += [r.pk for r in ending.only("pk", "ingest_state") if not r.ingest_state.get("job_ended")]
+    return active
+
+
+def stale_queued_run_ids(older_than_s: float = 120) -> list[int]:
+    """Queued runs whose launch message may have been lost (a broker restart): send it again, it is idempotent."""
+    from django.utils import timezone
+    from datetime import timedelta
+
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    return list(Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff).values_list("pk", flat=True))
