@@ -102,10 +102,25 @@ def time_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
     return compute + compute_share, comm
 
 
-def _memory_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
-    numbers = planner.evaluate(plan)
-    stage = max(numbers.stages, key=lambda st: st.total)
-    return stage.model_state_bytes, stage.activations + sum(stage.buffers.values())
+def _memory_features(planner: Planner, plan: ParallelPlan) -> list[tuple[float, float]]:
+    """(model states, dynamic bytes) of each pipeline stage the planner tracks (first, last)."""
+    return [(st.model_state_bytes, st.activations + sum(st.buffers.values())) for st in planner.evaluate(plan).stages]
+
+
+def _peak_stage(stages: list[tuple[float, float]], c0: float, c1: float) -> tuple[float, float]:
+    return max(stages, key=lambda sd: sd[0] + c0 + c1 * sd[1])
+
+
+def _fit_memory_peak(stages: list[list[tuple[float, float]]], y: list[float]) -> list[float]:
+    """The peak is the largest stage under the fitted terms: pick stages, fit, re-pick until it settles."""
+    c = [0.0, 1.0]
+    for _ in range(5):
+        chosen = [_peak_stage(st, *c) for st in stages]
+        new = _fit_memory(chosen, y)
+        if new == c:
+            break
+        c = new
+    return c
 
 
 def _fit_time(features: list[tuple[float, float]], y: list[float]) -> list[float]:
@@ -176,21 +191,21 @@ def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = Non
         mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for _, r in mem_runs]
         my = [r.memory_bytes for _, r in mem_runs]
         xc, xn, x0 = _fit_time(tf, ty)
-        m0, m1 = _fit_memory(mf, my) if mf else [base.overhead_for(runs[0].cluster.gpu.name), 1 + base.fragmentation]
+        m0, m1 = _fit_memory_peak(mf, my) if mf else [base.overhead_for(runs[0].cluster.gpu.name), 1 + base.fragmentation]
         options = base.replace(compute_efficiency=min(1.0, 1 / xc), comm_efficiency=min(1.0, 1 / xn),
                                step_overhead_s=x0, dp_overlap=0.0, overhead_bytes=m0, fragmentation=m1 - 1)
 
         time_errors, memory_errors = [], []
         if len(runs) >= 2:
             for i in range(len(runs)):
-                c, n, _ = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:])
                 z = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:])
                 predicted = z[0] * tf[i][0] + z[1] * tf[i][1] + z[2]
                 time_errors.append(abs(predicted - ty[i]) / ty[i])
         if len(mf) >= 2:
             for i in range(len(mf)):
-                a0, a1 = _fit_memory(mf[:i] + mf[i + 1:], my[:i] + my[i + 1:])
-                predicted = mf[i][0] + a0 + a1 * mf[i][1]
+                a0, a1 = _fit_memory_peak(mf[:i] + mf[i + 1:], my[:i] + my[i + 1:])
+                states, dynamic = _peak_stage(mf[i], a0, a1)
+                predicted = states + a0 + a1 * dynamic
                 memory_errors.append(abs(predicted - my[i]) / my[i])
         result[key] = ClusterCalibration(key, len(runs), options, {"compute": xc, "communication": xn, "fixed_s": x0},
                                          {"overhead_bytes": m0, "dynamic": m1}, _relative_errors(time_errors),
