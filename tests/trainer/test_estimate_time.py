@@ -122,3 +122,17 @@ def test_it_bounds_decode_time_by_memory_bandwidth():
     expected = (weights_gpu + per_token * 4 * 4096 / 2) / (c.gpu.memory_bandwidth_gbs * 1e9)
     assert inf["decode_time_per_token"].value == pytest.approx(expected)
     assert json.dumps(inf.to_dict())
+
+
+def test_it_paces_a_pipeline_by_its_last_stage_which_holds_the_head():
+    m, c = MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 1)
+    opts = EstimateOptions(efficiency_half_work=0.0)  # efficiency = compute_efficiency exactly
+    p = Planner(m, c, opts)
+    flat = p.evaluate(ParallelPlan(dp=8, micro_batch=1, global_batch=64, precision="bf16")).time["compute"]
+    piped = p.evaluate(ParallelPlan(dp=2, pp=4, micro_batch=1, global_batch=64, precision="bf16")).time["compute"]
+    tokens, peak = 64 * m.seq_len, 312e12 * 0.5
+    head = 6 * m.vocab_size * m.d_model
+    blocks = F.model_flops_per_token(m) - head
+    assert flat == pytest.approx(tokens / 8 * (blocks + head) / peak)
+    assert piped == pytest.approx(tokens / 2 * (blocks / 4 + head) / peak)
+    assert piped > flat  # the head makes the last stage the slowest

@@ -101,6 +101,11 @@ class Planner:
         self.kv_dim = model.d_model if self.options.repeat_kv else model.kv_heads * model.head_dim
         self._moe = (model.n_experts, model.top_k, model.capacity_factor) if model.is_moe else None
         self._recompute = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
+        # Hardware FLOPs per token split by where they run: the blocks (spread evenly over the pipeline stages)
+        # and the V·h head (on the last stage only), so that the slowest stage sets a pipeline's pace.
+        self.head_flops_per_token = 6 * model.vocab_size * model.d_model
+        self._block_flops = {c: self.model_flops_per_token + r - self.head_flops_per_token
+                             for c, r in self._recompute.items()}
         self._static: dict[tuple, tuple] = {}
         on_cpu = cluster.gpu.name == "cpu"
         self._mask_bytes = self.options.dropout_mask_bytes  # None: 1 byte on GPUs, the activation dtype on the CPU
@@ -205,7 +210,9 @@ class Planner:
         hw_flops = (self.model_flops_per_token + self._recompute[plan.activation_checkpointing]) * tokens
         work = b * m.seq_len * m.d_model / tp
         eff = o.compute_efficiency * work / (work + o.efficiency_half_work)
-        compute = hw_flops / plan.world_size / (self.peak_flops * eff)
+        # the last stage (blocks/p + head) is the slowest; with pp = 1 this is hw_flops / (dp·t)
+        slowest_stage = self._block_flops[plan.activation_checkpointing] / pp + self.head_flops_per_token
+        compute = tokens / dp * slowest_stage / tp / (self.peak_flops * eff)
 
         bw = {"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(pp, tp * dp), "dp": self._bandwidth(dp, tp),
               "ep": self._bandwidth(plan.ep, tp)}

@@ -56,7 +56,8 @@ BUFFER_FORMULAS = {
     "all_to_all": "2·T·k·c·h·e",
 }
 TIME_FORMULAS = {
-    "compute": "hardware_flops_per_step / (dp·t·p) / (peak · efficiency)",
+    "compute": "(B·s/dp) · (F_blocks/p + F_head) / t / (peak · efficiency)  (the last pipeline stage, with the "
+               "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak · efficiency) at p = 1)",
     "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / β_tp  (n = 4, 6 with full recompute)",
     "expert_all_to_all": "m · moe_layers · 4 · (ep−1)/ep · T·k·c·h·e / β_ep",
     "pipeline_bubble": "(compute + tp + all-to-all) · (p−1)/(v·m)",
@@ -218,6 +219,7 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     terms = {n: fig(v, "s", TIME_FORMULAS.get(n, n)) for n, v in numbers.time.items()}
     terms["compute"].terms.update(
         hardware_flops_per_step=numbers.hardware_flops_per_step, gpus=plan.world_size,
+        F_blocks=planner._block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
         peak_flops=planner.peak_flops,
         efficiency=fig(numbers.efficiency, "fraction", "compute_efficiency · w/(w + w½), w = b·s·h/t",
                        compute_efficiency=o.compute_efficiency, w_half=o.efficiency_half_work,
