@@ -167,7 +167,7 @@ class Planner:
         m, o = self.model, self.options
         T = m.seq_len * plan.micro_batch
         r = plan.tp if plan.sequence_parallel else 1
-        w_bytes, g_bytes, _ = M.state_bytes_per_param(plan.precision, plan.engine)
+        _, g_bytes, _ = M.state_bytes_per_param(plan.precision, plan.engine)
         out: dict[str, float] = {}
         if stage == plan.pp - 1:
             # fp32 logits and their gradient exist together at the loss
@@ -178,8 +178,7 @@ class Planner:
         if plan.zero_stage >= 3 and plan.dp > 1:
             # two layers' gathered weights (current + prefetch) and one layer's unsharded gradient
             per_layer = params / max(layers, 1)
-            compute_bytes = e
-            out["gathered_params"] = 2 * per_layer * compute_bytes + per_layer * g_bytes
+            out["gathered_params"] = 2 * per_layer * e + per_layer * g_bytes
         elif plan.engine == "native" and plan.dp > 1 and plan.tp == 1:
             # DDP (gradient_as_bucket_view off) keeps a flat copy of the gradients for the all-reduce; with tp > 1
             # the native trainer averages the DTensor gradients in place instead
