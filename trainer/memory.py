@@ -93,9 +93,13 @@ def model_state_bytes(modules: list[nn.Module], optimizers: list[torch.optim.Opt
              if isinstance(v, torch.Tensor) and v.dim() > 0]
     return {
         "params_bytes": _tensor_bytes(params),
-        "grads_bytes": _tensor_bytes(p.grad for p in params if p.grad is not None),
+        "grads_bytes": gradient_bytes(modules),
         "optimizer_bytes": _tensor_bytes(state),
     }
+
+
+def gradient_bytes(modules: list[nn.Module]) -> int:
+    return _tensor_bytes(p.grad for m in modules for p in m.parameters() if p.grad is not None)
 
 
 def max_allocated_bytes(device: torch.device) -> int | None:

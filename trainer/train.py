@@ -23,7 +23,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from trainer import flops as flops_mod
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from trainer.memory import SavedActivations, max_allocated_bytes, model_state_bytes
+from trainer.memory import SavedActivations, gradient_bytes, max_allocated_bytes, model_state_bytes
 from trainer.model import loss_fn
 from trainer.optim import LossScaler, build_optimizer, lr_at, set_lr
 from trainer.parallel.clip import clip_grads_, global_grad_norm
@@ -332,6 +332,8 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         t0 = time.perf_counter()
 
         local_loss = forward_backward(ctx, sampler.micro_batches(step))
+        # Gradients as backward leaves them (their peak): later syncs may reshard some (tied pipeline embedding).
+        grads_bytes = gradient_bytes(pm.modules) if measure else 0
         pm.sync_gradients()
         finite = scaler.unscale_and_check(params, device)
         norm = global_grad_norm(pm.norm_parameters(), topo.dp * topo.tp, device)
@@ -342,7 +344,8 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         scaler.update(finite)
         if measure:
             probe, ctx.probe = ctx.probe, None
-            state_bytes = {**model_state_bytes(pm.modules, optimizers), "activations_bytes": probe.bytes}
+            state_bytes = {**model_state_bytes(pm.modules, optimizers), "grads_bytes": grads_bytes,
+                           "activations_bytes": probe.bytes}
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         loss = all_ranks_mean(local_loss, topo)

@@ -17,9 +17,10 @@ def test_it_resumes_exactly(single_rank_runs):
     assert max_rel_error(straight, split) < 1e-6
 
 
-def test_it_resumes_with_another_dp_degree(single_rank_runs):
+@pytest.mark.parametrize("name", ["resume-dp2-to-dp1", "resume-fsdp2-to-dp1"])
+def test_it_resumes_with_another_dp_degree(single_rank_runs, name):
     straight = losses(single_rank_runs / "resume-straight")
-    changed = losses(single_rank_runs / "resume-dp2-to-dp1")
+    changed = losses(single_rank_runs / name)
     assert len(changed) == RESUME_STEPS
     assert max_rel_error(straight, changed) < 1e-4
 
