@@ -104,16 +104,16 @@ def engine_vs_plain(out: Path, dataset, steps: int) -> dict:
 # ---------------------------------------------------------------- 2. pipeline bubble
 
 
-def _pipeline_specs(out: Path, dataset, steps: int):
+def _pipeline_specs(out: Path, dataset, steps: int, micro_batch: int):
     from trainer.spec import ProfileSpec
 
     profile = ProfileSpec(start_step=3, steps=3, warmup=1, name="bubble")
     specs = {}
     for m in PIPELINE_MICROBATCHES:
         specs[("pp2", m)] = _spec(out, f"bubble-pp2-m{m}", dataset, steps, profile=profile, pp=2,
-                                  micro_batch=1, global_batch=m, pipeline_schedule="1f1b")
+                                  micro_batch=micro_batch, global_batch=m * micro_batch, pipeline_schedule="1f1b")
         specs[("pp1", m)] = _spec(out, f"bubble-pp1-m{m}", dataset, steps, profile=profile, pp=1,
-                                  micro_batch=1, global_batch=m)
+                                  micro_batch=micro_batch, global_batch=m * micro_batch)
     return specs
 
 
@@ -122,17 +122,24 @@ def _compute_share(run_dir: Path) -> list[float]:
     return [r["shares"]["compute"] for r in sorted(summary["ranks"], key=lambda r: r["rank"])]
 
 
-def pipeline_bubble(out: Path, dataset, steps: int) -> list[dict]:
+def pipeline_bubble(out: Path, dataset, steps: int, micro_batch: int) -> list[dict]:
+    import torch
+
     from trainer.train import run
 
-    specs = _pipeline_specs(out, dataset, steps)
+    specs = _pipeline_specs(out, dataset, steps, micro_batch)
     jobs = [{"spec": s.to_dict(), "run_dir": s.output_dir} for (kind, _), s in specs.items() if kind == "pp2"]
     for s in specs.values():
         _fresh(Path(s.output_dir))
     _torchrun(2, jobs, out)
-    for (kind, _), s in specs.items():
-        if kind == "pp1":
-            run(s, Path(s.output_dir), resume=False)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # like each pipeline rank (OMP_NUM_THREADS=1), so that host overhead compares
+    try:
+        for (kind, _), s in specs.items():
+            if kind == "pp1":
+                run(s, Path(s.output_dir), resume=False)
+    finally:
+        torch.set_num_threads(threads)
     rows = []
     p = 2
     for m in PIPELINE_MICROBATCHES:
@@ -214,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.bench", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="/tmp/trainer-bench", help="scratch folder for the benchmark runs")
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--micro-batch", type=int, default=4, help="pipeline micro-batch (sequences)")
+    parser.add_argument("--only", default="1,2,3", help="sections to run, e.g. 2 or 1,3")
     parser.add_argument("--text", default="", help="training text (default: shared tinyshakespeare, first 300 kB)")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -235,20 +244,33 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model: {m.n_layers} layers, d_model {m.d_model}, {m.n_heads} heads, seq {m.seq_len}, vocab "
           f"{m.vocab_size}; fp32 on {'cuda' if _cuda() else 'cpu'}\n")
 
-    overhead = engine_vs_plain(out, dataset, args.steps)
-    print("1. engine overhead, dp=tp=pp=1, batch 8 × seq 128 (median step)")
-    print(f"   plain PyTorch loop {overhead['plain_ms']:8.1f} ms")
-    print(f"   native engine      {overhead['engine_ms']:8.1f} ms   ratio {overhead['ratio']:.3f} (target ≤ 1.05)\n")
+    sections = set(args.only.split(","))
+    if "1" in sections:
+        overhead = engine_vs_plain(out, dataset, args.steps)
+        print("1. engine overhead, dp=tp=pp=1, batch 8 × seq 128 (median step)")
+        print(f"   plain PyTorch loop {overhead['plain_ms']:8.1f} ms")
+        print(f"   native engine      {overhead['engine_ms']:8.1f} ms   ratio {overhead['ratio']:.3f} "
+              f"(target ≤ 1.05)\n")
+    if "2" in sections:
+        _print_bubble(out, dataset, args)
+    if "3" in sections:
+        _print_activations()
+    print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s; scratch runs in {out})")
+    return 0
 
-    print("2. pipeline idle fraction, p=2, 1F1B, micro-batch 1 × seq 128")
+
+def _print_bubble(out: Path, dataset, args) -> None:
+    print(f"2. pipeline idle fraction, p=2, 1F1B, micro-batch {args.micro_batch} × seq 128")
     print("    m   theory (p−1)/(m+p−1)   measured stage0/stage1   corrected stage0/stage1 (mean)")
-    for r in pipeline_bubble(out, dataset, max(args.steps // 2, 7)):
+    for r in pipeline_bubble(out, dataset, max(args.steps // 2, 7), args.micro_batch):
         meas = "/".join(f"{v:.3f}" for v in r["measured_per_stage"])
         corr = "/".join(f"{v:.3f}" for v in r["corrected_per_stage"])
         print(f"   {r['m']:2d}   {r['theory']:.3f}                  {meas:>13}            {corr:>13} "
               f"({r['corrected_mean']:.3f})   one-process host overhead {r['host_overhead_one_process']:.3f}")
     print()
 
+
+def _print_activations() -> None:
     rows = saved_activations()
     print("3. saved activations for one micro-batch (2 × 128 tokens), whole model incl. head and loss")
     for r in rows[:3]:
@@ -256,8 +278,6 @@ def main(argv: list[str] | None = None) -> int:
     f = rows[3]
     print(f"   Korthikanti, blocks only, fp32, no dropout, fused attention: none "
           f"{f['formula_layers_none_fused_attention'] / 2**20:.2f} MiB, full {f['formula_layers_full'] / 2**20:.2f} MiB")
-    print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s; scratch runs in {out})")
-    return 0
 
 
 def _cuda() -> bool:
