@@ -186,14 +186,14 @@ def _worker(path: str) -> int:
 # ---------------------------------------------------------------- 3. saved activations
 
 
-def saved_activations(micro_batch: int = 2) -> list[dict]:
+def saved_activations(micro_batch: int = 2, **model_changes) -> list[dict]:
     import torch
 
     from trainer.memory import SavedActivations
     from trainer.model import build_model, loss_fn
     from trainer.parallel.ac import apply_ac
 
-    spec = _bench_model()
+    spec = _bench_model().replace(**model_changes)
     s, b, h, a, L = spec.seq_len, micro_batch, spec.d_model, spec.n_heads, spec.n_layers
     rows = []
     x = torch.randint(0, spec.vocab_size, (b, s), generator=torch.Generator().manual_seed(0))
@@ -272,9 +272,12 @@ def _print_bubble(out: Path, dataset, args) -> None:
 
 def _print_activations() -> None:
     rows = saved_activations()
+    gqa = saved_activations(positions="rope", n_kv_heads=1)
     print("3. saved activations for one micro-batch (2 × 128 tokens), whole model incl. head and loss")
-    for r in rows[:3]:
-        print(f"   {r['mode']:9s} {r['bytes'] / 2**20:8.2f} MiB   none/this = {r['ratio_to_none']:.2f}×")
+    print("             learned positions, 4 heads          rotary positions, 4 query heads sharing 1 KV head")
+    for r, g in zip(rows[:3], gqa[:3]):
+        print(f"   {r['mode']:9s} {r['bytes'] / 2**20:8.2f} MiB   none/this = {r['ratio_to_none']:.2f}×"
+              f"        {g['bytes'] / 2**20:8.2f} MiB   none/this = {g['ratio_to_none']:.2f}×")
     f = rows[3]
     print(f"   Korthikanti, blocks only, fp32, no dropout, fused attention: none "
           f"{f['formula_layers_none_fused_attention'] / 2**20:.2f} MiB, full {f['formula_layers_full'] / 2**20:.2f} MiB")

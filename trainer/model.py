@@ -85,28 +85,33 @@ class Attention(nn.Module):
         self.rotary = Rotary(D, spec.seq_len) if spec.positions == "rope" else None
         self.dropout = spec.dropout
         self.resid_drop = nn.Dropout(spec.dropout)
-        self.wrap_core: Wrapper = _call  # set by activation checkpointing to recompute the core
+        self.wrap_core: Wrapper = _call  # set by selective activation checkpointing to recompute ``attend``
 
-    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """softmax(q kᵀ / √D + causal mask) v — the part whose saved activations grow with T²."""
-        causal = q.size(2) == k.size(2)  # with a KV cache a single new query sees every past position
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0,
+               cache: Optional[KVCache] = None) -> torch.Tensor:
+        """Rotary positions, shared key/value heads, softmax(q kᵀ / √D + causal mask) v: the part of attention
+        with no weights, cheap to recompute, whose saved tensors grow with T² (unfused) or with H/K (GQA)."""
+        if self.rotary is not None:
+            q, k = self.rotary(q, start), self.rotary(k, start)
+        if cache is not None:
+            k, v = cache.extend(self.layer, k, v)  # (B, K, past + T, D)
+        if self.group > 1:
+            k = k.repeat_interleave(self.group, dim=1)  # (B, H, T, D)
+            v = v.repeat_interleave(self.group, dim=1)
+        # With a cache, one new query sees every cached position: no mask needed.
+        causal = q.size(2) > 1 and q.size(2) == k.size(2)
         drop = self.dropout if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=causal and q.size(2) > 1)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=causal)
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.q(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D); H/t heads under tensor parallel
         k = self.k(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, K, T, D)
-        if self.rotary is not None:
-            start = cache.length() if cache is not None else 0
-            q, k = self.rotary(q, start), self.rotary(k, start)
-        if cache is not None:
-            k, v = cache.extend(self.layer, k, v)
-        if self.group > 1:
-            k = k.repeat_interleave(self.group, dim=1)  # (B, H, T, D)
-            v = v.repeat_interleave(self.group, dim=1)
-        y = self.wrap_core(self.core, q, k, v)  # (B, H, T, D)
+        if cache is None:
+            y = self.wrap_core(self.attend, q, k, v)  # (B, H, T, D)
+        else:
+            y = self.attend(q, k, v, cache.length(), cache)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C)
         return self.resid_drop(self.out(y))
 

@@ -50,11 +50,18 @@ def test_it_keeps_only_the_top_k():
 
 
 @pytest.mark.slow
-def test_it_loads_a_checkpoint_written_by_two_tensor_parallel_ranks(two_rank_runs, single_rank_runs):
-    from trainer.checkpoint import latest_checkpoint
-    from trainer.train import _eval_batches  # noqa: F401  (import check: deploy reuses this module)
+def test_it_loads_a_checkpoint_written_by_two_fsdp_ranks(two_rank_runs, single_rank_runs):
+    from trainer.checkpoint import complete_checkpoints
 
-    model, tokenizer = load_model_from_checkpoint(latest_checkpoint(two_rank_runs / "resume-dp2-to-dp1"))
+    (step, folder), _ = complete_checkpoints(two_rank_runs / "resume-fsdp2-to-dp1")
+    assert step == 5  # the one FSDP wrote; step 10 was written by the resumed single process
+    model, tokenizer = load_model_from_checkpoint(folder)
     assert tokenizer is not None
     ids = generate(model, tokenizer.encode("ROMEO:"), 10, temperature=0)
     assert len(ids) > 10 and isinstance(tokenizer.decode(ids), str)
+    # the dp shards were gathered into the whole weights one process reaches after the same 5 steps
+    (step, one_process), _ = complete_checkpoints(single_rank_runs / "resume-split")
+    same, _ = load_model_from_checkpoint(one_process)
+    assert step == 5
+    for (name, a), b in zip(model.named_parameters(), same.parameters()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name

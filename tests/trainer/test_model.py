@@ -74,8 +74,8 @@ def test_it_counts_model_flops_like_palm():
     assert flops_per_token(spec) == 6 * matmul_params(spec) + 12 * L * h * spec.seq_len
 
 
-def _saved_bytes(mode: str) -> tuple[int, float]:
-    model = build_model(TINY, 0)
+def _saved_bytes(mode: str, spec: ModelSpec = TINY) -> tuple[int, float]:
+    model = build_model(spec, 0)
     apply_ac(model, mode)
     x = torch.randint(0, TINY.vocab_size, (2, TINY.seq_len), generator=torch.Generator().manual_seed(0))
     with SavedActivations(model.parameters()) as probe:
@@ -91,3 +91,10 @@ def test_it_measures_what_autograd_keeps():
     # full recompute keeps each block's input (B·T·C fp32) plus what the head and loss keep (≥ the logits)
     assert full >= L * B * T * C * 4 + B * T * V * 4
     assert none > 3 * full and loss == loss_full
+
+
+def test_it_recomputes_rotary_and_shared_heads_selectively():
+    spec = TINY.replace(positions="rope", n_kv_heads=1)
+    none, loss = _saved_bytes("none", spec)
+    selective, loss_selective = _saved_bytes("selective", spec)
+    assert selective < 0.9 * none and loss == loss_selective

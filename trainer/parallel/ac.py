@@ -2,8 +2,11 @@
 
 - full: each block keeps only its input (2·s·b·h bytes in 16-bit) and reruns its forward in backward; about one
   extra forward pass (≈ 33 % more compute).
-- selective (Korthikanti et al. 2022): recompute only the attention core softmax(q kᵀ) v, whose saved tensors grow
-  with s² (5·a·s²·b bytes per layer in 16-bit with the naive kernel) but whose FLOPs are a small share of the layer's.
+- selective (Korthikanti et al. 2022): recompute only the weight-free part of attention (rotary positions, the
+  expansion of shared key/value heads, softmax(q kᵀ) v), whose saved tensors grow with s² in an unfused kernel
+  (5·a·s²·b bytes per layer in 16-bit) but whose FLOPs are a small share of the layer's. A fused kernel (flash
+  attention, also PyTorch's CPU kernel) already keeps no s² tensors, so there selective saves little more than
+  the rotary and grouped-query copies: measured, not assumed (trainer.bench).
 """
 from __future__ import annotations
 

@@ -80,8 +80,6 @@ def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     if model.is_moe:
         reasons.append(f"mixture-of-experts (n_experts={model.n_experts}) is not built by the native engine yet; "
                        f"use n_experts=0")
-    if plan.pp > 1 and model.dropout > 0 and plan.tp > 1:
-        reasons.append("dropout with tensor and pipeline parallel together is not supported yet: set dropout=0")
     if plan.precision == "fp16" and plan.zero_stage == 3:
         reasons.append("fp16 loss scaling with FSDP2 is not supported; use bf16 or fp32")
     return reasons
