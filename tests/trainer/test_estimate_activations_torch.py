@@ -7,6 +7,8 @@ For each: saved activations of one micro-batch (trainer.memory.SavedActivations)
 planner's activations_per_microbatch (they come out exact), and params/grads/optimizer bytes after one AdamW step
 (trainer.memory.model_state_bytes) must equal the planner's model states exactly.
 """
+import copy
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,7 +22,7 @@ from trainer.presets import local_cpu_cluster  # noqa: E402
 from trainer.spec import ModelSpec, ParallelPlan  # noqa: E402
 
 BASE = dict(n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512)
-CASES = [  # (id, model fields, micro-batch, checkpointing, pp, stage)
+CASES = [  # (id, model fields, micro-batch, checkpointing, pp, stage[, precision, zero_stage])
     ("base", {}, 1, "none", 1, 0),
     ("batch3", {}, 3, "none", 1, 0),
     ("selective", {}, 2, "selective", 1, 0),
@@ -35,23 +37,41 @@ CASES = [  # (id, model fields, micro-batch, checkpointing, pp, stage)
     ("pp2-last", dict(tied_embeddings=False), 2, "none", 2, 1),
     ("pp4-middle", dict(tied_embeddings=False), 2, "selective", 4, 1),
     ("pp2-last-full", dict(tied_embeddings=False), 1, "full", 2, 1),
+    # bf16: autocast over fp32 weights (native engine without FSDP) and a model cast to bf16 (what FSDP2's
+    # mixed-precision policy runs; stands in for it in one process)
+    ("bf16-autocast", {}, 2, "none", 1, 0, "bf16", 0),
+    ("bf16-autocast-full", {}, 2, "full", 1, 0, "bf16", 0),
+    ("bf16-autocast-gqa-rope", dict(n_kv_heads=2, positions="rope"), 2, "selective", 1, 0, "bf16", 0),
+    ("bf16-fsdp-cast", {}, 2, "none", 1, 0, "bf16", 3),
+    ("bf16-fsdp-cast-gqa-rope", dict(n_kv_heads=2, positions="rope"), 2, "none", 1, 0, "bf16", 3),
+    ("bf16-fsdp-cast-pp2-last", dict(tied_embeddings=False), 2, "selective", 2, 1, "bf16", 3),
 ]
 
 
-def _measure(spec: ModelSpec, b: int, checkpointing: str, pp: int, stage: int):
+def _measure(spec: ModelSpec, b: int, checkpointing: str, pp: int, stage: int, precision: str, zero_stage: int):
     torch.manual_seed(0)
     full = model_mod.build_model(spec, seed=0)
     module = pipeline_mod.split_stage(full, stage, pp) if pp > 1 else full
     module.train()
     ac_mod.apply_ac(module, checkpointing)
+    cast = precision == "bf16" and zero_stage == 3       # FSDP2's bf16 policy runs the model in bf16
+    autocast = precision == "bf16" and zero_stage == 0   # the native engine without FSDP autocasts
     idx = torch.randint(0, spec.vocab_size, (b, spec.seq_len))
     targets = torch.randint(0, spec.vocab_size, (b, spec.seq_len))
-    # a later stage receives activations that need gradients, as the pipeline hands them over
-    x = idx if stage == 0 else torch.randn(b, spec.seq_len, spec.d_model, requires_grad=True)
-    with memory_mod.SavedActivations(module.parameters()) as probe:
-        out = module(x)
-        loss = model_mod.loss_fn(out, targets) if stage == pp - 1 else out.float().pow(2).mean()
+
+    def run(m, dtype):
+        # a later stage receives activations that need gradients, as the pipeline hands them over
+        x = idx if stage == 0 else torch.randn(b, spec.seq_len, spec.d_model, dtype=dtype, requires_grad=True)
+        out = m(x)
+        return model_mod.loss_fn(out, targets) if stage == pp - 1 else out.float().pow(2).mean()
+
+    probe_module = copy.deepcopy(module).to(torch.bfloat16) if cast else module
+    with memory_mod.SavedActivations(probe_module.parameters()) as probe:
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = run(probe_module, torch.bfloat16 if cast else torch.float32)
     saved = probe.bytes
+    if cast:  # model states are those of the fp32 parameters FSDP2 keeps
+        loss = run(module, torch.float32)
     loss.backward()
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     optimizer.step()
@@ -61,17 +81,18 @@ def _measure(spec: ModelSpec, b: int, checkpointing: str, pp: int, stage: int):
 
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_it_predicts_what_the_trainer_saves_and_stores(case):
-    _, fields, b, checkpointing, pp, stage = case
+    _, fields, b, checkpointing, pp, stage, precision, zero_stage = (*case, "fp32", 0)[:8]
     spec = ModelSpec(**{**BASE, **fields})
-    plan = ParallelPlan(pp=pp, micro_batch=b, global_batch=b * max(pp, 1), activation_checkpointing=checkpointing)
+    plan = ParallelPlan(pp=pp, micro_batch=b, global_batch=b * max(pp, 1), activation_checkpointing=checkpointing,
+                        precision=precision, zero_stage=zero_stage)
     planner = Planner(spec, local_cpu_cluster(pp))
     predicted = planner.stage_memory(plan, stage)
-    saved, states = _measure(spec, b, checkpointing, pp, stage)
+    saved, states = _measure(spec, b, checkpointing, pp, stage, precision, zero_stage)
 
     per_microbatch = sum(predicted.activations_per_microbatch.values())
     if stage != pp - 1:
         # the probe's stand-in loss on a non-last stage (a square and a mean of the output) saves the output once
-        saved -= b * spec.seq_len * spec.d_model * 4
+        saved -= b * spec.seq_len * spec.d_model * (4 if precision == "fp32" else 2)
     assert per_microbatch == pytest.approx(saved, rel=0.03)
     assert per_microbatch == saved  # in fact exact for these cases
     assert states == {"params_bytes": predicted.states["weights"], "grads_bytes": predicted.states["gradients"],

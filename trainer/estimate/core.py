@@ -97,8 +97,7 @@ class Planner:
         self.peak_flops = cluster.gpu.peak_tflops * 1e12
         self.capacity_bytes = cluster.gpu.memory_gb * GB
         self.overhead_bytes = self.options.overhead_for(cluster.gpu.name)
-        # grouped-query keys and values are repeated to n_heads before the attention kernel (options.repeat_kv)
-        self.kv_dim = model.d_model if self.options.repeat_kv else model.kv_heads * model.head_dim
+        self.kv_dim = model.kv_heads * model.head_dim
         self._moe = (model.n_experts, model.top_k, model.capacity_factor) if model.is_moe else None
         self._recompute = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
         # Hardware FLOPs per token split by where they run: the blocks (spread evenly over the pipeline stages)
@@ -120,12 +119,23 @@ class Planner:
             return self._mask_bytes
         return e if self._on_cpu else 1
 
+    @staticmethod
+    def autocast(plan: ParallelPlan) -> bool:
+        """The native engine runs 16-bit plans without FSDP under autocast over fp32 weights; FSDP2 and DeepSpeed
+        run the model itself in 16 bits."""
+        return plan.engine == "native" and plan.precision != "fp32" and plan.zero_stage < 3
+
+    def stat_bytes(self, plan: ParallelPlan, e: int) -> int:
+        # LayerNorm statistics: fp32 on GPUs and under autocast (fp32 LayerNorm); the input's dtype on the CPU
+        return e if (self._on_cpu and not self.autocast(plan)) else M.LN_STAT_BYTES
+
     def _layer_terms(self, plan: ParallelPlan, e: int, moe: bool, checkpointing: str | None = None):
         m, o = self.model, self.options
         return M.layer_activations(m.d_model, m.ffn, self.kv_dim, m.n_heads, m.seq_len, plan.micro_batch, plan.tp,
                                    plan.sequence_parallel, checkpointing or plan.activation_checkpointing, e,
                                    self._attention, m.dropout > 0, o.small_terms, self._moe if moe else None,
-                                   m.positions == "rope", m.head_dim, self.mask_bytes(e), o.sp_gathered)
+                                   m.positions == "rope", m.head_dim, self.mask_bytes(e), o.sp_gathered,
+                                   self.autocast(plan), self.stat_bytes(plan, e), o.repeat_kv)
 
     def stage_memory(self, plan: ParallelPlan, stage: int) -> StageMemory:
         m, o = self.model, self.options
@@ -154,7 +164,8 @@ class Planner:
                     acts[key] = acts.get(key, 0.0) + n * value
         for name, value in M.edge_activations(m, stage == 0, stage == pp - 1, plan.micro_batch, tp,
                                               plan.sequence_parallel, e, o.loss_bytes, o.small_terms,
-                                              self.mask_bytes(e), o.sp_gathered):
+                                              self.mask_bytes(e), o.sp_gathered, self.autocast(plan),
+                                              self.stat_bytes(plan, e)):
             acts[name] = value
         flight = M.in_flight(plan.pipeline_schedule, pp, plan.grad_accum, v, stage)
         buffers = self._buffers(plan, stage, params, sharded, e, layers)

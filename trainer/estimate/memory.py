@@ -31,7 +31,9 @@ from functools import lru_cache
 
 from trainer.spec import ModelSpec
 
-LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32
+LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32 (in the input's dtype on the CPU)
+# Under autocast the fp32 LayerNorm output is cast to 16 bits once per consuming matmul: q, k, v and the MLP's up.
+AUTOCAST_LN_CONSUMERS = 4
 INDEX_BYTES = 8     # int64 token ids, positions, targets
 
 
@@ -72,36 +74,46 @@ def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, pre
 @lru_cache(maxsize=8192)
 def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, sp: bool, checkpointing: str,
                       e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None,
-                      rope: bool = False, head_dim: int = 0, mask_bytes: int = 1, sp_gathered: bool = False
+                      rope: bool = False, head_dim: int = 0, mask_bytes: int = 1, sp_gathered: bool = False,
+                      autocast: bool = False, stat_bytes: int = LN_STAT_BYTES, repeat_kv: bool = False
                       ) -> tuple[tuple[str, float], ...]:
     """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
 
-    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms. ``kv`` is the
-    key/value width attention saves: n_kv_heads·head_dim, or h when grouped-query heads are repeated before the
-    kernel (the native trainer does). ``rope``: rotary positions (measured: one extra T·h·e, plus the cos/sin tables).
+    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms. ``kv`` is
+    n_kv_heads·head_dim; ``repeat_kv``: grouped-query keys and values are repeated to h before the kernel (the
+    native trainer does), so the kernel saves h-wide copies — unless selective recompute reruns the kernel, which
+    then keeps only the kv-wide projections. ``rope``: rotary positions (measured: one extra T·h·e and the cos/sin
+    tables, none of which selective recompute keeps).
     ``mask_bytes``: bytes per dropout-mask element (1 on GPUs; PyTorch's CPU dropout keeps a mask of the input's dtype).
     ``sp_gathered``: with sequence parallel, the all-gathered LayerNorm outputs that feed the column-parallel
     projections are what autograd keeps (PyTorch DTensor does; Megatron keeps the 1/t shard and gathers again in
     backward): 2·T·h·e instead of 2·T·h·e/t.
+    ``autocast``: 16-bit autocast over fp32 weights (the native engine without FSDP): the residual stream and so the
+    LayerNorm inputs stay fp32, and each matmul reading a LayerNorm output saves its own 16-bit cast of it (3 for
+    q, k, v, 1 for the MLP). ``stat_bytes``: bytes of each LayerNorm mean and 1/σ element.
     ``attention`` "sdpa_math": scaled_dot_product_attention falling back to its math path (dropout on the CPU) —
     the scores as "math", but the causal mask is not saved.
     """
     T = s * b
     r = t if sp else 1
+    stream = 4 if autocast else e  # bytes of the residual stream
     if checkpointing == "full":
-        return (("layer_input", T * h * e / r),)
-    terms = [("layernorm_inputs", 2 * T * h * e / r),
-             ("layernorm_outputs", 2 * T * h * e / (1 if sp_gathered else r))]
+        return (("layer_input", T * h * stream / r),)
+    ln_out_copies = AUTOCAST_LN_CONSUMERS if autocast else 2
+    terms = [("layernorm_inputs", 2 * T * h * stream / r),
+             ("layernorm_outputs", ln_out_copies * T * h * e / (1 if sp_gathered else r))]
     if small_terms:
-        terms.append(("layernorm_stats", 2 * 2 * T * LN_STAT_BYTES / r))
+        terms.append(("layernorm_stats", 2 * 2 * T * stat_bytes / r))
     if dropout:
         terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
-    terms += [("qkv", T * (h + 2 * kv) * e / t), ("attention_output", T * h * e / t)]
-    if rope:
+    selective = checkpointing == "selective"
+    kv_saved = h if (repeat_kv and not selective) else kv
+    terms += [("qkv", T * (h + 2 * kv_saved) * e / t), ("attention_output", T * h * e / t)]
+    if rope and not selective:
         # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
         terms.append(("rotary", T * h * e / t))
-        if small_terms:
-            terms.append(("rotary_tables", 2 * s * (head_dim // 2) * 4.0))
+        if small_terms:  # fp32 cos/sin buffers; a model running in 16 bits saves 16-bit casts of them
+            terms.append(("rotary_tables", 2 * s * (head_dim // 2) * (4.0 if autocast else e)))
     if checkpointing != "selective":
         if attention in ("math", "sdpa_math"):
             terms.append(("attention_scores", T * a * s * e / t))
@@ -123,8 +135,8 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
 
 @lru_cache(maxsize=8192)
 def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, sp: bool, e: int, loss_bytes: int,
-                     small_terms: bool, mask_bytes: int = 1, sp_gathered: bool = False
-                     ) -> tuple[tuple[str, float], ...]:
+                     small_terms: bool, mask_bytes: int = 1, sp_gathered: bool = False, autocast: bool = False,
+                     stat_bytes: int = LN_STAT_BYTES) -> tuple[tuple[str, float], ...]:
     """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch."""
     s, h, V = model.seq_len, model.d_model, model.vocab_size
     T = s * b
@@ -138,11 +150,11 @@ def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, 
         if model.dropout > 0:
             terms.append(("embedding_dropout_mask", T * h * mask_bytes / r))
     if last:
-        terms += [("final_layernorm_input", T * h * e / r),
+        terms += [("final_layernorm_input", T * h * (4 if autocast else e) / r),
                   ("final_layernorm_output", T * h * e / (1 if sp_gathered else r)),
                   ("log_probs", T * -(-V // t) * loss_bytes)]
         if small_terms:
-            terms += [("final_layernorm_stats", 2 * T * LN_STAT_BYTES / r), ("targets", T * INDEX_BYTES),
+            terms += [("final_layernorm_stats", 2 * T * stat_bytes / r), ("targets", T * INDEX_BYTES),
                       ("loss_scalars", 4)]
     return tuple(terms)
 

@@ -33,7 +33,8 @@ class EstimateOptions:
         the column-parallel projections (PyTorch DTensor, the native trainer); False keeps the 1/t shard (Megatron,
         Korthikanti's table).
     repeat_kv: grouped-query keys/values are repeated to n_heads before attention, so autograd saves 3·h per token
-        for q, k, v (the native trainer does); False saves h + 2·n_kv_heads·head_dim (kernels with native GQA).
+        for q, k, v (the native trainer does; selective recompute keeps h + 2·kv instead); False saves
+        h + 2·n_kv_heads·head_dim (kernels with native GQA).
     pcie_bandwidth_gbs: host link used by CPU offload.
     loss_bytes: bytes per element of the logits the loss works on (fp32, as autocast and Megatron do).
     """
