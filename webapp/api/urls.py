@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from . import views
+from . import planner, views
 
 router = DefaultRouter()
 router.register("model-configs", views.ModelConfigViewSet)
@@ -13,4 +13,8 @@ router.register("metrics", views.MetricViewSet)
 router.register("checkpoints", views.CheckpointViewSet)
 router.register("profiles", views.ProfileViewSet)
 
-urlpatterns = [path("", include(router.urls))]
+urlpatterns = [
+    path("estimate/", planner.EstimateView.as_view(), name="estimate"),
+    path("tune/", planner.TuneView.as_view(), name="tune"),
+    path("", include(router.urls)),
+]
