@@ -51,12 +51,34 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return found[-1][1] if found else None
 
 
-def _state(modules: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> dict[str, Any]:
-    model, optim = {}, {}
+# A tied LM head is one parameter with two names; optimizer state is filed under the embedding's. A pipeline's
+# last stage holds the head alone and looks for it under the head's name, so both names are written.
+_TIED = ("embed.tokens.weight", "head.weight")
+
+
+def _tied_aliases(module: nn.Module, optim: dict[str, Any]) -> dict[str, Any]:
+    embed, head = getattr(module, "embed", None), getattr(module, "head", None)
+    if embed is None or head is None or head.weight is not embed.tokens.weight:
+        return {}
+    aliases = {}
+    for key, value in optim.items():
+        for section in ("state.", "param_groups."):
+            if key.startswith(section + _TIED[0] + "."):
+                aliases[section + _TIED[1] + key[len(section + _TIED[0]):]] = value
+    return aliases
+
+
+def _state(modules: list[nn.Module], optimizers: list[torch.optim.Optimizer]) -> tuple[dict[str, Any], set[str]]:
+    """The state to save or load into, and the alias keys added for tied weights."""
+    model, optim, aliases = {}, {}, set()
     for module, opt in zip(modules, optimizers):
         model.update(get_model_state_dict(module))
-        optim.update(get_optimizer_state_dict(module, opt, options=_OPTIONS))
-    return {"model": model, "optim": optim}
+        mine = get_optimizer_state_dict(module, opt, options=_OPTIONS)
+        extra = {k: v for k, v in _tied_aliases(module, mine).items() if k not in mine}
+        aliases |= set(extra)
+        optim.update(mine)
+        optim.update(extra)
+    return {"model": model, "optim": optim}, aliases
 
 
 def save_checkpoint(run_dir: Path, step: int, modules: list[nn.Module], optimizers: list[torch.optim.Optimizer],
@@ -66,7 +88,7 @@ def save_checkpoint(run_dir: Path, step: int, modules: list[nn.Module], optimize
     if rank == 0 and folder.exists():
         shutil.rmtree(folder)  # a leftover incomplete attempt at this step
     dist.barrier()
-    dcp.save(_state(modules, optimizers), checkpoint_id=str(folder))
+    dcp.save(_state(modules, optimizers)[0], checkpoint_id=str(folder))
     torch.save(_rng_state(), folder / f"rng-rank{rank}.pt")
     dist.barrier()  # every shard is on disk before the manifest vouches for them
     if rank == 0:
@@ -87,8 +109,10 @@ def load_checkpoint(folder: Path, modules: list[nn.Module], optimizers: list[tor
     if manifest is None:
         raise FileNotFoundError(f"{folder} has no {MANIFEST}: it is incomplete")
     optimizers = optimizers or []
-    state = _state(modules, optimizers) if optimizers else {"model": _state_model(modules)}
+    state, aliases = _state(modules, optimizers) if optimizers else ({"model": _state_model(modules)}, set())
     dcp.load(state, checkpoint_id=str(folder))
+    for key in aliases:
+        state["optim"].pop(key)
     for i, module in enumerate(modules):
         set_model_state_dict(module, state["model"], options=StateDictOptions(strict=False))
         if optimizers:

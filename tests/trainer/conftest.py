@@ -62,11 +62,12 @@ def runs(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def two_rank_runs(runs, dataset) -> Path:
-    """Every 2-rank parity plan, and the first half of the dp 2 → 1 resume (stopped with a checkpoint)."""
+    """Every 2-rank parity plan, and the first halves of the resumes into one process (stopped at a checkpoint)."""
     jobs = [_job(tiny_spec(runs / name, dataset, PARITY_STEPS, **kw)) for name, kw in TWO_RANK_PLANS.items()]
     jobs.append(_job(tiny_spec(runs / "resume-dp2-to-dp1", dataset, RESUME_STEPS, dp=2), stop_at=RESUME_AT))
     jobs.append(_job(tiny_spec(runs / "resume-fsdp2-to-dp1", dataset, RESUME_STEPS, dp=2, zero_stage=3),
                      stop_at=RESUME_AT))
+    jobs.append(_job(tiny_spec(runs / "resume-pp2-to-dp1", dataset, RESUME_STEPS, pp=2), stop_at=RESUME_AT))
     launch(2, jobs, runs / "jobs")
     return runs
 
@@ -88,7 +89,8 @@ def single_rank_runs(runs, dataset, two_rank_runs) -> Path:
     jobs = [_job(ref("ref-tied")), _job(ref("ref-untied", tied=False)), _job(straight),
             _job(split, stop_at=RESUME_AT), _job(split, resume=True),
             _job(tiny_spec(runs / "resume-dp2-to-dp1", dataset, RESUME_STEPS), resume=True),
-            _job(tiny_spec(runs / "resume-fsdp2-to-dp1", dataset, RESUME_STEPS), resume=True)]
+            _job(tiny_spec(runs / "resume-fsdp2-to-dp1", dataset, RESUME_STEPS), resume=True),
+            _job(tiny_spec(runs / "resume-pp2-to-dp1", dataset, RESUME_STEPS), resume=True)]
     jobs += [_job(tiny_spec(runs / f"ac-{mode}", dataset, 3, activation_checkpointing=mode)) for mode in AC_MODES]
     launch(1, jobs, runs / "jobs")
     return runs

@@ -53,15 +53,15 @@ def test_it_keeps_only_the_top_k():
 def test_it_loads_a_checkpoint_written_by_two_fsdp_ranks(two_rank_runs, single_rank_runs):
     from trainer.checkpoint import complete_checkpoints
 
-    (step, folder), _ = complete_checkpoints(two_rank_runs / "resume-fsdp2-to-dp1")
-    assert step == 5  # the one FSDP wrote; step 10 was written by the resumed single process
+    step, folder = complete_checkpoints(two_rank_runs / "resume-fsdp2-to-dp1")[0]
+    assert step == 5  # written by the two FSDP ranks when they stopped
     model, tokenizer = load_model_from_checkpoint(folder)
     assert tokenizer is not None
     ids = generate(model, tokenizer.encode("ROMEO:"), 10, temperature=0)
     assert len(ids) > 10 and isinstance(tokenizer.decode(ids), str)
     # the dp shards were gathered into the whole weights one process reaches after the same 5 steps
-    (step, one_process), _ = complete_checkpoints(single_rank_runs / "resume-split")
+    step, one_process = complete_checkpoints(single_rank_runs / "resume-split")[0]
     same, _ = load_model_from_checkpoint(one_process)
     assert step == 5
     for (name, a), b in zip(model.named_parameters(), same.parameters()):
-        assert torch.allclose(a, b, rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), name  # weights are O(0.02)

@@ -17,8 +17,8 @@ def test_it_resumes_exactly(single_rank_runs):
     assert max_rel_error(straight, split) < 1e-6
 
 
-@pytest.mark.parametrize("name", ["resume-dp2-to-dp1", "resume-fsdp2-to-dp1"])
-def test_it_resumes_with_another_dp_degree(single_rank_runs, name):
+@pytest.mark.parametrize("name", ["resume-dp2-to-dp1", "resume-fsdp2-to-dp1", "resume-pp2-to-dp1"])
+def test_it_resumes_under_another_plan(single_rank_runs, name):
     straight = losses(single_rank_runs / "resume-straight")
     changed = losses(single_rank_runs / name)
     assert len(changed) == RESUME_STEPS
