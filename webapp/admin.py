@@ -104,3 +104,10 @@ class DeploymentAdmin(OwnedAdmin):
 @admin.register(models.PromptTemplate)
 class PromptTemplateAdmin(OwnedAdmin):
     pass
+
+
+@admin.register(models.TuneJob)
+class TuneJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "owner", "status", "dataset", "trial_steps", "created_at", "finished_at")
+    list_filter = ("status",)
+    readonly_fields = ("progress", "result", "error", "started_at", "finished_at")

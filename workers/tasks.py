@@ -7,7 +7,7 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
-from . import runs
+from . import runs, tuning
 
 log = logging.getLogger(__name__)
 
@@ -45,3 +45,8 @@ def reconcile() -> dict:
     for run_id in runs.stale_queued_run_ids():
         launch.delay(run_id)
     return statuses
+
+
+@shared_task(name="workbench.tune.run")
+def tune_run(job_id: int) -> str:
+    return tuning.tune_job_run(job_id)

@@ -6,7 +6,7 @@ from trainer import presets
 from webapp import models
 
 ADMIN_MODELS = ["modelconfig", "parallelismplan", "cluster", "dataset", "run", "metric", "checkpoint", "profile",
-                "tritonserver", "deployment", "prompttemplate"]
+                "tritonserver", "deployment", "prompttemplate", "tunejob"]
 
 
 @pytest.fixture

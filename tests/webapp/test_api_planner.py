@@ -45,3 +45,30 @@ def test_it_tunes_a_small_model_and_ranks_the_plans(alice, api):
 def test_it_refuses_planner_requests_without_credentials(db, api):
     assert api(None).post("/api/estimate/", GPT3_175B, format="json").status_code == 401
     assert api(None).post("/api/tune/", {}, format="json").status_code == 401
+
+
+def test_it_queues_tuning_with_trials_as_a_job_on_a_local_cpu_cluster(alice, bob, api, corpus,
+                                                                       django_capture_on_commit_callbacks):
+    request = {"model": "tiny", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2}, "global_batch": 8,
+               "trials": {"dataset": corpus.id, "steps": 6}}
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = api(alice).post("/api/tune/", request, format="json")
+    assert response.status_code == 202, response.data
+    assert response.data["status"] == "queued" and response.data["trial_steps"] == 6
+    assert len(callbacks) == 1  # the job is sent to a worker once the request commits
+    assert api(alice).get(f"/api/tune-jobs/{response.data['id']}/").status_code == 200
+    assert api(bob).get(f"/api/tune-jobs/{response.data['id']}/").status_code == 404
+
+
+def test_it_refuses_trials_for_a_cluster_this_machine_cannot_measure(alice, api, corpus):
+    request = {"model": "gpt2-small", "cluster": {"gpu": "A100-SXM-80GB", "nodes": 1}, "global_batch": 8,
+               "trials": {"dataset": corpus.id}}
+    response = api(alice).post("/api/tune/", request, format="json")
+    assert response.status_code == 400 and "local CPU ranks" in response.data["cluster"][0]
+
+
+def test_it_refuses_trials_on_another_users_private_dataset(bob, api, corpus):
+    request = {"model": "tiny", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2}, "global_batch": 8,
+               "trials": {"dataset": corpus.id}}
+    response = api(bob).post("/api/tune/", request, format="json")
+    assert response.status_code == 400 and "dataset" in response.data

@@ -1,6 +1,6 @@
 """The planner over REST: estimates and analytic tuning answer at once; tuning with measured trials is a job."""
 from drf_spectacular.utils import OpenApiExample, extend_schema
-from rest_framework import serializers
+from rest_framework import serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -8,7 +8,7 @@ from trainer.estimate.api import estimate_json
 from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan
 from trainer.tune.api import tune_json
 
-from .. import models
+from .. import models, services
 from .specfields import json_schema
 
 _MODEL = {"oneOf": [{"type": "string", "description": "a preset name, e.g. gpt3-175b"}, json_schema(ModelSpec)]}
@@ -28,7 +28,9 @@ ESTIMATE_REQUEST = {"type": "object", "properties": {
 TUNE_REQUEST = {"type": "object", "required": ["model", "cluster", "global_batch"], "properties": {
     "model": _MODEL, "cluster": _CLUSTER,
     "global_batch": {"oneOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}]},
-    "space": _OBJECT, "options": _OBJECT, "top_k": {"type": "integer"}, "explain_top": {"type": "integer"}}}
+    "space": _OBJECT, "options": _OBJECT, "top_k": {"type": "integer"}, "explain_top": {"type": "integer"},
+    "trials": {"type": "object", "required": ["dataset"], "description": "measure the best plans by real trials",
+               "properties": {"dataset": {"type": "integer"}, "steps": {"type": "integer"}}}}}
 
 
 def _from_stored_plan(payload: dict, user) -> dict:
@@ -62,12 +64,54 @@ class EstimateView(APIView):
         return Response(estimate_json(_from_stored_plan(dict(request.data), request.user)))
 
 
+class TrialsSerializer(serializers.Serializer):
+    dataset = serializers.PrimaryKeyRelatedField(queryset=models.Dataset.objects.all(),
+                                                 help_text="The dataset the trials train on")
+    steps = serializers.IntegerField(min_value=4, max_value=200, default=8, help_text="Steps per trial")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["dataset"].queryset = models.Dataset.objects.visible_to(self.context["request"].user)
+
+
+class TuneJobSerializer(serializers.ModelSerializer):
+    owner = serializers.ReadOnlyField(source="owner.username")
+
+    class Meta:
+        model = models.TuneJob
+        fields = ["id", "owner", "request", "dataset", "trial_steps", "status", "progress", "result", "error",
+                  "created_at", "started_at", "finished_at"]
+        read_only_fields = fields
+
+
 class TuneView(APIView):
     """Every valid plan for a model, cluster and global batch: the ones that do not fit with the reason, the rest
-    ranked by estimated step time, with the memory/time Pareto front."""
+    ranked by estimated step time, with the memory/time Pareto front. With ``trials`` the best plans are also
+    measured by short real trainings on this machine's CPU ranks, as a job (202) whose progress is at
+    /api/tune-jobs/<id>/."""
 
-    @extend_schema(request={"application/json": TUNE_REQUEST}, responses={200: _OBJECT})
+    @extend_schema(request={"application/json": TUNE_REQUEST}, responses={200: _OBJECT, 202: TuneJobSerializer})
     def post(self, request):
         if not isinstance(request.data, dict):
             raise serializers.ValidationError({"non_field_errors": ["the request must be a JSON object"]})
-        return Response(tune_json(dict(request.data)))
+        payload = dict(request.data)
+        trials = payload.pop("trials", None)
+        if trials is None:
+            return Response(tune_json(payload))
+        body = TrialsSerializer(data=trials, context={"request": request})
+        body.is_valid(raise_exception=True)
+        job = services.tune_job_create(owner=request.user, request=payload, dataset=body.validated_data["dataset"],
+                                       trial_steps=body.validated_data["steps"])
+        return Response(TuneJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+
+
+class TuneJobViewSet(viewsets.ReadOnlyModelViewSet):
+    """Tuning jobs with trials: status, progress, and the result once done."""
+
+    serializer_class = TuneJobSerializer
+    queryset = models.TuneJob.objects.all()
+    filterset_fields = ["status"]
+    ordering_fields = ["created_at"]
+
+    def get_queryset(self):
+        return models.TuneJob.objects.visible_to(self.request.user).select_related("owner")

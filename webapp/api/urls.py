@@ -12,6 +12,7 @@ router.register("runs", views.RunViewSet)
 router.register("metrics", views.MetricViewSet)
 router.register("checkpoints", views.CheckpointViewSet)
 router.register("profiles", views.ProfileViewSet)
+router.register("tune-jobs", planner.TuneJobViewSet)
 
 urlpatterns = [
     path("estimate/", planner.EstimateView.as_view(), name="estimate"),

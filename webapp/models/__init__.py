@@ -2,7 +2,8 @@ from .configs import Cluster, Dataset, ModelConfig, ParallelismPlan
 from .ownership import Owned, OwnedQuerySet
 from .runs import FINISHED, TRANSITIONS, Checkpoint, IllegalTransition, Metric, Profile, Run, RunStatus
 from .serving import Deployment, PromptTemplate, TritonServer
+from .tuning import TuneJob
 
 __all__ = ["Cluster", "Dataset", "ModelConfig", "ParallelismPlan", "Owned", "OwnedQuerySet", "FINISHED", "TRANSITIONS",
            "Checkpoint", "IllegalTransition", "Metric", "Profile", "Run", "RunStatus", "Deployment", "PromptTemplate",
-           "TritonServer"]
+           "TritonServer", "TuneJob"]

@@ -1,5 +1,6 @@
 """Business operations named <entity>_<verb>; views and admin call these instead of touching models directly."""
 from .runs import run_cancel, run_create, run_queue, run_spec
 from .tasks import enqueue
+from .tuning import tune_job_create, tune_job_finish, tune_job_progress, tune_job_start
 
-__all__ = ["run_cancel", "run_create", "run_queue", "run_spec", "enqueue"]
+__all__ = ["run_cancel", "run_create", "run_queue", "run_spec", "enqueue", "tune_job_create", "tune_job_finish", "tune_job_progress", "tune_job_start"]

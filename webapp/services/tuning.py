@@ -1,0 +1,58 @@
+"""Tuning with measured trials: checked here, run by a worker (the trials are real trainings on this machine)."""
+from django.core.exceptions import ValidationError
+from django.db import transaction
+from django.utils import timezone
+
+from trainer.estimate.api import cluster_from_json, model_from_json
+from trainer.tune.api import tune_json
+
+from ..models import TuneJob
+from .tasks import enqueue
+
+TUNE_TASK = "workbench.tune.run"
+TRIAL_GPU = "cpu"
+
+
+@transaction.atomic
+def tune_job_create(*, owner, request: dict, dataset, trial_steps: int = 8) -> TuneJob:
+    """Queue a tuning job whose best plans are measured by short runs of the trainer on local CPU ranks.
+
+    Trials measure this machine, so the request's cluster must be a local CPU cluster: otherwise the measured times
+    would re-rank plans meant for other hardware.
+    """
+    cluster = cluster_from_json(request.get("cluster"))
+    model_from_json(request.get("model"))
+    if cluster.gpu.name != TRIAL_GPU or cluster.nodes != 1:
+        raise ValidationError({"cluster": [
+            f"trials run on this machine's local CPU ranks; give a one-node cluster with gpu '{TRIAL_GPU}' "
+            f"(got {cluster.nodes} node(s) of {cluster.gpu.name}), or tune without trials"]})
+    tune_json(request)  # a bad request is refused now, not by the worker later; cheap on a one-node CPU cluster
+    job = TuneJob.objects.create(owner=owner, request=request, dataset=dataset, trial_steps=trial_steps)
+    enqueue(TUNE_TASK, job.pk)
+    return job
+
+
+def tune_job_progress(job_id: int, event: dict) -> None:
+    """Record the latest progress event; counts of measured trials accumulate."""
+    job = TuneJob.objects.get(pk=job_id)
+    progress = dict(job.progress or {})
+    if event.get("phase") == "trial":
+        progress["trials_done"] = progress.get("trials_done", 0) + 1
+    progress["last"] = event
+    TuneJob.objects.filter(pk=job_id).update(progress=progress)
+
+
+def tune_job_start(job_id: int) -> TuneJob | None:
+    with transaction.atomic():
+        job = TuneJob.objects.select_for_update().get(pk=job_id)
+        if job.status != TuneJob.Status.QUEUED:
+            return None  # already taken (the task was delivered twice)
+        job.status, job.started_at = TuneJob.Status.RUNNING, timezone.now()
+        job.save()
+        return job
+
+
+def tune_job_finish(job_id: int, result: dict | None = None, error: str = "") -> None:
+    TuneJob.objects.filter(pk=job_id).update(
+        status=TuneJob.Status.FAILED if error else TuneJob.Status.COMPLETED, result=result, error=error,
+        finished_at=timezone.now())

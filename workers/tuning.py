@@ -1,0 +1,46 @@
+"""Tuning jobs with measured trials: the planner ranks, the trainer measures the best plans on local CPU ranks."""
+import logging
+import time
+import traceback
+from pathlib import Path
+
+from django.conf import settings
+
+from trainer.estimate.api import model_from_json
+from trainer.tune.api import tune_json
+from webapp import services
+from webapp.models import TuneJob
+
+log = logging.getLogger(__name__)
+PROGRESS_EVERY_S = 0.5  # enumeration reports often; the database needs to hear of it only a few times a second
+
+
+def _progress_writer(job_id: int):
+    last = {"time": 0.0, "phase": None}
+
+    def write(event: dict) -> None:
+        now = time.monotonic()
+        if event.get("phase") in ("trial", "done") or event.get("phase") != last["phase"] \
+                or now - last["time"] >= PROGRESS_EVERY_S:
+            services.tune_job_progress(job_id, event)
+            last.update(time=now, phase=event.get("phase"))
+    return write
+
+
+def tune_job_run(job_id: int) -> str:
+    job = services.tune_job_start(job_id)
+    if job is None:
+        return "skipped"
+    try:
+        from trainer.tune.measure import LocalTrials
+
+        root = Path(settings.WORKBENCH["RUNS_ROOT"]) / f"tune-{job.pk}"
+        dataset = job.dataset.dataset_spec().replace(prepared_dir=str(root / "data"))
+        measure = LocalTrials(model_from_json(job.request["model"]), dataset, root, steps=job.trial_steps)
+        result = tune_json(job.request, measure=measure, progress=_progress_writer(job_id))
+    except Exception as exc:  # the job records any failure for its owner; the worker carries on
+        log.exception("tune job %s failed", job_id)
+        services.tune_job_finish(job_id, error=f"{exc}\n\n{traceback.format_exc(limit=5)}")
+        return TuneJob.Status.FAILED
+    services.tune_job_finish(job_id, result=result)
+    return TuneJob.Status.COMPLETED
