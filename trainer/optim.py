@@ -60,16 +60,15 @@ class LossScaler:
         """Divide gradients by S; True if every gradient on every rank is finite."""
         if not self.enabled:
             return True
-        finite = torch.ones((), device=device)
-        for p in params:
-            if p.grad is not None:
-                g = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-                g.mul_(1.0 / self.scale)
-                if not torch.isfinite(g).all():
-                    finite.zero_()
+        found_inf = torch.zeros((), device=device)
+        inv_scale = torch.full((), 1.0 / self.scale, device=device)
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
+        if grads:
+            # The fused op GradScaler uses: multiply by 1/S and flag any inf/nan, without a sync per tensor.
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale)
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        return bool(finite.item())
+            dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
+        return not bool(found_inf.item())
 
     def update(self, finite: bool) -> None:
         if not self.enabled:

@@ -48,6 +48,11 @@ FOUR_RANK_PLANS = {
 }
 PARITY_STEPS = 20
 RESUME_STEPS, RESUME_AT = 10, 5
+PRECISION_STEPS = 5
+# Mixed precision across plans, compared with the fp32 reference's first steps.
+PRECISION_RUNS = {1: {"fp32": {}, "bf16": dict(precision="bf16"), "fp16": dict(precision="fp16")},
+                  2: {"fp16-pp2": dict(precision="fp16", pp=2), "bf16-fsdp2": dict(precision="bf16", dp=2, zero_stage=3),
+                      "bf16-tp2-sp": dict(precision="bf16", tp=2, sequence_parallel=True)}}
 AC_MODES = ("none", "selective", "full")
 
 
@@ -68,6 +73,7 @@ def two_rank_runs(runs, dataset) -> Path:
     jobs.append(_job(tiny_spec(runs / "resume-fsdp2-to-dp1", dataset, RESUME_STEPS, dp=2, zero_stage=3),
                      stop_at=RESUME_AT))
     jobs.append(_job(tiny_spec(runs / "resume-pp2-to-dp1", dataset, RESUME_STEPS, pp=2), stop_at=RESUME_AT))
+    jobs += [_job(tiny_spec(runs / f"precision-{n}", dataset, PRECISION_STEPS, **kw)) for n, kw in PRECISION_RUNS[2].items()]
     launch(2, jobs, runs / "jobs")
     return runs
 
@@ -92,5 +98,6 @@ def single_rank_runs(runs, dataset, two_rank_runs) -> Path:
             _job(tiny_spec(runs / "resume-fsdp2-to-dp1", dataset, RESUME_STEPS), resume=True),
             _job(tiny_spec(runs / "resume-pp2-to-dp1", dataset, RESUME_STEPS), resume=True)]
     jobs += [_job(tiny_spec(runs / f"ac-{mode}", dataset, 3, activation_checkpointing=mode)) for mode in AC_MODES]
+    jobs += [_job(tiny_spec(runs / f"precision-{n}", dataset, PRECISION_STEPS, **kw)) for n, kw in PRECISION_RUNS[1].items()]
     launch(1, jobs, runs / "jobs")
     return runs

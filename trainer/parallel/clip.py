@@ -31,12 +31,17 @@ def _replicas(grad: torch.Tensor, dp_tp: int) -> int:
 
 def global_grad_norm(params: list[nn.Parameter], dp_tp: int, device: torch.device) -> torch.Tensor:
     """‖g‖₂ over the whole model, the same value on every rank (fp32)."""
-    total = torch.zeros((), dtype=torch.float64, device=device)
+    by_replicas: dict[int, list[torch.Tensor]] = {}
     for p in params:
-        if p.grad is None:
-            continue
-        local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        total += local.double().pow(2).sum() / _replicas(p.grad, dp_tp)
+        if p.grad is not None:
+            local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
+            if local.numel():
+                by_replicas.setdefault(_replicas(p.grad, dp_tp), []).append(local)
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for replicas, grads in by_replicas.items():
+        # one fused kernel per group of tensors instead of one per parameter
+        norms = torch._foreach_norm(grads, 2.0)
+        total += torch.stack(norms).double().pow(2).sum() / replicas
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(total)
     return total.sqrt().float()
@@ -49,6 +54,5 @@ def clip_grads_(params: list[nn.Parameter], max_norm: float, norm: torch.Tensor)
     coef = max_norm / (float(norm) + 1e-6)
     if coef >= 1.0 or not math.isfinite(coef):
         return
-    for p in params:
-        if p.grad is not None:
-            (p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad).mul_(coef)
+    grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in params if p.grad is not None]
+    torch._foreach_mul_(grads, coef)
