@@ -16,7 +16,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
-from trainer.model import GPT, KVCache
+from trainer.model import GPT, KVCache, Rotary, tie_weights
 from trainer.runfolder import MANIFEST, read_json
 from trainer.spec import ModelSpec
 
@@ -31,7 +31,13 @@ def load_model_from_checkpoint(path: str | Path, device: str | torch.device = "c
     if manifest is None:
         raise FileNotFoundError(f"{folder} has no {MANIFEST}: not a complete checkpoint")
     spec = ModelSpec.from_dict(manifest["model"])
-    model = GPT(spec)
+    with torch.device("meta"):  # no time spent on random weights that the checkpoint replaces
+        model = GPT(spec)
+    model.to_empty(device="cpu")
+    tie_weights(model)
+    for module in model.modules():
+        if isinstance(module, Rotary):
+            module.reset_buffers()
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")

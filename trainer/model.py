@@ -11,6 +11,7 @@ Initialisation is a pure function of the seed (``init_weights``), done once on t
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Callable, Optional
 
 import torch
@@ -37,11 +38,22 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
         super().__init__()
-        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv_freq)  # (max_len, D/2)
+        self.head_dim, self.max_len, self.base = head_dim, max_len, base
         # Not persistent: derived from the shape, so checkpoints stay free of it.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", torch.empty(max_len, head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(max_len, head_dim // 2), persistent=False)
+        self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """(Re)compute the tables, e.g. after a model built on the meta device is given real memory."""
+        if self.cos.is_meta:
+            return
+        device = self.cos.device
+        inv_freq = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
+                                       / self.head_dim)
+        angles = torch.outer(torch.arange(self.max_len, dtype=torch.float32, device=device), inv_freq)  # (max_len, D/2)
+        self.cos.copy_(angles.cos())
+        self.sin.copy_(angles.sin())
 
     def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
         # x: (B, heads, T, D)
@@ -191,31 +203,57 @@ class GPT(nn.Module):
         return x
 
     def init_weights(self, seed: int) -> None:
-        """N(0, 0.02) for matrices and embeddings, zeros for biases, ones for LayerNorm gains; the projections
-        back into the residual stream get 0.02/√(2L) (GPT-2), so the stream's variance does not grow with depth.
-        Walks parameters in name order from one generator: the same seed gives the same model under every plan."""
-        gen = torch.Generator().manual_seed(seed)
-        std_resid = 0.02 / math.sqrt(2 * self.spec.n_layers)
+        """Give every parameter its ``initial_value``; with a sharded or split model, each rank fills only the
+        shards it holds of the same full tensors, so every plan starts from the same model."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
         seen: set[int] = set()
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if id(p) in seen:
                     continue
                 seen.add(id(p))
-                if name.endswith("bias"):
-                    p.zero_()
-                elif ".ln" in name or name.startswith("norm"):
-                    p.fill_(1.0)
+                if name == "head.weight" and self.spec.tied_embeddings:
+                    name = "embed.tokens.weight"  # a pipeline's last stage holds the tied matrix as the head
+                full = initial_value(self.spec, name, tuple(p.shape), seed)
+                if isinstance(p, DTensor):
+                    # src_data_rank=None: every rank cuts its own shard from its own copy, no communication
+                    local = distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+                    p.to_local().copy_(local.to_local())
                 else:
-                    std = std_resid if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
-                    p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float32) * std)
+                    p.copy_(full)
+            for module in self.modules():
+                if isinstance(module, Rotary):
+                    module.reset_buffers()
 
 
-def build_model(spec: ModelSpec, seed: int) -> GPT:
-    """The full model on the CPU, initialised from ``seed``; parallel plans shard or split it afterwards."""
-    model = GPT(spec)
+def initial_value(spec: ModelSpec, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
+    """The full initial tensor of parameter ``name``: N(0, 0.02) for matrices and embeddings, zeros for biases,
+    ones for LayerNorm gains; the projections back into the residual stream get 0.02/√(2L) (GPT-2), so the
+    stream's variance does not grow with depth. Each parameter draws from its own generator, seeded by the run's
+    seed and the parameter's name: a rank can make the parameters it holds without drawing the others'."""
+    if name.endswith("bias"):
+        return torch.zeros(shape)
+    if ".ln" in name or name.startswith("norm"):
+        return torch.ones(shape)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
+    std = 0.02 / math.sqrt(2 * spec.n_layers) if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
+    return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+
+def build_model(spec: ModelSpec, seed: int, device: torch.device | str = "cpu") -> GPT:
+    """The whole model, initialised from ``seed`` (parallel plans build on the meta device instead, shard, then
+    call ``init_weights``)."""
+    with torch.device(device):
+        model = GPT(spec)
     model.init_weights(seed)
     return model
+
+
+def tie_weights(model: GPT) -> None:
+    """Re-point a tied head at the embedding after something replaced one of them (sharding, to_empty)."""
+    if model.spec.tied_embeddings and model.embed is not None and model.head is not None:
+        model.head.weight = model.embed.tokens.weight
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

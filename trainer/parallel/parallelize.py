@@ -14,7 +14,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from trainer.model import GPT, build_model
+from trainer.model import GPT, tie_weights
 from trainer.parallel.ac import apply_ac
 from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_fsdp
 from trainer.parallel.mesh import Topology
@@ -90,25 +90,31 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
     reasons = unsupported(spec, plan)
     if reasons:
         raise PlanNotSupported("; ".join(reasons))
-    full = build_model(spec, seed)  # the same weights on every rank, whatever the plan
+    # Shapes only (meta device): no rank ever holds more than its own part of the weights.
+    with torch.device("meta"):
+        full = GPT(spec)
     n_stages = plan.pp * plan.virtual_stages
     ids = stage_ids(topo.pp_rank, plan.pp, plan.virtual_stages) if plan.pp > 1 else [0]
     modules = [split_stage(full, i, n_stages) for i in ids] if plan.pp > 1 else [full]
     loss_parallel = plan.tp > 1
     for m in modules:
-        m.to(topo.device)
         if plan.tp > 1:
             apply_tp(m, topo.tp_mesh, plan.sequence_parallel, loss_parallel)
         apply_ac(m, plan.activation_checkpointing)
-    callables: list[nn.Module] = list(modules)
-    grad_sync = None
     fsdp = plan.zero_stage == 3
     if fsdp:
-        mesh = topo.dp_mesh
         for m in modules:
             # With a pipeline each block runs several micro-batches: keep it gathered from forward to backward.
-            apply_fsdp(m, mesh, DTYPES[plan.precision] if plan.precision == "bf16" else torch.float32,
+            apply_fsdp(m, topo.dp_mesh, DTYPES[plan.precision] if plan.precision == "bf16" else torch.float32,
                        reshard_after_forward=plan.pp == 1)
+    for m in modules:
+        m.to_empty(device=topo.device)
+        tie_weights(m)
+        m.init_weights(seed)  # each rank fills its shards of the same seeded full tensors
+    callables: list[nn.Module] = list(modules)
+    grad_sync = None
+    if fsdp:
+        pass
     elif plan.dp > 1 and plan.tp == 1 and plan.pp == 1:
         callables = [apply_ddp(m, topo.dp_group, topo.device) for m in modules]
     elif plan.dp > 1:
