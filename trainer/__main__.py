@@ -6,9 +6,12 @@ plan cannot run (nothing was done), 1 the run failed (the traceback is in events
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
+from trainer.runfolder import EVENTS, append_jsonl
 from trainer.spec import RunSpec, SpecError
 
 
@@ -29,15 +32,19 @@ def main(argv: list[str] | None = None) -> int:
     # Refuse what this engine cannot do before starting any process group or touching data.
     from trainer.parallel.parallelize import unsupported
 
+    run_dir = Path(args.output_dir or spec.output_dir)
     reasons = unsupported(spec.model, spec.plan)
     if reasons:
         for reason in reasons:
             print(f"error: {reason}", file=sys.stderr)
+        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+            # The run folder is how the web app learns why: one event, nothing else written.
+            append_jsonl(run_dir / EVENTS, {"event": "failed", "time": time.time(), "rank": 0,
+                                            "error": "; ".join(reasons), "refused": True})
         return 2
 
     from trainer.train import run
 
-    run_dir = Path(args.output_dir or spec.output_dir)
     run(spec, run_dir, resume=args.resume, stop_at=args.until_step)
     import torch.distributed as dist
 

@@ -20,7 +20,7 @@ def _start(spec, tmp_path, *args):
 
 @pytest.mark.parametrize("change, reason", [
     (dict(model="tiny-moe"), "mixture-of-experts"),
-    (dict(engine="deepspeed"), "DeepSpeed engine"),
+    (dict(engine="deepspeed"), "native engine only"),
 ])
 def test_it_refuses_what_it_cannot_run_before_any_work(tmp_path, dataset, change, reason):
     kw = dict(change)
@@ -31,7 +31,10 @@ def test_it_refuses_what_it_cannot_run_before_any_work(tmp_path, dataset, change
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert reason in err
-    assert not (tmp_path / "run").exists()
+    # nothing done, but the reason is where the web app reads it
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["events.jsonl"]
+    (event,) = records(tmp_path / "run", "events.jsonl")
+    assert event["event"] == "failed" and reason in event["error"]
 
 
 @pytest.mark.slow
