@@ -78,3 +78,28 @@ def test_it_profiles_the_steps_asked_for(tmp_path, dataset):
     summary = json.loads((run / "profiles" / "p" / "summary.json").read_text())
     assert summary
     assert (run / "profiles" / "p" / "rank-0.trace.json.gz").is_file()
+
+
+@pytest.mark.slow
+def test_it_stops_every_rank_at_the_same_step_under_torchrun(tmp_path, dataset):
+    """torchrun passes SIGTERM on to the ranks; they agree on a step, save and record "stopped". (torchrun itself
+    then exits 1 because it was signalled: a launcher reads the outcome from events.jsonl, not from its status.)"""
+    from tests.trainer.launch import free_port
+
+    run = tmp_path / "run"
+    spec = tiny_spec(run, dataset, steps=10_000, tp=2)
+    (tmp_path / "spec.json").write_text(spec.to_json())
+    proc = subprocess.Popen([PYTHON, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
+                             f"--master_port={free_port()}", "-m", "trainer", "--spec", str(tmp_path / "spec.json")],
+                            cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while len(records(run)) < 2 and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    events = records(run, "events.jsonl")
+    assert [e["event"] for e in events] == ["started", "checkpoint_saved", "stopped"]
+    step = events[-1]["step"]
+    assert (run / "checkpoints" / f"step-{step}" / "manifest.json").is_file()
+    assert sorted(p.name for p in (run / "checkpoints" / f"step-{step}").glob("rng-rank*.pt")) == \
+        ["rng-rank0.pt", "rng-rank1.pt"]
