@@ -311,6 +311,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
     from trainer.profiling import StepProfiler, write_summary
 
     profiler = StepProfiler(spec.profile, run_dir, topo.rank, first_step=step)
+    profile_report = ProfileReport(profiler, files, topo, write_summary)
     val = _eval_batches(spec, val_tokens) if spec.eval_every else []
     flops_step = flops_mod.flops_per_step(spec.model, plan.global_batch)
     tokens_step = plan.global_batch * spec.model.seq_len
@@ -368,10 +369,9 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         if step % spec.log_every == 0:
             files.log(f"step {step} loss {loss:.4f} lr {lr:.2e} grad_norm {float(norm):.3f} "
                       f"{step_time * 1000:.1f} ms")
-        was_profiling = profiler.enabled
         profiler.step()
-        if was_profiling and not profiler.enabled or (profiler.written and was_profiling):
-            _profile_done(profiler, files, topo, write_summary)
+        if profiler.written:  # the trace of every rank is on disk (same step on all ranks)
+            profile_report.once()
 
         if spec.eval_every and step % spec.eval_every == 0:
             val_loss = evaluate(ctx, val)
@@ -388,10 +388,9 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
 
     if outcome == "finished" and spec.checkpoint_every and last_saved != step:
         _save(run_dir, step, tokens_seen, pm, optimizers, scaler, spec, data, topo, files)
-    if profiler.enabled:
-        profiler.close()
-        if profiler.written:
-            _profile_done(profiler, files, topo, write_summary)
+    profiler.close()  # a window cut short by the end of the run still writes what it recorded
+    if profiler.written:
+        profile_report.once()
     stop.restore()
     files.event(outcome, step=step, tokens_seen=tokens_seen)
     files.log(f"{outcome} at step {step}")
@@ -400,17 +399,26 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
     return outcome
 
 
-def _profile_done(profiler, files: RunFiles, topo: Topology, write_summary) -> None:
-    if getattr(profiler, "_reported", False):
-        return
-    profiler._reported = True
-    if topo.world_size > 1:
-        dist.barrier()
-    if topo.rank == 0:
-        summary = write_summary(profiler.folder)
-        files.event("profile_written", name=profiler.spec.name, path=str(profiler.folder.relative_to(files.run_dir)),
-                    summary={k: v for k, v in summary.items() if not isinstance(v, (list, dict))}
-                    if isinstance(summary, dict) else None)
+class ProfileReport:
+    """Once every rank has written its trace: rank 0 merges the summaries and records a profile_written event."""
+
+    def __init__(self, profiler, files: RunFiles, topo: Topology, write_summary):
+        self.profiler, self.files, self.topo, self.write_summary = profiler, files, topo, write_summary
+        self.done = False
+
+    def once(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.topo.world_size > 1:
+            dist.barrier()
+        if self.topo.rank == 0:
+            folder = self.profiler.folder
+            summary = self.write_summary(folder)
+            scalars = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))} \
+                if isinstance(summary, dict) else None
+            self.files.event("profile_written", name=self.profiler.spec.name,
+                             path=str(folder.relative_to(self.files.run_dir)), summary=scalars)
 
 
 def _same_layout(folder: Path, spec: RunSpec) -> bool:

@@ -65,3 +65,18 @@ def test_it_loads_a_checkpoint_written_by_two_fsdp_ranks(two_rank_runs, single_r
     assert step == 5
     for (name, a), b in zip(model.named_parameters(), same.parameters()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), name  # weights are O(0.02)
+
+
+@pytest.mark.slow
+def test_it_generates_from_the_command_line(single_rank_runs):
+    import subprocess
+
+    from tests.trainer.launch import PYTHON, REPO, _env
+    from trainer.checkpoint import latest_checkpoint
+
+    folder = latest_checkpoint(single_rank_runs / "resume-split")
+    done = subprocess.run([PYTHON, "-m", "trainer.generate", "--checkpoint", str(folder), "--prompt", "ROMEO:",
+                           "--max-new-tokens", "8", "--temperature", "0.8", "--top-k", "50", "--seed", "1"],
+                          cwd=REPO, env=_env(), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ROMEO:") and len(done.stdout) > len("ROMEO:\n")
