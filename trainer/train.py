@@ -282,6 +282,8 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
     sampler = BatchSampler(train_tokens, spec.model.seq_len, plan.micro_batch, plan.grad_accum,
                            dp_rank=topo.dp_rank, dp_size=plan.dp, seed=spec.seed)
     scaler = LossScaler(plan.precision == "fp16")
+    # The pipeline schedule (built in parallelize) takes its loss function before the step context exists; the
+    # function looks the context up when called.
     holder: dict[str, StepContext] = {}
     pm = parallelize(spec.model, plan, topo, spec.seed, make_pipeline_loss(lambda: holder.get("ctx")))
     ctx = holder["ctx"] = StepContext(spec, topo, pm, scaler)

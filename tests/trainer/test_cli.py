@@ -20,7 +20,7 @@ def _start(spec, tmp_path, *args):
 
 @pytest.mark.parametrize("change, reason", [
     (dict(model="tiny-moe"), "mixture-of-experts"),
-    (dict(engine="deepspeed"), "native engine only"),
+    (dict(engine="deepspeed"), "runs the native engine only"),
 ])
 def test_it_refuses_what_it_cannot_run_before_any_work(tmp_path, dataset, change, reason):
     kw = dict(change)

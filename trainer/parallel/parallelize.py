@@ -76,8 +76,8 @@ def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
     """What the native engine cannot do with this model and plan (beyond spec.py's checks)."""
     reasons = []
     if plan.engine != "native":
-        reasons.append(f"engine={plan.engine!r}: this trainer runs the native engine only so far; "
-                       f"use engine='native'")
+        reasons.append(f"engine={plan.engine!r} is not this engine: this trainer runs the native engine only "
+                       f"so far; use engine='native'")
     if model.is_moe:
         reasons.append(f"mixture-of-experts (n_experts={model.n_experts}) is not built by the native engine yet; "
                        f"use n_experts=0")
