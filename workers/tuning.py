@@ -27,6 +27,13 @@ def _progress_writer(job_id: int):
     return write
 
 
+def _measurable(request: dict) -> dict:
+    """Trials can only measure what the trainer runs: the native engine until the DeepSpeed engine exists."""
+    space = dict(request.get("space") or {})
+    space.setdefault("engines", ["native"])
+    return {**request, "space": space}
+
+
 def tune_job_run(job_id: int) -> str:
     job = services.tune_job_start(job_id)
     if job is None:
@@ -36,8 +43,10 @@ def tune_job_run(job_id: int) -> str:
 
         root = Path(settings.WORKBENCH["RUNS_ROOT"]) / f"tune-{job.pk}"
         dataset = job.dataset.dataset_spec().replace(prepared_dir=str(root / "data"))
-        measure = LocalTrials(model_from_json(job.request["model"]), dataset, root, steps=job.trial_steps)
-        result = tune_json(job.request, measure=measure, progress=_progress_writer(job_id))
+        steps = job.trial_steps
+        measure = LocalTrials(model_from_json(job.request["model"]), dataset, root, steps=steps,
+                              warmup=min(5, steps // 2))  # the first steps pay for start-up, not the plan
+        result = tune_json(_measurable(job.request), measure=measure, progress=_progress_writer(job_id))
     except Exception as exc:  # the job records any failure for its owner; the worker carries on
         log.exception("tune job %s failed", job_id)
         services.tune_job_finish(job_id, error=f"{exc}\n\n{traceback.format_exc(limit=5)}")
