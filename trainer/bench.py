@@ -5,7 +5,7 @@
 1. Engine overhead: median step time of the engine at dp=tp=pp=1 against a minimal plain-PyTorch loop (same
    model, same batch, AdamW, clipping) in the same process. Target ratio ≤ 1.05.
 2. Pipeline bubble: measured idle fraction of each stage (torch.profiler, trainer.profiling) for p=2 and
-   m=2, 4, 8 micro-batches, against (p−1)/(m+p−1). A one-process run of the same micro-batches gives the host
+   m=2, 4, 8 micro-batches, against (p−1)/(m+p−1); and the interleaved schedule (v=2) against (p−1)/(v·m+p−1). A one-process run of the same micro-batches gives the host
    overhead every step has anyway; "corrected" = 1 − compute share(pipeline) / compute share(one process).
 3. Saved activations for none, selective and full activation checkpointing (one micro-batch, measured with
    saved_tensors_hooks), beside Korthikanti et al.'s per-layer formula for this layer in fp32 without dropout.
@@ -114,6 +114,10 @@ def _pipeline_specs(out: Path, dataset, steps: int, micro_batch: int):
                                   micro_batch=micro_batch, global_batch=m * micro_batch, pipeline_schedule="1f1b")
         specs[("pp1", m)] = _spec(out, f"bubble-pp1-m{m}", dataset, steps, profile=profile, pp=1,
                                   micro_batch=micro_batch, global_batch=m * micro_batch)
+        if m >= 2 * 2:  # interleaved 1F1B, v=2 chunks of one block each per rank (needs m ≥ p; 4 and 8 shown)
+            specs[("pp2v2", m)] = _spec(out, f"bubble-pp2v2-m{m}", dataset, steps, profile=profile, pp=2,
+                                        micro_batch=micro_batch, global_batch=m * micro_batch,
+                                        pipeline_schedule="interleaved", virtual_stages=2)
     return specs
 
 
@@ -128,7 +132,7 @@ def pipeline_bubble(out: Path, dataset, steps: int, micro_batch: int) -> list[di
     from trainer.train import run
 
     specs = _pipeline_specs(out, dataset, steps, micro_batch)
-    jobs = [{"spec": s.to_dict(), "run_dir": s.output_dir} for (kind, _), s in specs.items() if kind == "pp2"]
+    jobs = [{"spec": s.to_dict(), "run_dir": s.output_dir} for (kind, _), s in specs.items() if kind != "pp1"]
     for s in specs.values():
         _fresh(Path(s.output_dir))
     _torchrun(2, jobs, out)
@@ -142,15 +146,19 @@ def pipeline_bubble(out: Path, dataset, steps: int, micro_batch: int) -> list[di
         torch.set_num_threads(threads)
     rows = []
     p = 2
-    for m in PIPELINE_MICROBATCHES:
-        piped = _compute_share(Path(specs[("pp2", m)].output_dir))
+    for kind, m in specs:
+        if kind == "pp1":
+            continue
+        v = 2 if kind == "pp2v2" else 1
+        piped = _compute_share(Path(specs[(kind, m)].output_dir))
         alone = _compute_share(Path(specs[("pp1", m)].output_dir))[0]
         raw = [1 - c for c in piped]
         corrected = [1 - c / alone for c in piped]
-        rows.append({"m": m, "theory": (p - 1) / (m + p - 1), "measured_per_stage": raw,
+        # bubble (p−1)/(v·m) of the ideal time is (p−1)/(v·m + p−1) of the whole step
+        rows.append({"m": m, "v": v, "theory": (p - 1) / (v * m + p - 1), "measured_per_stage": raw,
                      "corrected_per_stage": corrected, "corrected_mean": sum(corrected) / len(corrected),
                      "host_overhead_one_process": 1 - alone})
-    return rows
+    return sorted(rows, key=lambda r: (r["v"], r["m"]))
 
 
 def _torchrun(nproc: int, jobs: list[dict], out: Path) -> None:
@@ -260,12 +268,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_bubble(out: Path, dataset, args) -> None:
-    print(f"2. pipeline idle fraction, p=2, 1F1B, micro-batch {args.micro_batch} × seq 128")
-    print("    m   theory (p−1)/(m+p−1)   measured stage0/stage1   corrected stage0/stage1 (mean)")
+    print(f"2. pipeline idle fraction, p=2, micro-batch {args.micro_batch} × seq 128; 1F1B (v=1) and interleaved "
+          f"1F1B (v=2)")
+    print("    m  v   theory (p−1)/(v·m+p−1)   measured stage0/stage1   corrected stage0/stage1 (mean)")
     for r in pipeline_bubble(out, dataset, max(args.steps // 2, 7), args.micro_batch):
         meas = "/".join(f"{v:.3f}" for v in r["measured_per_stage"])
         corr = "/".join(f"{v:.3f}" for v in r["corrected_per_stage"])
-        print(f"   {r['m']:2d}   {r['theory']:.3f}                  {meas:>13}            {corr:>13} "
+        print(f"   {r['m']:2d}  {r['v']}   {r['theory']:.3f}                    {meas:>13}            {corr:>13} "
               f"({r['corrected_mean']:.3f})   one-process host overhead {r['host_overhead_one_process']:.3f}")
     print()
 
