@@ -6,7 +6,9 @@ The model knows nothing about parallelism. Three choices let the parallel code w
   parameter names (and so checkpoints) stay the same under every plan;
 - ``embed``, ``norm`` and ``head`` may be None on a pipeline stage that does not hold them;
 - attention reshapes with -1 for the head count, so a tensor-parallel rank holding H/t heads runs the same code.
-Initialisation is a pure function of the seed (``init_weights``), done once on the full model before any sharding.
+Initialisation is a pure function of the seed and each parameter's name (``initial_value``): parallel plans build
+the model on the meta device, shard or split it, then each rank fills only the shards it holds (``init_weights``),
+so every plan starts from the same weights.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ def _call(fn, *args):
 
 
 class MoENotSupported(ValueError):
-    pass
+    """A mixture-of-experts spec: its MLP is not built yet (a later issue adds it; is_moe_layer marks the blocks)."""
 
 
 class Rotary(nn.Module):
