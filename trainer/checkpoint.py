@@ -46,6 +46,12 @@ def complete_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def _incomplete_before(run_dir: Path, step: int) -> list[Path]:
+    root = Path(run_dir) / CHECKPOINTS
+    return [d for d in root.iterdir() if (m := _STEP_DIR.match(d.name)) and int(m.group(1)) < step
+            and not (d / MANIFEST).is_file()] if root.is_dir() else []
+
+
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = complete_checkpoints(run_dir)
     return found[-1][1] if found else None
@@ -96,6 +102,8 @@ def save_checkpoint(run_dir: Path, step: int, modules: list[nn.Module], optimize
                                               "format": "torch.distributed.checkpoint", **manifest})
         for _, old in complete_checkpoints(run_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+        for old in _incomplete_before(run_dir, step):  # saves that died part-way; never to be used
+            shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
     return folder
 
@@ -108,6 +116,11 @@ def load_checkpoint(folder: Path, modules: list[nn.Module], optimizers: list[tor
     manifest = read_json(Path(folder) / MANIFEST)
     if manifest is None:
         raise FileNotFoundError(f"{folder} has no {MANIFEST}: it is incomplete")
+    spec = getattr(modules[0], "spec", None)
+    if spec is not None and manifest.get("model") not in (None, spec.to_dict()):
+        changed = sorted(k for k, v in spec.to_dict().items() if manifest["model"].get(k) != v)
+        raise ValueError(f"{folder} holds a different model (changed: {', '.join(changed)}): resume with the "
+                         f"model spec it was written for, or start a new run")
     optimizers = optimizers or []
     state, aliases = _state(modules, optimizers) if optimizers else ({"model": _state_model(modules)}, set())
     dcp.load(state, checkpoint_id=str(folder))

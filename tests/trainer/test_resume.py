@@ -62,3 +62,17 @@ def test_it_ignores_an_incomplete_checkpoint(tmp_path):
     (tmp_path / "checkpoints" / "step-4" / "manifest.json").write_text("{}")
     (tmp_path / "checkpoints" / "step-8").mkdir()  # shards but no manifest: a save that died
     assert latest_checkpoint(tmp_path).name == "step-4"
+
+
+@pytest.mark.slow
+def test_it_refuses_to_resume_a_different_model(single_rank_runs, dataset, tmp_path):
+    import shutil
+
+    from tests.trainer.launch import launch, tiny_spec
+
+    run = tmp_path / "run"
+    shutil.copytree(single_rank_runs / "resume-straight" / "checkpoints", run / "checkpoints")
+    spec = tiny_spec(run, dataset, RESUME_STEPS)
+    spec = spec.replace(model=spec.model.replace(d_model=128))
+    with pytest.raises(AssertionError, match="different model \\(changed: d_model\\)"):
+        launch(1, [{"spec": spec, "run_dir": run, "resume": True}], tmp_path / "jobs")
