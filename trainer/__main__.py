@@ -6,6 +6,7 @@ plan cannot run (nothing was done), 1 the run failed (the traceback is in events
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -25,23 +26,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     try:
-        spec = RunSpec.from_json(Path(args.spec).read_text())
+        text = Path(args.spec).read_text()
+        spec = RunSpec.from_json(text)
     except (OSError, SpecError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return _refuse([str(exc)], _output_dir_of(args, locals().get("text")))
     # Refuse what this engine cannot do before starting any process group or touching data.
     from trainer.parallel.parallelize import unsupported
 
     run_dir = Path(args.output_dir or spec.output_dir)
     reasons = unsupported(spec.model, spec.plan)
     if reasons:
-        for reason in reasons:
-            print(f"error: {reason}", file=sys.stderr)
-        if os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
-            # The run folder is how the web app learns why: one event, nothing else written.
-            append_jsonl(run_dir / EVENTS, {"event": "failed", "time": time.time(), "rank": 0,
-                                            "error": "; ".join(reasons), "refused": True})
-        return 2
+        return _refuse(reasons, run_dir)
 
     from trainer.train import run
 
@@ -51,6 +46,27 @@ def main(argv: list[str] | None = None) -> int:
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
+
+
+def _refuse(reasons: list[str], run_dir: Path | None) -> int:
+    for reason in reasons:
+        print(f"error: {reason}", file=sys.stderr)
+    if run_dir is not None and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+        # The run folder is how the web app learns why: one event, nothing else written.
+        append_jsonl(run_dir / EVENTS, {"event": "failed", "time": time.time(), "rank": 0,
+                                        "error": "; ".join(reasons), "refused": True})
+    return 2
+
+
+def _output_dir_of(args, text: str | None) -> Path | None:
+    """The run folder of a spec that does not validate, if its JSON says where."""
+    if args.output_dir:
+        return Path(args.output_dir)
+    try:
+        folder = json.loads(text or "").get("output_dir")
+    except (ValueError, AttributeError):
+        return None
+    return Path(folder) if isinstance(folder, str) and folder else None
 
 
 if __name__ == "__main__":

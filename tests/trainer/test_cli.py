@@ -7,7 +7,6 @@ import time
 import pytest
 
 from tests.trainer.launch import PYTHON, REPO, _env, records, tiny_spec
-from trainer.presets import MODELS
 from trainer.spec import ProfileSpec
 
 
@@ -19,15 +18,15 @@ def _start(spec, tmp_path, *args):
 
 
 @pytest.mark.parametrize("change, reason", [
-    (dict(model="tiny-moe"), "mixture-of-experts"),
-    (dict(engine="deepspeed"), "runs the native engine only"),
+    (dict(tp=3), "tp=3 does not divide n_heads=4"),
+    (dict(global_batch=7), "global_batch=7 is not divisible"),
 ])
 def test_it_refuses_what_it_cannot_run_before_any_work(tmp_path, dataset, change, reason):
-    kw = dict(change)
-    spec = tiny_spec(tmp_path / "run", dataset, **{k: v for k, v in kw.items() if k != "model"})
-    if "model" in kw:
-        spec = spec.replace(model=MODELS[kw["model"]])
-    proc = _start(spec, tmp_path)
+    data = tiny_spec(tmp_path / "run", dataset).to_dict()
+    data["plan"].update(change)
+    (tmp_path / "spec.json").write_text(json.dumps(data))
+    proc = subprocess.Popen([PYTHON, "-m", "trainer", "--spec", str(tmp_path / "spec.json")], cwd=REPO, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert reason in err

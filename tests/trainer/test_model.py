@@ -4,7 +4,7 @@ import torch
 
 from trainer.flops import flops_per_token, matmul_params
 from trainer.memory import SavedActivations
-from trainer.model import GPT, MoENotSupported, build_model, count_parameters, loss_fn
+from trainer.model import GPT, build_model, count_parameters, loss_fn
 from trainer.parallel.ac import apply_ac
 from trainer.presets import MODELS
 from trainer.spec import ModelSpec
@@ -60,11 +60,6 @@ def test_it_is_causal():
     y = x.clone()
     y[0, 10:] = (y[0, 10:] + 1) % TINY.vocab_size
     assert torch.allclose(model(x)[0, :10], model(y)[0, :10], atol=1e-6)
-
-
-def test_it_refuses_mixture_of_experts_for_now():
-    with pytest.raises(MoENotSupported, match="mixture-of-experts"):
-        GPT(MODELS["tiny-moe"])
 
 
 def test_it_counts_model_flops_like_palm():
