@@ -12,11 +12,13 @@ from trainer.spec import ModelSpec
 
 
 def matmul_params(spec: ModelSpec) -> int:
+    """Weights one token multiplies by: in a mixture-of-experts layer the router (h·E) and its k experts only."""
     h, f, L = spec.d_model, spec.ffn, spec.n_layers
     kv = spec.kv_heads * spec.head_dim
     attn = h * h + 2 * h * kv + h * h
     mlp = 2 * h * f
-    return L * (attn + mlp) + spec.vocab_size * h
+    moe = len(spec.moe_layers)
+    return L * attn + (L - moe) * mlp + moe * (spec.top_k * mlp + h * spec.n_experts) + spec.vocab_size * h
 
 
 def flops_per_token(spec: ModelSpec) -> int:

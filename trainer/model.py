@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.moe import MoE
 from trainer.spec import ModelSpec
 
 # A callable wrapping part of a forward pass, e.g. activation recompute: wrap(fn, *tensors) -> fn(*tensors).
@@ -28,10 +29,6 @@ Wrapper = Callable[..., torch.Tensor]
 
 def _call(fn, *args):
     return fn(*args)
-
-
-class MoENotSupported(ValueError):
-    """A mixture-of-experts spec: its MLP is not built yet (a later issue adds it; is_moe_layer marks the blocks)."""
 
 
 class Rotary(nn.Module):
@@ -148,13 +145,11 @@ class Block(nn.Module):
 
     def __init__(self, spec: ModelSpec, layer: int):
         super().__init__()
-        if spec.is_moe_layer(layer):
-            raise MoENotSupported(f"layer {layer} is a mixture-of-experts layer (n_experts={spec.n_experts}); "
-                                  f"the native engine does not build MoE MLPs yet: use a dense model (n_experts=0)")
         self.ln1 = nn.LayerNorm(spec.d_model, bias=spec.bias)
         self.attn = Attention(spec, layer)
         self.ln2 = nn.LayerNorm(spec.d_model, bias=spec.bias)
-        self.mlp = MLP(spec)
+        # Every moe_every-th block routes tokens to experts (trainer.moe); the others keep one dense MLP.
+        self.mlp = MoE(spec, lambda: MLP(spec)) if spec.is_moe_layer(layer) else MLP(spec)
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), cache)
@@ -239,7 +234,7 @@ def initial_value(spec: ModelSpec, name: str, shape: tuple[int, ...], seed: int)
     if ".ln" in name or name.startswith("norm"):
         return torch.ones(shape)
     gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 63))
-    std = 0.02 / math.sqrt(2 * spec.n_layers) if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
+    std = 0.02 / math.sqrt(2 * spec.n_layers) if name.endswith(("attn.out.weight", "down.weight")) else 0.02
     return torch.randn(shape, generator=gen, dtype=torch.float32) * std
 
 

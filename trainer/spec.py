@@ -425,6 +425,12 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None
         _add(p, "zero_stage", "DeepSpeed's mixture of experts does not support ZeRO stage 3; use zero_stage ≤ 2")
     if model.is_moe and plan.pp > 1:
         _add(p, "pp", "mixture-of-experts models are not pipelined here; use pp=1")
+    if model.is_moe and plan.tp > 1:
+        _add(p, "tp", f"mixture-of-experts layers are not split by tensor parallel here (tp={plan.tp}); "
+                      f"spread the experts over data-parallel ranks with ep instead")
+    if model.is_moe and plan.engine == "native" and plan.zero_stage == 3:
+        _add(p, "zero_stage", "the native engine does not shard mixture-of-experts models with FSDP2 (zero_stage=3); "
+                              "use zero_stage=0, or engine='deepspeed' with zero_stage ≤ 2")
     if cluster is not None and plan.world_size != cluster.world_size:
         _add(p, "", f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} but the cluster has "
                     f"{cluster.world_size} GPUs ({cluster.nodes} node(s) × {cluster.gpus_per_node})")

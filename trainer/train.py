@@ -22,11 +22,12 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from trainer import flops as flops_mod
+from trainer import moe
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.memory import SavedActivations, gradient_bytes, max_allocated_bytes, model_state_bytes
 from trainer.model import loss_fn
 from trainer.optim import LossScaler, build_optimizer, lr_at, set_lr
-from trainer.parallel.clip import clip_grads_, global_grad_norm
+from trainer.parallel.clip import clip_grads_
 from trainer.parallel.mesh import Topology, build_topology, init_distributed
 from trainer.parallel.parallelize import DTYPES, ParallelModel, parallelize
 from trainer.runfolder import EVENTS, LOGS, METRICS, PROFILES, append_jsonl
@@ -97,6 +98,7 @@ class StepContext:
     scaler: LossScaler
     probe: Optional[SavedActivations] = None  # measuring saved activations of the next micro-batch
     probe_loss: bool = False  # the pipeline's loss function still has to be measured once
+    routing: Optional[dict] = None  # mixture-of-experts routing stats of this step's micro-batches
 
     def autocast(self):
         precision = self.spec.plan.precision
@@ -146,7 +148,10 @@ def forward_backward(ctx: StepContext, micro: list) -> torch.Tensor:
             with probe if probe is not None else contextlib.nullcontext():
                 with ctx.autocast():
                     loss = loss_fn(model(x), y)
-            (loss * (ctx.scaler.scale / n)).backward()
+            aux = moe.aux_loss(ctx.pm.modules)  # None for a dense model
+            objective = loss if aux is None else loss + ctx.spec.model.aux_loss_coef * aux
+            ctx.routing = moe.step_stats(ctx.pm.modules, ctx.routing)
+            (objective * (ctx.scaler.scale / n)).backward()
         total += _plain(loss.detach()).float()
     return total / n
 
@@ -261,6 +266,10 @@ def _seed_rank(spec: RunSpec, topo: Topology, step: int) -> None:
 def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
     """Train; return "finished" or "stopped" (SIGTERM, or ``stop_at`` > 0 steps reached: checkpoint saved either
     way). Raises on failure (after writing the event). Callable again in the same process group."""
+    if spec.plan.engine == "deepspeed":
+        from trainer.ds.engine import run as deepspeed_run
+
+        return deepspeed_run(spec, run_dir, resume, stop_at)
     rank, world, device = init_distributed()
     files = RunFiles(run_dir, rank)
     try:
@@ -334,12 +343,13 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         _synchronize(device)
         t0 = time.perf_counter()
 
+        ctx.routing = None
         local_loss = forward_backward(ctx, sampler.micro_batches(step))
         # Gradients as backward leaves them (their peak): later syncs may reshard some (tied pipeline embedding).
         grads_bytes = gradient_bytes(pm.modules) if measure else 0
         pm.sync_gradients()
         finite = scaler.unscale_and_check(params, device)
-        norm = global_grad_norm(pm.norm_parameters(), topo.dp * topo.tp, device)
+        norm = pm.grad_norm(topo.dp * topo.tp, device)
         if finite:
             clip_grads_(params, spec.optimizer.grad_clip, norm)
             for opt in optimizers:
@@ -352,6 +362,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
         for opt in optimizers:
             opt.zero_grad(set_to_none=True)
         loss = all_ranks_mean(local_loss, topo)
+        routing = moe.stats_metrics(ctx.routing, topo.dp_group)  # {} for a dense model
         _synchronize(device)
         step_time = time.perf_counter() - t0
         step += 1
@@ -367,7 +378,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: to
                       tokens_step / step_time, "step_time_s": step_time, "tokens_seen": tokens_seen,
                       "flops_per_step": flops_step, "loss_scale": scaler.scale, "skipped": not finite,
                       "mfu": flops_mod.mfu(flops_step, step_time, spec.cluster.gpu.peak_tflops, topo.world_size),
-                      "memory": memory})
+                      "memory": memory, **routing})
         if step % spec.log_every == 0:
             files.log(f"step {step} loss {loss:.4f} lr {lr:.2e} grad_norm {float(norm):.3f} "
                       f"{step_time * 1000:.1f} ms")

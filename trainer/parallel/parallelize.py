@@ -15,7 +15,10 @@ import torch
 from torch import nn
 
 from trainer.model import GPT, tie_weights
+from trainer.moe import ExpertParallel, MoEGradSync, apply_ep
 from trainer.parallel.ac import apply_ac
+from trainer.parallel.clip import global_grad_norm
+from trainer.parallel.expert import build_expert_parallel
 from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_fsdp
 from trainer.parallel.mesh import Topology
 from trainer.parallel.pipeline import TiedEmbeddingSync, build_schedule, split_stage, stage_ids, tied_embedding_sync
@@ -47,6 +50,7 @@ class ParallelModel:
     tied_sync: Optional[TiedEmbeddingSync] = None  # embedding ↔ head across pipeline stages
     fsdp: bool = False
     loss_parallel: bool = False
+    experts: Optional[ExpertParallel] = None  # expert-parallel groups when ep > 1
 
     @property
     def has_first_stage(self) -> bool:
@@ -64,6 +68,13 @@ class ParallelModel:
         skip = self.tied_sync.param if self.tied_sync is not None and self.tied_sync.is_duplicate else None
         return [p for p in self.parameters() if p is not skip]
 
+    def grad_norm(self, dp_tp: int, device: torch.device) -> torch.Tensor:
+        """‖g‖₂ over the whole model. Expert weights under expert parallel are held by dp/ep ranks, not dp."""
+        if isinstance(self.grad_sync, MoEGradSync):
+            parts = [global_grad_norm(ps, replicas, device) for ps, replicas in self.grad_sync.norm_groups(dp_tp)]
+            return torch.stack(parts).pow(2).sum().sqrt()
+        return global_grad_norm(self.norm_parameters(), dp_tp, device)
+
     def sync_gradients(self) -> None:
         """What backward leaves undone: the dp average (when DDP/FSDP do not), then the tied-embedding sum."""
         if self.grad_sync is not None:
@@ -73,14 +84,14 @@ class ParallelModel:
 
 
 def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
-    """What the native engine cannot do with this model and plan (beyond spec.py's checks)."""
+    """What the chosen engine cannot do with this model and plan (beyond spec.py's checks)."""
+    if plan.engine == "deepspeed":
+        from trainer.ds.support import unsupported as deepspeed_unsupported
+
+        return deepspeed_unsupported(model, plan)
     reasons = []
     if plan.engine != "native":
-        reasons.append(f"engine={plan.engine!r} is not this engine: this trainer runs the native engine only "
-                       f"so far; use engine='native'")
-    if model.is_moe:
-        reasons.append(f"mixture-of-experts (n_experts={model.n_experts}) is not built by the native engine yet; "
-                       f"use n_experts=0")
+        reasons.append(f"engine={plan.engine!r} is not an engine of this trainer; use 'native' or 'deepspeed'")
     if plan.precision == "fp16" and plan.zero_stage == 3:
         reasons.append("fp16 loss scaling with FSDP2 is not supported; use bf16 or fp32")
     return reasons
@@ -102,6 +113,9 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
         if plan.tp > 1:
             apply_tp(m, topo.tp_mesh, plan.sequence_parallel, loss_parallel)
         apply_ac(m, plan.activation_checkpointing)
+    experts = build_expert_parallel(plan, topo.device) if spec.is_moe and plan.ep > 1 else None
+    if experts is not None:
+        apply_ep(modules, experts)
     fsdp = plan.zero_stage == 3
     if fsdp:
         for m in modules:
@@ -116,13 +130,15 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
     grad_sync = None
     if fsdp:
         pass
+    elif spec.is_moe and plan.dp > 1:  # DDP would average expert gradients over ranks holding other experts
+        grad_sync = MoEGradSync(modules, topo.dp_group, plan.dp, experts)
     elif plan.dp > 1 and plan.tp == 1 and plan.pp == 1:
         callables = [apply_ddp(m, topo.dp_group, topo.device) for m in modules]
     elif plan.dp > 1:
         grad_sync = ReplicatedGradSync(list({id(p): p for m in modules for p in m.parameters()}.values()),
                                        topo.dp_group, plan.dp)
     pm = ParallelModel(modules=modules, callables=callables, stage_ids=ids, n_stages=n_stages,
-                       grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel)
+                       grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel, experts=experts)
     if plan.pp > 1 and spec.tied_embeddings:
         pm.tied_sync = tied_embedding_sync(modules, topo.mesh, plan.pp)
     if plan.pp > 1:
