@@ -2,7 +2,8 @@
 
     python -m trainer.generate --checkpoint runs/<id>/checkpoints/step-<n> --prompt "ROMEO:" --max-new-tokens 50
 
-``load_model_from_checkpoint`` reads any plan's DCP checkpoint into one unsharded model (DCP reshards);
+``load_model_from_checkpoint`` reads any plan's DCP checkpoint into one unsharded model (DCP reshards), and a
+DeepSpeed checkpoint through its consolidated weights (trainer.consolidated);
 ``generate`` and ``generate_stream`` are what a serving backend calls. Each new token costs one forward over
 one position: the keys and values of earlier positions are kept per block (``KVCache``).
 """
@@ -16,6 +17,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 
+from trainer.consolidated import CONSOLIDATED, consolidate, load_consolidated
 from trainer.model import GPT, KVCache, Rotary, tie_weights
 from trainer.runfolder import MANIFEST, read_json
 from trainer.spec import ModelSpec
@@ -38,11 +40,14 @@ def load_model_from_checkpoint(path: str | Path, device: str | torch.device = "c
     for module in model.modules():
         if isinstance(module, Rotary):
             module.reset_buffers()
-    state = {"model": model.state_dict()}
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-        dcp.load(state, checkpoint_id=str(folder), no_dist=True)  # one process reads every rank's shards
-    model.load_state_dict(state["model"])
+    if manifest.get("format") == "torch.distributed.checkpoint" and not (folder / CONSOLIDATED).is_file():
+        state = {"model": model.state_dict()}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+            dcp.load(state, checkpoint_id=str(folder), no_dist=True)  # one process reads every rank's shards
+        model.load_state_dict(state["model"])
+    else:  # DeepSpeed's ZeRO shards (or any engine's consolidated file): the one consolidated reader
+        model.load_state_dict(load_consolidated(consolidate(folder)))
     model.to(device=device, dtype=dtype).eval()
     tokenizer = None
     tok_path = manifest.get("tokenizer")

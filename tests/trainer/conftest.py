@@ -101,3 +101,41 @@ def single_rank_runs(runs, dataset, two_rank_runs) -> Path:
     jobs += [_job(tiny_spec(runs / f"precision-{n}", dataset, PRECISION_STEPS, **kw)) for n, kw in PRECISION_RUNS[1].items()]
     launch(1, jobs, runs / "jobs")
     return runs
+
+
+# ---------------------------------------------------------------- the DeepSpeed engine and mixture of experts
+
+DS_STAGES = {"ds-zero1": dict(zero_stage=1), "ds-zero2": dict(zero_stage=2), "ds-zero3": dict(zero_stage=3),
+             "ds-zero3-offload": dict(zero_stage=3, offload_optimizer=True, offload_params=True)}
+MOE_STEPS = 10
+
+
+def moe_model(**kw):
+    """tiny-moe: 4 layers, experts on layers 1 and 3, top-2 of 4; capacity factor 2 = E/k drops nothing."""
+    from trainer.presets import MODELS
+
+    return MODELS["tiny-moe"].replace(**{"capacity_factor": 2.0, **kw})
+
+
+@pytest.fixture(scope="session")
+def engine_runs(tmp_path_factory, dataset) -> Path:
+    """One 2-rank launch (native MoE first, then every DeepSpeed job) and one single-process launch of the
+    references: ~35 s together."""
+    runs = tmp_path_factory.mktemp("engine-runs")
+    ds = dict(engine="deepspeed", dp=2)
+    ckpt = dict(checkpoint_every=RESUME_AT, eval_every=RESUME_AT)
+    split = tiny_spec(runs / "ds-resume-split", dataset, RESUME_STEPS, zero_stage=2, **ds, **ckpt)
+    two = [_job(tiny_spec(runs / "moe-native-ep2", dataset, MOE_STEPS, model=moe_model(), dp=2, ep=2)),
+           _job(tiny_spec(runs / "moe-native-ep2-drop", dataset, MOE_STEPS, model=moe_model(capacity_factor=0.5),
+                          dp=2, ep=2)),
+           *[_job(tiny_spec(runs / n, dataset, PARITY_STEPS, **ds, **kw)) for n, kw in DS_STAGES.items()],
+           _job(tiny_spec(runs / "ds-resume-straight", dataset, RESUME_STEPS, zero_stage=2, **ds, **ckpt)),
+           _job(split, stop_at=RESUME_AT), _job(split, resume=True),
+           _job(tiny_spec(runs / "ds-zero3-consolidate", dataset, 6, zero_stage=3, checkpoint_every=6, eval_every=6,
+                          activation_checkpointing="full", **ds)),
+           _job(tiny_spec(runs / "ds-moe-ep2", dataset, PARITY_STEPS, model=moe_model(capacity_factor=1.25),
+                          zero_stage=1, ep=2, **ds))]
+    launch(2, two, runs / "jobs")
+    launch(1, [_job(tiny_spec(runs / "ref", dataset, PARITY_STEPS)),
+               _job(tiny_spec(runs / "moe-ref", dataset, MOE_STEPS, model=moe_model()))], runs / "jobs")
+    return runs

@@ -1,0 +1,38 @@
+"""DeepSpeed's flops profiler as a cross-check of trainer.flops (PaLM's formula), reported, never used for MFU.
+
+The profiler counts what it sees in one forward: 2·MACs of every F.linear (blocks and LM head: the formula's
+2·N per token), the attention product of F.scaled_dot_product_attention, and elementwise work the formula leaves
+out (LayerNorm, GELU, residual adds, softmax, routing). Training is taken as 3 × forward (backward ≈ 2 ×), as
+the formula's 6N does. Known ways it goes wrong, hence the comparison rather than trust:
+- inside a ZeRO-3 engine (its ``flops_profiler`` config section) every Linear's MACs are counted twice, because
+  ZeRO-3 replaces F.linear with its own gathered-weight function that the profiler wraps again — so this check
+  profiles the plain module before ``deepspeed.initialize``;
+- a causal attention kernel does half the s² work the formula (and the profiler) count for the full square;
+- mixture-of-experts layers run every expert on its capacity slots, padding included: the profiler sees
+  E·cap rows per layer, the formula k·N.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from trainer.flops import flops_per_token
+from trainer.spec import ModelSpec
+
+
+def profile_forward_flops(model: nn.Module, spec: ModelSpec, batch: int = 1) -> dict[str, float]:
+    """Profiler's and formula's FLOPs of one training step on ``batch`` sequences, and their ratio."""
+    from deepspeed.profiling.flops_profiler import get_model_profile
+
+    x = torch.zeros(batch, spec.seq_len, dtype=torch.long, device=next(model.parameters()).device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            forward, _, _ = get_model_profile(model, args=[x], print_profile=False, as_string=False)
+    finally:
+        model.train(was_training)
+    tokens = batch * spec.seq_len
+    profiler = 3.0 * float(forward)
+    formula = float(flops_per_token(spec) * tokens)
+    return {"profiler_flops": profiler, "formula_flops": formula, "ratio": profiler / formula, "tokens": tokens}
