@@ -233,8 +233,11 @@ def _engine_problems(plan: ParallelPlan) -> dict[str, list[str]]:
         if plan.tp > 1 or plan.sequence_parallel:
             _add(p, "tp", f"the deepspeed engine does not do tensor or sequence parallel (tp={plan.tp}); "
                           f"use engine='native'")
-        if plan.pp > 1 and plan.zero_stage > 1:
-            _add(p, "zero_stage", f"DeepSpeed's pipeline engine works with ZeRO stage 0 or 1, got {plan.zero_stage}")
+        if plan.pp > 1 and plan.zero_stage != 1:
+            # Stage 2/3 partition gradients that the pipeline engine accumulates over micro-batches; at stage 0 its
+            # clipping does not use the global gradient norm (measured: losses drift 2.5e-4 from the native run).
+            _add(p, "zero_stage", f"DeepSpeed's pipeline engine runs here with ZeRO stage 1 only, got "
+                                  f"{plan.zero_stage}")
         if plan.pp > 1 and plan.pipeline_schedule != "1f1b":
             _add(p, "pipeline_schedule", f"DeepSpeed's pipeline engine runs its own 1F1B schedule, "
                                          f"not '{plan.pipeline_schedule}'")

@@ -57,7 +57,7 @@ def test_it_names_the_numbers_when_a_plan_does_not_fit_its_model_and_cluster(pla
     (dict(virtual_stages=2), "virtual_stages", "needs pipeline_schedule='interleaved'"),
     (dict(zero_stage=2), "zero_stage", "zero_stage=2 needs engine='deepspeed'"),
     (dict(engine="deepspeed", tp=2, global_batch=1), "tp", "does not do tensor or sequence parallel"),
-    (dict(engine="deepspeed", pp=2, zero_stage=2), "zero_stage", "works with ZeRO stage 0 or 1, got 2"),
+    (dict(engine="deepspeed", pp=2, zero_stage=2), "zero_stage", "runs here with ZeRO stage 1 only, got 2"),
     (dict(offload_optimizer=True), "offload_optimizer", "CPU offload needs engine='deepspeed'"),
     (dict(dp=0), "dp", "dp=0 must be positive"),
 ])

@@ -51,14 +51,12 @@ def test_it_measures_a_two_process_trial_under_torchrun(dataset, tmp_path):
     assert record["steps_counted"] == STEPS
 
 
-def test_it_raises_with_the_trainers_reason_when_it_refuses_the_plan(dataset, tmp_path):
+def test_it_measures_a_deepspeed_plan_in_one_process(dataset, tmp_path):
+    # The trainer now runs both engines, so a DeepSpeed plan is measured like a native one (no torchrun for one rank).
     trials, events = _trials(dataset, tmp_path)
-    # Valid for the contract, but `python -m trainer` runs the native engine only (parallelize.unsupported); the
-    # wording of the refusal is the trainer's, so only its subject is pinned here.
-    with pytest.raises(TrialError, match="refused by the trainer: engine='deepspeed'") as info:
-        trials(ParallelPlan(micro_batch=2, global_batch=4, engine="deepspeed"))
-    assert info.value.returncode == 2 and "error: engine='deepspeed'" in info.value.log_tail
-    assert events[-1]["event"] == "failed"
+    seconds = trials(ParallelPlan(micro_batch=2, global_batch=4, engine="deepspeed", zero_stage=1))
+    assert 0 < seconds < 10
+    assert [e["event"] for e in events] == ["started", "finished"]
 
 
 def test_it_raises_with_the_log_tail_when_the_dataset_is_missing(dataset, tmp_path):

@@ -49,7 +49,7 @@ def save(engine, run_dir: Path, step: int, manifest: dict[str, Any], spec: RunSp
     dist.barrier()  # every shard is on disk before rank 0 reads them back
     if rank == 0:
         if not spec.model.is_moe:  # DeepSpeed MoE experts are saved per expert rank; not consolidated here
-            write_consolidated(consolidated_state(folder, spec.plan.zero_stage), folder / CONSOLIDATED)
+            write_consolidated(consolidated_state(folder, spec.plan.zero_stage, spec), folder / CONSOLIDATED)
         write_json_atomic(folder / MANIFEST, {"schema_version": SCHEMA_VERSION, "step": step, "format": FORMAT,
                                               "zero_stage": spec.plan.zero_stage, **manifest,
                                               "consolidated": CONSOLIDATED if not spec.model.is_moe else None})
@@ -73,9 +73,17 @@ def load(engine, folder: Path, rank: int, same_layout: bool) -> dict[str, Any]:
     return manifest
 
 
-def consolidated_state(folder: Path, zero_stage: int) -> dict[str, torch.Tensor]:
+def consolidated_state(folder: Path, zero_stage: int, spec: RunSpec | None = None) -> dict[str, torch.Tensor]:
     """The whole fp32 state dict of a DeepSpeed checkpoint folder, by the module's (native) parameter names."""
     folder = Path(folder)
+    manifest = read_json(folder / MANIFEST) or {}  # absent while saving: then ``spec`` says what was saved
+    pp = (spec.plan.pp if spec is not None else manifest.get("plan", {}).get("pp", 1))
+    if pp > 1:  # pipeline: each layer saved whole in layer_XX-model_states.pt (fp32 training: the weights)
+        from trainer.ds.pipeline import consolidated_pipeline_state
+        from trainer.spec import ModelSpec
+
+        model = spec.model if spec is not None else ModelSpec.from_dict(manifest["model"])
+        return consolidated_pipeline_state(folder, model)
     if zero_stage == 0:
         states = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         return {k: v.float() for k, v in states["module"].items()}

@@ -66,10 +66,18 @@ def build(spec: RunSpec, device: torch.device, profile_flops: bool = False):
     client AdamW, the config."""
     import deepspeed
 
-    from trainer.ds.layers import apply_deepspeed_ac, apply_deepspeed_moe, optimizer_param_groups
+    from trainer.ds.layers import apply_deepspeed_ac, apply_deepspeed_moe
     from trainer.model import build_model
 
     config = deepspeed_config(spec)
+    _forget_previous_engine()
+    if spec.plan.pp > 1:
+        from trainer.ds.pipeline import build_pipeline
+
+        model = build_pipeline(spec.model, spec.plan.pp, spec.seed, loss_fn, spec.plan.activation_checkpointing)
+        if spec.plan.activation_checkpointing != "none":
+            _configure_checkpointing(config)
+        return _initialize(model, spec, config), config, None
     model = build_model(spec.model, spec.seed, device)
     flops = None
     if profile_flops:  # on the plain module: inside a ZeRO-3 engine the profiler counts Linear MACs twice
@@ -79,14 +87,42 @@ def build(spec: RunSpec, device: torch.device, profile_flops: bool = False):
     if spec.model.is_moe:
         apply_deepspeed_moe(model, spec)
     if spec.plan.activation_checkpointing != "none":
-        deepspeed.checkpointing.configure(None, deepspeed_config=config)
+        _configure_checkpointing(config)
         apply_deepspeed_ac(model, spec.plan.activation_checkpointing)
+    return _initialize(model, spec, config), config, flops
+
+
+def _forget_previous_engine() -> None:
+    """An earlier engine in this process (the tests run several jobs per launch) leaves DeepSpeed's module-level
+    model-parallel handle pointing at its pipeline topology; a new engine must not inherit it."""
+    from deepspeed.utils import groups
+
+    groups.mpu = None
+
+
+def _configure_checkpointing(config: dict) -> None:
+    """The config's activation_checkpointing section, handed over field by field: given the whole config,
+    DeepSpeed re-checks its batch sizes against the world size, which is wrong under a pipeline (dp = world/pp)."""
+    import deepspeed
+
+    ac = config["activation_checkpointing"]
+    deepspeed.checkpointing.configure(None, partition_activations=ac["partition_activations"],
+                                      contiguous_checkpointing=ac["contiguous_memory_optimization"],
+                                      checkpoint_in_cpu=ac["cpu_checkpointing"],
+                                      synchronize=ac["synchronize_checkpoint_boundary"], profile=ac["profile"])
+
+
+def _initialize(model, spec: RunSpec, config: dict):
+    import deepspeed
+
+    from trainer.ds.layers import optimizer_param_groups
+
     opt = spec.optimizer
     optimizer = torch.optim.AdamW(optimizer_param_groups(model, opt.weight_decay), lr=opt.lr,
                                   betas=(opt.beta1, opt.beta2), eps=opt.eps)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                            dist_init_required=False)
-    return engine, config, flops
+    return engine
 
 
 def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device, stop_at: int) -> str:
@@ -104,10 +140,11 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
     data = prepare_dataset(spec.dataset, spec.model.vocab_size)
     train_tokens, val_tokens = load_tokens(data.train_path), load_tokens(data.val_path)
     sampler = BatchSampler(train_tokens, spec.model.seq_len, plan.micro_batch, plan.grad_accum,
-                           dp_rank=rank, dp_size=plan.dp, seed=spec.seed)
+                           dp_rank=rank % plan.dp, dp_size=plan.dp, seed=spec.seed)  # dp innermost
     engine, config, flops = build(spec, device, profile_flops=rank == 0)
     if rank == 0:
         write_json_atomic(run_dir / CONFIG_FILE, config)
+    if rank == 0 and flops is not None:
         files.event("flops_check", **flops)
         files.log(f"flops profiler {flops['profiler_flops']:.4g} vs formula {flops['formula_flops']:.4g} per "
                   f"{flops['tokens']} tokens (ratio {flops['ratio']:.3f})")
@@ -145,7 +182,14 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
         t0 = time.perf_counter()
         total, routing, probe = 0.0, None, None
         micro = sampler.micro_batches(step)
-        for i, (x, y) in enumerate(micro):
+        pipelined = plan.pp > 1
+        if pipelined:  # DeepSpeed's 1F1B schedule runs all micro-batches; first and last stages read the batches
+            batches = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in micro]
+            probe = SavedActivations(engine.module.parameters()) if measure else None
+            with probe if probe is not None else contextlib.nullcontext():
+                total = float(engine.train_batch(iter(batches))) * len(micro)
+            activations = probe.bytes if probe is not None else 0
+        for i, (x, y) in enumerate(micro if not pipelined else []):
             x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
             probe = SavedActivations(engine.module.parameters()) if measure and i == 0 else None
             with probe if probe is not None else contextlib.nullcontext():
@@ -163,9 +207,10 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
         if measure:
             state_bytes = {**engine_state_bytes(engine), "activations_bytes": activations}
         loss_value = torch.tensor(total / len(micro), dtype=torch.float64)
-        if world > 1:
+        if world > 1 and not pipelined:  # the pipeline engine already averaged over dp and broadcast it
             dist.all_reduce(loss_value)
-        loss_value = float(loss_value) / world
+            loss_value /= world
+        loss_value = float(loss_value)
         from trainer.moe import stats_metrics
 
         routing_metrics = stats_metrics(routing)
@@ -187,7 +232,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
             files.log(f"step {step} loss {loss_value:.4f} lr {lr:.2e} grad_norm {float(norm or 0):.3f} "
                       f"{step_time * 1000:.1f} ms")
         if spec.eval_every and step % spec.eval_every == 0:
-            val_loss = evaluate(engine, val, device)
+            val_loss = evaluate(engine, val, device, plan.grad_accum if plan.pp > 1 else 0)
             files.metric({"step": step, "val_loss": val_loss})
             files.log(f"step {step} val_loss {val_loss:.4f}")
         stopping = stop.agreed(device) or step == stop_at
@@ -208,8 +253,13 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
     return outcome
 
 
-def evaluate(engine, batches: list, device: torch.device) -> float:
-    """Mean validation loss; every rank evaluates every batch (ZeRO-3 gathers weights as it goes)."""
+def evaluate(engine, batches: list, device: torch.device, group: int = 0) -> float:
+    """Mean validation loss; every rank evaluates every batch (ZeRO-3 gathers weights as it goes). A pipeline
+    evaluates ``group`` micro-batches at a time (its schedule's unit)."""
+    if group:
+        tensors = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in batches]
+        losses = [float(engine.eval_batch(iter(tensors[i:i + group]))) for i in range(0, len(tensors), group)]
+        return sum(losses) / len(losses)
     engine.eval()
     try:
         total = 0.0

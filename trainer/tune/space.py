@@ -47,12 +47,14 @@ class SearchSpace:
 def _engine_choices(space: SearchSpace, tp: int, sp: bool, pp: int, precision: str, moe: bool):
     """(engine, zero_stage, offload_optimizer, offload_params) allowed for this tp, sp, pp (spec._engine_problems)."""
     out = []
+    if moe and tp > 1:  # experts are spread over dp (ep), not split by tensor parallel
+        return out
     if "native" in space.engines:
         out.append(("native", 0, False, False))
-        if not (precision == "fp16"):
+        if not (precision == "fp16") and not moe:  # native MoE is not sharded with FSDP2
             out.append(("native", 3, False, False))
     if "deepspeed" in space.engines and tp == 1 and not sp:
-        for zero in (0, 1) if pp > 1 else (0, 1, 2, 3):
+        for zero in (1,) if pp > 1 else (0, 1, 2, 3):  # DeepSpeed's pipeline: ZeRO-1 only
             if moe and zero == 3:
                 continue
             out.append(("deepspeed", zero, False, False))
