@@ -9,6 +9,7 @@
    overhead every step has anyway; "corrected" = 1 − compute share(pipeline) / compute share(one process).
 3. Saved activations for none, selective and full activation checkpointing (one micro-batch, measured with
    saved_tensors_hooks), beside Korthikanti et al.'s per-layer formula for this layer in fp32 without dropout.
+4. ZeRO stages 0–3 on the DeepSpeed engine at dp=2, with the native DDP and FSDP2 beside them (trainer.ds.bench).
 """
 from __future__ import annotations
 
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="/tmp/trainer-bench", help="scratch folder for the benchmark runs")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--micro-batch", type=int, default=4, help="pipeline micro-batch (sequences)")
-    parser.add_argument("--only", default="1,2,3", help="sections to run, e.g. 2 or 1,3")
+    parser.add_argument("--only", default="1,2,3,4", help="sections to run, e.g. 2 or 1,3")
     parser.add_argument("--text", default="", help="training text (default: shared tinyshakespeare, first 300 kB)")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -263,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
         _print_bubble(out, dataset, args)
     if "3" in sections:
         _print_activations()
+    if "4" in sections:
+        from trainer.ds.bench import print_zero_rows, zero_step_times
+
+        spec_for = lambda name, **plan: _spec(out, name, dataset, args.steps, **plan)  # noqa: E731
+        print_zero_rows(zero_step_times(out, dataset, args.steps, spec_for, _torchrun))
     print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s; scratch runs in {out})")
     return 0
 
