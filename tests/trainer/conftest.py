@@ -134,7 +134,7 @@ def engine_runs(tmp_path_factory, dataset) -> Path:
            _job(tiny_spec(runs / "ds-zero3-consolidate", dataset, 6, zero_stage=3, checkpoint_every=6, eval_every=6,
                           activation_checkpointing="full", **ds)),
            _job(tiny_spec(runs / "ds-moe-ep2", dataset, PARITY_STEPS, model=moe_model(capacity_factor=1.25),
-                          zero_stage=1, ep=2, **ds)),
+                          zero_stage=1, ep=2, checkpoint_every=PARITY_STEPS, eval_every=PARITY_STEPS, **ds)),
            _job(tiny_spec(runs / "ds-pp2-zero1", dataset, PARITY_STEPS, engine="deepspeed", pp=2, zero_stage=1,
                           checkpoint_every=PARITY_STEPS))]
     launch(2, two, runs / "jobs")

@@ -11,6 +11,7 @@ stitched into whole tensors), or the module states DeepSpeed saves whole at stag
 """
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,10 @@ def save(engine, run_dir: Path, step: int, manifest: dict[str, Any], spec: RunSp
     torch.save(_rng_state(), folder / f"rng-rank{rank}.pt")
     dist.barrier()  # every shard is on disk before rank 0 reads them back
     if rank == 0:
-        if not spec.model.is_moe:  # DeepSpeed MoE experts are saved per expert rank; not consolidated here
-            write_consolidated(consolidated_state(folder, spec.plan.zero_stage, spec), folder / CONSOLIDATED)
+        write_consolidated(consolidated_state(folder, spec.plan.zero_stage, spec), folder / CONSOLIDATED)
         write_json_atomic(folder / MANIFEST, {"schema_version": SCHEMA_VERSION, "step": step, "format": FORMAT,
                                               "zero_stage": spec.plan.zero_stage, **manifest,
-                                              "consolidated": CONSOLIDATED if not spec.model.is_moe else None})
+                                              "consolidated": CONSOLIDATED})
         for _, old in complete_checkpoints(run_dir)[:-spec.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
@@ -84,9 +84,40 @@ def consolidated_state(folder: Path, zero_stage: int, spec: RunSpec | None = Non
 
         model = spec.model if spec is not None else ModelSpec.from_dict(manifest["model"])
         return consolidated_pipeline_state(folder, model)
+    model = spec.model if spec is not None else None
+    if (model is not None and model.is_moe) or manifest.get("model", {}).get("n_experts", 0) > 1:
+        return _moe_state(folder)
     if zero_stage == 0:
         states = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         return {k: v.float() for k, v in states["module"].items()}
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name)
+
+
+_EXPERT = re.compile(r"^(layers\.\d+\.mlp)\.moe\.deepspeed_moe\.experts\.deepspeed_experts\.(\d+)\.(.+)$")
+_GATE = re.compile(r"^(layers\.\d+\.mlp)\.moe\.deepspeed_moe\.gate\.wg\.weight$")
+_EXPERT_FILE = re.compile(r"^layer_\d+_expert_\d+_mp_rank_\d+_model_states\.pt$")
+
+
+def native_moe_name(name: str) -> str:
+    """DeepSpeed MoE names → the native layer's: the gate is the router, expert i (global id) is experts.i."""
+    if m := _EXPERT.match(name):
+        return f"{m.group(1)}.experts.{m.group(2)}.{m.group(3)}"
+    if m := _GATE.match(name):
+        return f"{m.group(1)}.router.weight"
+    return name
+
+
+def _moe_state(folder: Path) -> dict[str, torch.Tensor]:
+    """zero-to-fp32 does not read DeepSpeed's per-expert files, so a MoE checkpoint is put together from the
+    module states (every non-expert weight, saved whole at ZeRO ≤ 2) and one file per expert (global ids in the
+    names). The module's own weights are the trained values in fp32 training; with bf16 or fp16 they are the
+    16-bit copies, not the fp32 masters."""
+    module = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    state = {native_moe_name(k): v.float() for k, v in module.items()}
+    for path in sorted(folder.iterdir()):
+        if _EXPERT_FILE.match(path.name):
+            for k, v in torch.load(path, map_location="cpu", weights_only=False).items():
+                state[native_moe_name(k)] = v.float()
+    return state
