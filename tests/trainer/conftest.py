@@ -135,6 +135,8 @@ def engine_runs(tmp_path_factory, dataset) -> Path:
                           activation_checkpointing="full", **ds)),
            _job(tiny_spec(runs / "ds-moe-ep2", dataset, PARITY_STEPS, model=moe_model(capacity_factor=1.25),
                           zero_stage=1, ep=2, checkpoint_every=PARITY_STEPS, eval_every=PARITY_STEPS, **ds)),
+           _job(tiny_spec(runs / "ds-moe-ep2-ac", dataset, MOE_STEPS, model=moe_model(), zero_stage=2, ep=2,
+                          activation_checkpointing="full", **ds)),
            _job(tiny_spec(runs / "ds-pp2-zero1", dataset, PARITY_STEPS, engine="deepspeed", pp=2, zero_stage=1,
                           checkpoint_every=PARITY_STEPS))]
     launch(2, two, runs / "jobs")

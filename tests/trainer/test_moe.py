@@ -96,3 +96,9 @@ def test_it_consolidates_deepspeed_experts_under_native_names(engine_runs):
     # The native router places, drops and weights tokens as DeepSpeed's gate does (top-2, first choices first).
     val_loss = [r["val_loss"] for r in records(run) if "val_loss" in r][-1]
     assert mine == pytest.approx(val_loss, rel=1e-5)
+
+
+@pytest.mark.slow
+def test_it_matches_native_experts_with_deepspeed_moe_zero2_and_checkpointing(engine_runs):
+    # Same routing, capacity and aux loss as the native layer; the checkpointed MoE blocks keep the aux gradient.
+    assert max_rel_error(losses(engine_runs / "moe-ref"), losses(engine_runs / "ds-moe-ep2-ac")) < 1e-5
