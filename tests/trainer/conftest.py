@@ -126,6 +126,8 @@ def engine_runs(tmp_path_factory, dataset) -> Path:
     ckpt = dict(checkpoint_every=RESUME_AT, eval_every=RESUME_AT)
     split = tiny_spec(runs / "ds-resume-split", dataset, RESUME_STEPS, zero_stage=2, **ds, **ckpt)
     two = [_job(tiny_spec(runs / "moe-native-ep2", dataset, MOE_STEPS, model=moe_model(), dp=2, ep=2)),
+           _job(tiny_spec(runs / "moe-resume-ep2-to-ep1", dataset, MOE_STEPS, model=moe_model(), dp=2, ep=2),
+                stop_at=RESUME_AT),
            _job(tiny_spec(runs / "moe-native-ep2-drop", dataset, MOE_STEPS, model=moe_model(capacity_factor=0.5),
                           dp=2, ep=2)),
            *[_job(tiny_spec(runs / n, dataset, PARITY_STEPS, **ds, **kw)) for n, kw in DS_STAGES.items()],
@@ -141,5 +143,7 @@ def engine_runs(tmp_path_factory, dataset) -> Path:
                           checkpoint_every=PARITY_STEPS))]
     launch(2, two, runs / "jobs")
     launch(1, [_job(tiny_spec(runs / "ref", dataset, PARITY_STEPS)),
-               _job(tiny_spec(runs / "moe-ref", dataset, MOE_STEPS, model=moe_model()))], runs / "jobs")
+               _job(tiny_spec(runs / "moe-ref", dataset, MOE_STEPS, model=moe_model())),
+               _job(tiny_spec(runs / "moe-resume-ep2-to-ep1", dataset, MOE_STEPS, model=moe_model()), resume=True)],
+           runs / "jobs")
     return runs

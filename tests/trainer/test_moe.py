@@ -102,3 +102,9 @@ def test_it_consolidates_deepspeed_experts_under_native_names(engine_runs):
 def test_it_matches_native_experts_with_deepspeed_moe_zero2_and_checkpointing(engine_runs):
     # Same routing, capacity and aux loss as the native layer; the checkpointed MoE blocks keep the aux gradient.
     assert max_rel_error(losses(engine_runs / "moe-ref"), losses(engine_runs / "ds-moe-ep2-ac")) < 1e-5
+
+
+@pytest.mark.slow
+def test_it_resumes_experts_saved_by_two_ranks_in_one_process(engine_runs):
+    # Each rank saved only its experts (names carry global expert ids); DCP gathers them into one process.
+    assert max_rel_error(losses(engine_runs / "moe-native-ep2"), losses(engine_runs / "moe-resume-ep2-to-ep1")) < 1e-5
