@@ -79,3 +79,15 @@ def test_it_shards_fsdp_chunks_so_they_sum_to_the_whole():
     shards = [rank_params(m, 1, 1, 1, 0, shard=dp, shard_rank=r) for r in range(dp)]
     assert sum(shards) == count(m).total
     assert shards[0] == max(shards)
+
+
+@pytest.mark.parametrize("ep", [1, 2, 4])
+def test_it_spreads_experts_over_ep_ranks_and_replicates_the_router(ep):
+    m = MODELS["tiny-moe"]
+    h, f, E = m.d_model, m.ffn, m.n_experts
+    expert = 2 * h * f + f + h
+    n_moe = len(m.moe_layers)
+    # each rank holds E/ep experts of every MoE layer; everything else (the router h·E included) on every rank
+    assert rank_params(m, 1, 1, 1, 0, ep) == count(m).total - n_moe * (E - E // ep) * expert
+    # the ep ranks together hold each expert once and the rest ep times
+    assert ep * rank_params(m, 1, 1, 1, 0, ep) == count(m).total + (ep - 1) * (count(m).total - n_moe * E * expert)

@@ -2,7 +2,9 @@
 
 Reuses the trainer suite's session launches (tests/trainer/conftest.py): 2-rank tp2, tp2 + sequence parallel,
 pp2 with GPipe / 1F1B / interleaved, dp2 DDP, dp2 FSDP2; 4-rank tp2×dp2, pp2×tp2, FSDP2×tp2 + sequence parallel;
-single-process references and the three checkpointing modes. Each rank records params/grads/optimizer bytes and
+single-process references and the three checkpointing modes; and, from the engine launches, the native MoE model
+with ep = 2 over dp = 2 (capacity factor 2, no drops; 0.5, half the assignments dropped) and its single-process
+reference. Each rank records params/grads/optimizer bytes and
 the bytes autograd saved in one micro-batch's forward; the planner must give the model states exactly and the
 saved activations within 3 % on every rank (rank = (stage·dp + d)·tp + j).
 """
@@ -14,15 +16,22 @@ import pytest
 from trainer.estimate.core import Planner
 
 pytest.importorskip("torch")
-from tests.trainer.conftest import AC_MODES, FOUR_RANK_PLANS, PARITY_STEPS, TWO_RANK_PLANS  # noqa: E402
+from tests.trainer.conftest import (AC_MODES, FOUR_RANK_PLANS, MOE_STEPS, PARITY_STEPS, TWO_RANK_PLANS,  # noqa: E402
+                                    moe_model)
 from tests.trainer.launch import tiny_spec  # noqa: E402
 
 ONE_RANK_PLANS = {"ref-tied": {}, "ref-untied": dict(tied=False),
                   **{f"ac-{mode}": dict(activation_checkpointing=mode) for mode in AC_MODES}}
 
 
-def _measured(run_dir: Path, dataset, kw: dict) -> tuple:
-    spec = tiny_spec(run_dir, dataset, PARITY_STEPS, **kw)  # the spec the suite launched this run folder with
+# The native MoE jobs of the engine_runs fixture: (steps, model fields, plan fields) as conftest launches them.
+MOE_RUNS = {"moe-native-ep2": ({}, dict(dp=2, ep=2)),
+            "moe-native-ep2-drop": (dict(capacity_factor=0.5), dict(dp=2, ep=2)),
+            "moe-ref": ({}, {})}
+
+
+def _measured(run_dir: Path, dataset, kw: dict, steps: int = PARITY_STEPS) -> tuple:
+    spec = tiny_spec(run_dir, dataset, steps, **kw)  # the spec the suite launched this run folder with
     for line in (run_dir / "metrics.jsonl").read_text().splitlines():
         record = json.loads(line) if line.strip() else {}
         memory = record.get("memory") or {}
@@ -31,8 +40,8 @@ def _measured(run_dir: Path, dataset, kw: dict) -> tuple:
     raise AssertionError(f"no memory record in {run_dir}")
 
 
-def _check(run_dir: Path, dataset, kw: dict) -> list[str]:
-    spec, per_rank = _measured(run_dir, dataset, kw)
+def _check(run_dir: Path, dataset, kw: dict, steps: int = PARITY_STEPS) -> list[str]:
+    spec, per_rank = _measured(run_dir, dataset, kw, steps)
     plan = spec.plan
     planner = Planner(spec.model, spec.cluster)
     problems = []
@@ -64,3 +73,9 @@ def test_it_matches_two_rank_runs(two_rank_runs, dataset, name):
 @pytest.mark.parametrize("name", list(FOUR_RANK_PLANS))
 def test_it_matches_four_rank_runs(four_rank_runs, dataset, name):
     assert _check(four_rank_runs / name, dataset, FOUR_RANK_PLANS[name]) == []
+
+
+@pytest.mark.parametrize("name", list(MOE_RUNS))
+def test_it_matches_native_moe_runs(engine_runs, dataset, name):
+    model_fields, plan_fields = MOE_RUNS[name]
+    assert _check(engine_runs / name, dataset, dict(model=moe_model(**model_fields), **plan_fields), MOE_STEPS) == []

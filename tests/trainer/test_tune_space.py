@@ -10,6 +10,9 @@ from trainer.tune.space import SearchSpace, divisors, enumerate_plans
 SPACE = SearchSpace(precisions=("fp32", "bf16", "fp16"), checkpointing=("none", "full"), max_micro_batch=1 << 20,
                     max_virtual_stages=3)
 GQA = ModelSpec(n_layers=6, d_model=64, n_heads=4, n_kv_heads=2, seq_len=30, vocab_size=100, name="gqa")
+# 6 experts (ep = 4 does not divide them), top-1 on every layer, spread over two nodes
+MOE_E6 = ModelSpec(n_layers=2, d_model=64, n_heads=4, seq_len=32, vocab_size=100, n_experts=6, top_k=1, moe_every=1,
+                   capacity_factor=1.5, name="moe-e6")
 
 
 def _raw_grid(model, clu, global_batch):
@@ -46,7 +49,8 @@ def _spec_valid(model, clu, global_batch):
     (MODELS["tiny"], cluster("A100-SXM-80GB", 1, gpus_per_node=4), 8),
     (MODELS["tiny-moe"], cluster("A100-SXM-80GB", 1, gpus_per_node=4), 8),
     (GQA, cluster("A100-SXM-80GB", 2, gpus_per_node=2), 6),
-], ids=["dense", "moe", "gqa-two-nodes"])
+    (MOE_E6, cluster("A100-SXM-80GB", 2, gpus_per_node=4), 8),
+], ids=["dense", "moe", "gqa-two-nodes", "moe-e6-two-nodes"])
 def test_it_enumerates_exactly_the_plans_the_spec_accepts(model, clu, global_batch):
     rejected = {}
     enumerated = list(enumerate_plans(model, clu, global_batch, SPACE, rejected))

@@ -31,9 +31,15 @@ ACTIVATION_FORMULAS = {
     "causal_mask": "n_layers · s² · 1",
     "attention_logsumexp": "n_layers · T·a·4 / t",
     "mlp": "n_layers · 2·T·f·e / t  (up-projection output, GELU output)",
-    "router_probs": "n_moe_layers · T·E·4",
-    "expert_inputs": "n_moe_layers · T·k·c·h·e",
-    "expert_mlp": "n_moe_layers · 2·T·k·c·f·e / t",
+    # MoE layers (memory.moe_activations): cap = max(1, ⌈c·T·k/E⌉) slots per expert, M = min(T·k, E·min(cap, T))
+    # kept assignments (exact when c ≥ E/k; an upper bound otherwise)
+    "router_probs": "n_moe_layers · T·E·4  (softmax output, fp32)",
+    "dispatched_tokens": "n_moe_layers · M·h·e_stream  (index_copy keeps its gathered source)",
+    "expert_inputs": "n_moe_layers · E·cap·h·e  (the dispatch buffer at capacity)",
+    "expert_mlp": "n_moe_layers · 2·E·cap·f·e  (each expert's up-projection and GELU outputs)",
+    "combine": "n_moe_layers · 2·M·h·e  (gathered expert outputs, gated outputs kept by index_add)",
+    "routing_small": "n_moe_layers · (T·k·8 + T·k + 2·M·8 + M·e + E·4 [+ T·k·4 + T·4 when k > 1])  "
+                     "(top-k indices, kept mask, row/slot indices, gates, aux fractions, renormalisation)",
     "layer_input": "n_layers · T·h·e / r  (full recompute keeps the layer input only)",
     "token_ids": "T·8",
     "position_ids": "s·8",
@@ -150,7 +156,8 @@ def _parameters(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     for st in numbers.stages:
         out[f"stage_{st.stage}_rank"] = fig(
             st.params, "parameters", "layers_on_stage·block/t (+ embeddings on the first stage, final LN + head on "
-            "the last; a tied head on a pipeline's last stage is a copy)", stage=st.stage, tp=numbers.plan.tp,
+            "the last; a tied head on a pipeline's last stage is a copy; an MoE block holds E/ep experts and the "
+            "whole router)", stage=st.stage, tp=numbers.plan.tp,
             pp=numbers.plan.pp, ep=numbers.plan.ep)
     return out
 
@@ -196,6 +203,12 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
     common = dict(s=planner.model.seq_len, b=plan.micro_batch, h=planner.model.d_model, a=planner.model.n_heads,
                   t=plan.tp, e=e, layers=st.layers, sequence_parallel=plan.sequence_parallel,
                   checkpointing=plan.activation_checkpointing)
+    if planner.model.is_moe:
+        m = planner.model
+        T = m.seq_len * plan.micro_batch
+        common.update(E=m.n_experts, k=m.top_k, c=m.capacity_factor, f=m.ffn, moe_layers=len(m.moe_layers),
+                      cap=M.expert_capacity(T, m.n_experts, m.top_k, m.capacity_factor),
+                      M=M.moe_kept(T, m.n_experts, m.top_k, m.capacity_factor))
     per_mb = {name: fig(value, "bytes", ACTIVATION_FORMULAS.get(name.removeprefix("moe_"), name))
               for name, value in st.activations_per_microbatch.items()}
     per_mb_total = total("bytes", per_mb)

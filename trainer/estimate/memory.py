@@ -27,6 +27,7 @@ index tensors (int64). These constants were checked against what autograd saves 
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 from trainer.spec import ModelSpec
@@ -79,7 +80,7 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
                       ) -> tuple[tuple[str, float], ...]:
     """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
 
-    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with routed-token terms. ``kv`` is
+    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with ``moe_activations``. ``kv`` is
     n_kv_heads·head_dim; ``repeat_kv``: grouped-query keys and values are repeated to h before the kernel (the
     native trainer does), so the kernel saves h-wide copies — unless selective recompute reruns the kernel, which
     then keeps only the kv-wide projections. ``rope``: rotary positions (measured: one extra T·h·e and the cos/sin
@@ -124,13 +125,58 @@ def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, s
         elif small_terms:
             terms.append(("attention_logsumexp", T * a * 4 / t))
     if moe:
-        n_experts, top_k, capacity = moe
-        routed = T * top_k * capacity
-        terms += [("router_probs", T * n_experts * 4), ("expert_inputs", routed * h * e),
-                  ("expert_mlp", 2 * routed * f * e / t)]
+        terms += moe_activations(T, h, f, *moe, e, small_terms, stream)
     else:
         terms.append(("mlp", 2 * T * f * e / t))
     return tuple(terms)
+
+
+def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert for one micro-batch of ``tokens`` on one rank, as trainer/moe.py sizes them:
+    cap = max(1, ⌈capacity_factor · tokens · k / E⌉)."""
+    return max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
+
+
+def moe_kept(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Kept (token, choice) assignments M at most: min(T·k, E·min(cap, T)). Exact when capacity_factor ≥ E/k (no
+    expert can overflow); below that the drops depend on the routing, and this bound (every expert full) is what a
+    peak estimate needs."""
+    cap = expert_capacity(tokens, n_experts, top_k, capacity_factor)
+    return min(tokens * top_k, n_experts * min(cap, tokens))
+
+
+def moe_activations(T: int, h: int, f: int, n_experts: int, top_k: int, capacity_factor: float, e: int,
+                    small_terms: bool, stream: int | None = None) -> list[tuple[str, float]]:
+    """What one MoE layer of trainer/moe.py saves besides its attention half, for T tokens on one rank (measured with
+    saved-tensor hooks; tests/trainer/test_estimate_activations_torch.py). E experts, k = top_k, cap slots per expert,
+    M kept assignments (``moe_kept``); e bytes per activation element.
+
+        router_probs        T·E·4          softmax output, fp32 (the router's input is the LayerNorm output, counted)
+        dispatched_tokens   M·h·e_s        tokens[rows]: index_copy keeps its source for backward; e_s is the
+                                           LayerNorm output's dtype (fp32 under autocast, ``stream``)
+        expert_inputs       E·cap·h·e      the (E, cap, h) dispatch buffer, empty slots included (under expert
+                                           parallel, the received buffer of E/ep experts × ep·cap rows: same size;
+                                           under autocast each expert's 16-bit cast of its rows)
+        expert_mlp          2·E·cap·f·e    each expert's up-projection and GELU outputs on its cap rows
+        combine             2·M·h·e        expert outputs gathered back per assignment (out[slots], kept by the gate
+                                           multiply) and the gated outputs (index_add keeps its source)
+    small terms: top-k indices T·k·8; kept mask T·k·1; row and slot indices 2·M·8; gates M·e (cast to the
+    activation dtype before the multiply); with k > 1 the renormalisation keeps top-p T·k·4 and its sum T·4;
+    the aux loss keeps the first-choice fractions E·4.
+    Expert parallel does not change these per-rank sizes: every rank dispatches its own T tokens into E·cap
+    slots, and each of its E/ep experts runs on ep·cap received rows. Tensor parallel is refused for MoE models.
+    """
+    E, k = n_experts, top_k
+    cap = expert_capacity(T, E, k, capacity_factor)
+    M = moe_kept(T, E, k, capacity_factor)
+    terms = [("router_probs", T * E * 4.0), ("dispatched_tokens", M * h * (stream or e)), ("expert_inputs", E * cap * h * e),
+             ("expert_mlp", 2 * E * cap * f * e), ("combine", 2 * M * h * e)]
+    if small_terms:
+        routing = T * k * 8 + T * k + 2 * M * 8 + M * e + E * 4
+        if k > 1:
+            routing += T * k * 4 + T * 4
+        terms.append(("routing_small", float(routing)))
+    return terms
 
 
 @lru_cache(maxsize=8192)
