@@ -166,6 +166,13 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
                 plan={"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "zero_stage": plan.zero_stage},
                 device=str(device))
     files.log(f"deepspeed ZeRO-{plan.zero_stage} dp={plan.dp}; {n_params:,} parameters; config {CONFIG_FILE}")
+    from types import SimpleNamespace
+
+    from trainer.profiling import StepProfiler, write_summary
+    from trainer.train import ProfileReport
+
+    profiler = StepProfiler(spec.profile, run_dir, rank, first_step=step)
+    profile_report = ProfileReport(profiler, files, SimpleNamespace(rank=rank, world_size=world), write_summary)
     val = _eval_batches(spec, val_tokens) if spec.eval_every else []
     flops_step = flops_mod.flops_per_step(spec.model, plan.global_batch)
     tokens_step = plan.global_batch * spec.model.seq_len
@@ -231,6 +238,9 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
         if step % spec.log_every == 0:
             files.log(f"step {step} loss {loss_value:.4f} lr {lr:.2e} grad_norm {float(norm or 0):.3f} "
                       f"{step_time * 1000:.1f} ms")
+        profiler.step()
+        if profiler.written:  # every rank's trace is on disk (same step on all ranks)
+            profile_report.once()
         if spec.eval_every and step % spec.eval_every == 0:
             val_loss = evaluate(engine, val, device, plan.grad_accum if plan.pp > 1 else 0)
             files.metric({"step": step, "val_loss": val_loss})
@@ -244,6 +254,9 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
             break
     if outcome == "finished" and spec.checkpoint_every and last_saved != step:
         _save(engine, run_dir, step, tokens_seen, spec, data, files)
+    profiler.close()
+    if profiler.written:
+        profile_report.once()
     stop.restore()
     files.event(outcome, step=step, tokens_seen=tokens_seen)
     files.log(f"{outcome} at step {step}")
