@@ -130,6 +130,7 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
     from trainer.ds import checkpoint as ds_ckpt
     from trainer.ds.layers import aux_loss, routing_stats
     from trainer.ds.memory import engine_state_bytes
+    from trainer.moe import stats_metrics
     from trainer.train import StopRequest, _eval_batches
 
     plan, rank, world = spec.plan, dist.get_rank(), dist.get_world_size()
@@ -192,6 +193,8 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
         pipelined = plan.pp > 1
         if pipelined:  # DeepSpeed's 1F1B schedule runs all micro-batches; first and last stages read the batches
             batches = [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in micro]
+            # The probe sees every micro-batch this stage runs in the step, not one as in the native engine: the
+            # schedule cannot be entered per micro-batch from outside.
             probe = SavedActivations(engine.module.parameters()) if measure else None
             with probe if probe is not None else contextlib.nullcontext():
                 total = float(engine.train_batch(iter(batches))) * len(micro)
@@ -218,8 +221,6 @@ def _run(spec: RunSpec, run_dir: Path, resume: bool, files, device: torch.device
             dist.all_reduce(loss_value)
             loss_value /= world
         loss_value = float(loss_value)
-        from trainer.moe import stats_metrics
-
         routing_metrics = stats_metrics(routing)
         step_time = time.perf_counter() - t0
         step += 1

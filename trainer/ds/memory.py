@@ -1,11 +1,11 @@
-"""Model-state bytes this rank holds under a DeepSpeed engine, measured on its tensors (as trainer.memory does for
-the native engine), so that the planner's ZeRO formulas (REFERENCE.md: 16Ψ, 4Ψ + 12Ψ/N_d, …) can be checked.
+"""Model-state bytes this rank holds under a DeepSpeed engine, so that the planner's ZeRO formulas (REFERENCE.md:
+16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d) can be checked against the engine.
 
-params: the module's parameters as this rank holds them (ZeRO-3: its partition ``ds_tensor``; otherwise whole).
-optimizer: the tensors of the wrapped AdamW's state (ZeRO ≥ 1: moments of this rank's fp32 partition) plus any
-fp32 master partition ZeRO keeps beside 16-bit weights. grads: the gradient partitions ZeRO keeps between steps
-(stage ≥ 2) or the parameters' .grad (stages 0–1), read before they are freed is not possible from outside the
-engine, so they are counted from the partition sizes: Ψ/N_d elements at stage ≥ 2, Ψ otherwise.
+params and optimizer are measured on tensors: the module's parameters as this rank holds them (ZeRO-3: its
+partition ``ds_tensor``), and the wrapped AdamW's moments plus the fp32 master partition ZeRO keeps (a separate
+copy even in fp32 training, so ZeRO ≥ 1 shows 3 × Ψ/N_d × 4 bytes, not 2). grads are counted, not measured:
+ZeRO frees its gradient buffers inside ``engine.step``, out of reach between steps, so this reports the size of
+what it holds at the boundary: Ψ/N_d elements at stage ≥ 2, Ψ at stages 0–1.
 """
 from __future__ import annotations
 
@@ -29,5 +29,5 @@ def engine_state_bytes(engine) -> dict[str, int]:
     world = engine.dp_world_size if hasattr(engine, "dp_world_size") else 1
     numel = sum(getattr(p, "ds_numel", p.numel()) for p in {id(p): p for p in module.parameters()}.values())
     grad_elems = -(-numel // world) if stage >= 2 else numel
-    grad_size = torch.finfo(torch.float32).bits // 8 if engine.bfloat16_enabled() is False else 2
+    grad_size = 2 if engine.bfloat16_enabled() or engine.fp16_enabled() else 4
     return {"params_bytes": params_bytes, "grads_bytes": grad_elems * grad_size, "optimizer_bytes": optimizer_bytes}
