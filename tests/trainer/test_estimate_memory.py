@@ -111,3 +111,12 @@ def test_it_reports_the_peak_rank_and_the_per_microbatch_figure_apart_from_in_fl
     assert stage0["activations"].value == pytest.approx(16 * stage0["activations_per_microbatch"].value)
     assert est.memory["peak_rank"] in (0, 15 * 8 * 8)  # rank = (stage·dp + d)·tp + j
     assert est.memory["peak"].value == max(s["total"].value for s in est.memory["stages"])
+
+
+def test_it_partitions_deepspeed_experts_over_their_replicas():
+    # 600 dense parameters over dp = 4; 400 expert parameters held by dp/ep = 2 ranks each
+    assert M.deepspeed_shard(1000, 4, expert_params=400, ep=2) == 150 + 200
+    assert M.deepspeed_shard(1000, 4) == 250
+    s = M.model_states(1000, 350, 4, 1, "fp32", "deepspeed", expert_params=400, ep=2)
+    # fp32 ZeRO keeps its own fp32 master partition beside the moments: 12 bytes per partitioned parameter
+    assert s == {"weights": 4000, "gradients": 4000, "optimizer": 12 * 350, "host": 0}

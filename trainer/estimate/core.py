@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from trainer.estimate import flops as F
 from trainer.estimate import memory as M
 from trainer.estimate.options import EstimateOptions
-from trainer.estimate.params import count, rank_params
+from trainer.estimate.params import count, rank_expert_params, rank_params
 from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan
 
 GB = 1e9
@@ -143,10 +143,11 @@ class Planner:
         e = M.activation_bytes_per_element(plan.precision)
         v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
         params = rank_params(m, tp, pp, v, stage, plan.ep)
+        experts = rank_expert_params(m, pp, v, stage, plan.ep) if plan.engine == "deepspeed" else 0
         sharded = rank_params(m, tp, pp, v, stage, plan.ep, dp) if (plan.zero_stage >= 3 and plan.engine == "native") \
-            else -(-params // dp)
+            else M.deepspeed_shard(params, dp, experts, plan.ep)
         states = M.model_states(params, sharded, dp, plan.zero_stage, plan.precision, plan.engine,
-                                plan.offload_optimizer, plan.offload_params)
+                                plan.offload_optimizer, plan.offload_params, experts, plan.ep)
         if (stage == 0 and tp > 1 and plan.engine == "native" and plan.zero_stage < 3
                 and (pp > 1 or not m.tied_embeddings)):
             # measured on the native trainer: the gradient of a vocabulary-split embedding that is not also the

@@ -186,7 +186,7 @@ def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
 
 
 def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dict[str, Any]:
-    w, g, o = M.state_bytes_per_param(plan.precision, plan.engine)
+    w, g, o = M.state_bytes_per_param(plan.precision, plan.engine, plan.zero_stage)
     shard_w = "P_shard" if plan.zero_stage >= 3 else "P_rank"
     shard_g = "P_shard" if plan.zero_stage >= 2 else "P_rank"
     shard_o = "P_shard" if plan.zero_stage >= 1 else "P_rank"

@@ -2,13 +2,15 @@
 
 Model states (REFERENCE.md, ZeRO §3.1), bytes per parameter (weights + gradients + optimizer):
     DeepSpeed, 16-bit:  2 + 2 + 12  (fp32 master, momentum, variance)
-    fp32 (any engine):  4 + 4 + 8   (AdamW exp_avg, exp_avg_sq)
+    fp32:               4 + 4 + 8   (AdamW exp_avg, exp_avg_sq); DeepSpeed ZeRO ≥ 1: 4 + 4 + 12 (its own fp32
+                                    master partition besides the fp32 weights)
     native, 16-bit:     4 + 4 + 8   (FSDP2 / autocast keep fp32 parameters and gradients; 16-bit copies are
                                      transient, counted under buffers)
 ZeRO stage ≥ 1 shards the optimizer over the N_d data-parallel ranks, ≥ 2 the gradients, 3 the weights:
     ZeRO-1 4Ψ + 12Ψ/N_d, ZeRO-2 2Ψ + 14Ψ/N_d, ZeRO-3 16Ψ/N_d (mixed precision).
 The native engine's ZeRO-3 is FSDP2, which chunks dimension 0 of each tensor (exact per rank, see params.py);
-DeepSpeed partitions a flat buffer (ceil(Ψ/N_d) per rank).
+DeepSpeed partitions a flat buffer (ceil(Ψ/N_d) per rank); MoE experts in their own groups over the N_d/ep ranks
+that hold the same experts (``deepspeed_shard``).
 
 Activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2; REFERENCE.md), T = s·b tokens,
 e bytes per activation element, r = t with sequence parallel else 1:
@@ -23,7 +25,7 @@ parallel, everything / t with sequence parallel; selective recompute drops the a
 layer input only (2·s·b·h at e = 2). Small terms Korthikanti leaves out (options.small_terms): LayerNorm mean and 1/σ
 (2 × 4 bytes per token per LayerNorm), the log-sum-exp of fused attention, the causal mask of math attention (s² bytes),
 index tensors (int64). These constants were checked against what autograd saves in a nanoGPT-style layer
-(tests/trainer/test_estimate_activations_torch.py).
+(tests/trainer/test_estimate_activations_torch.py). MoE layers replace the MLP terms with ``moe_activations``.
 """
 from __future__ import annotations
 
@@ -42,22 +44,29 @@ def activation_bytes_per_element(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def state_bytes_per_param(precision: str, engine: str) -> tuple[int, int, int]:
+def state_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes per parameter before sharding."""
     if precision != "fp32" and engine == "deepspeed":
         return 2, 2, 12
+    if engine == "deepspeed" and zero_stage >= 1:
+        # DeepSpeed's ZeRO optimizers keep their own fp32 master partition (a copy) even when the weights are fp32:
+        # measured 12 bytes per sharded parameter at stages 1, 2 and 3 (tests/trainer/test_estimate_trainer_runs.py)
+        return 4, 4, 12
     return 4, 4, 8
 
 
 def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, precision: str, engine: str,
-                 offload_optimizer: bool = False, offload_params: bool = False) -> dict[str, int]:
+                 offload_optimizer: bool = False, offload_params: bool = False, expert_params: int = 0,
+                 ep: int = 1) -> dict[str, int]:
     """Bytes of weights, gradients, optimizer states on one GPU, and what offload keeps in host memory.
 
     ``params`` are the rank's parameters before data-parallel sharding; ``params_sharded`` after ZeRO-3/FSDP sharding
-    (the native engine's exact per-tensor chunks; for DeepSpeed pass ceil(params / dp)).
+    (the native engine's exact per-tensor chunks; for DeepSpeed pass ``deepspeed_shard``).
+    ``expert_params`` of them are experts: DeepSpeed's ZeRO partitions them over the dp/ep ranks that hold the
+    same experts (its expert-data-parallel group), the rest over all dp ranks.
     """
-    w, g, o = state_bytes_per_param(precision, engine)
-    flat_shard = -(-params // dp)
+    w, g, o = state_bytes_per_param(precision, engine, zero_stage)
+    flat_shard = deepspeed_shard(params, dp, expert_params, ep)
     sharded = params_sharded if engine == "native" else flat_shard
     weights = w * (sharded if zero_stage >= 3 else params)
     grads = g * (sharded if zero_stage >= 3 else flat_shard if zero_stage == 2 else params)
@@ -70,6 +79,13 @@ def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, pre
         host += weights
         weights = 0
     return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+
+def deepspeed_shard(params: int, dp: int, expert_params: int = 0, ep: int = 1) -> int:
+    """Parameters of one rank's ZeRO partition: ⌈(P − P_experts)/dp⌉ + ⌈P_experts/(dp/ep)⌉ (DeepSpeed splits the
+    MoE parameters into their own groups, reduced and partitioned over the expert-data-parallel ranks)."""
+    edp = max(1, dp // max(1, ep))
+    return -(-(params - expert_params) // dp) + -(-expert_params // edp)
 
 
 @lru_cache(maxsize=8192)

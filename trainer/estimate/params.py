@@ -171,3 +171,11 @@ def rank_params(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: 
     if stage == pp - 1:
         total += size(final_tensors(model, pp > 1))
     return total
+
+
+def rank_expert_params(model: ModelSpec, pp: int, virtual_stages: int, stage: int, ep: int = 1) -> int:
+    """Of ``rank_params``, the expert parameters (tp = 1: MoE models are not tensor-parallel): n_moe·(E/ep)·expert."""
+    if not model.is_moe:
+        return 0
+    n_moe = sum(1 for i in stage_layers(model, pp, virtual_stages, stage) if model.is_moe_layer(i))
+    return n_moe * (model.n_experts // ep) * _sum(t for t in block_tensors(model, True) if t.expert)
