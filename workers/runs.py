@@ -1,22 +1,23 @@
 """Launching, watching and stopping runs. The database and the run folder hold all state; any worker can pick up
 where another stopped, and every step is safe to repeat."""
 import json
-import logging
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.db import transaction
+from django.utils import timezone
 
 from trainer.runfolder import CHECKPOINTS, LAUNCH, MANIFEST, SPEC, write_json_atomic
 from trainer.spec import SpecError
 from webapp import services
 from webapp.models import Run, RunStatus
 from webapp.services.ingest import run_ingest
+from webapp.services.runs import LAUNCH_TASK
 
 from .launchers import LaunchError, launcher_for
 from .launchers.local import trainer_command
 
-log = logging.getLogger(__name__)
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -93,7 +94,7 @@ def run_reconcile(run_id: int) -> Run:
             run.ingest_state = {**run.ingest_state, "job_ended": True}
             run.save()
         if run.status == RunStatus.QUEUED:
-            services.enqueue(services.runs.LAUNCH_TASK, run.pk)
+            services.enqueue(LAUNCH_TASK, run.pk)
     retry = run.status == RunStatus.FAILED and run.ingest_state.get("job_ended") and run.job_id
     if retry and run.attempts < run.max_attempts:
         run = services.run_queue(run)  # resumes from its newest checkpoint, if any
@@ -112,8 +113,5 @@ def active_run_ids() -> list[int]:
 
 def stale_queued_run_ids(older_than_s: float = 120) -> list[int]:
     """Queued runs whose launch message may have been lost (a broker restart): send it again, it is idempotent."""
-    from django.utils import timezone
-    from datetime import timedelta
-
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     return list(Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff).values_list("pk", flat=True))

@@ -1,7 +1,6 @@
 """Thin REST views: querysets limited to what the user may see, writes through serializers and services."""
-from django.db.models import ProtectedError
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, serializers, status, viewsets
+from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response

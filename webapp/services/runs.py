@@ -45,8 +45,10 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     try:
         run_spec(run)
     except SpecError as exc:
-        raise ValidationError({k.split(".")[0] if k else "plan": [f"{k}: {m}" for m in v]
-                               for k, v in exc.errors.items()}) from None
+        errors: dict[str, list[str]] = {}
+        for path, messages in exc.errors.items():
+            errors.setdefault(path.split(".")[0] or "plan", []).extend(f"{path}: {m}" for m in messages)
+        raise ValidationError(errors) from None
     run.save()
     run.run_dir = str(run_folder(run))
     run.save(update_fields=["run_dir"])

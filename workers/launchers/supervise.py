@@ -6,7 +6,6 @@ The parent prints the supervisor's pid and returns at once; the supervisor (a ne
 restart or Ctrl-C does not touch it) runs COMMAND with its output in RUN_DIR/logs/launcher.log and writes
 RUN_DIR/exit.json when it ends. SIGTERM to the session reaches every rank.
 """
-import json
 import os
 import signal
 import subprocess
