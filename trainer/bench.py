@@ -203,7 +203,7 @@ def saved_activations(micro_batch: int = 2, **model_changes) -> list[dict]:
     from trainer.parallel.ac import apply_ac
 
     spec = _bench_model().replace(**model_changes)
-    s, b, h, a, L = spec.seq_len, micro_batch, spec.d_model, spec.n_heads, spec.n_layers
+    s, b, h, L = spec.seq_len, micro_batch, spec.d_model, spec.n_layers
     rows = []
     x = torch.randint(0, spec.vocab_size, (b, s), generator=torch.Generator().manual_seed(0))
     for mode in ("none", "selective", "full"):

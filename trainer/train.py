@@ -30,7 +30,7 @@ from trainer.optim import LossScaler, build_optimizer, lr_at, set_lr
 from trainer.parallel.clip import clip_grads_
 from trainer.parallel.mesh import Topology, build_topology, init_distributed
 from trainer.parallel.parallelize import DTYPES, ParallelModel, parallelize
-from trainer.runfolder import EVENTS, LOGS, METRICS, PROFILES, append_jsonl
+from trainer.runfolder import EVENTS, LOGS, METRICS, append_jsonl
 from trainer.spec import RunSpec
 
 
@@ -60,6 +60,16 @@ class RunFiles:
     def event(self, kind: str, any_rank: bool = False, **fields: Any) -> None:
         if self.rank == 0 or any_rank:
             append_jsonl(self.run_dir / EVENTS, {"event": kind, "time": time.time(), "rank": self.rank, **fields})
+
+    @contextlib.contextmanager
+    def failure_recorded(self):
+        """Any exception inside is logged and written as a "failed" event with its traceback, then re-raised."""
+        try:
+            yield
+        except Exception as exc:
+            self.log(f"failed: {exc!r}")
+            self.event("failed", any_rank=True, error=repr(exc), traceback=traceback.format_exc())
+            raise
 
     def metric(self, record: dict[str, Any]) -> None:
         if self.rank == 0:
@@ -272,12 +282,8 @@ def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
         return deepspeed_run(spec, run_dir, resume, stop_at)
     rank, world, device = init_distributed()
     files = RunFiles(run_dir, rank)
-    try:
+    with files.failure_recorded():
         return _run(spec, Path(run_dir), resume, files, device, stop_at)
-    except Exception as exc:
-        files.log(f"failed: {exc!r}")
-        files.event("failed", any_rank=True, error=repr(exc), traceback=traceback.format_exc())
-        raise
 
 
 def _run(spec: RunSpec, run_dir: Path, resume: bool, files: RunFiles, device: torch.device, stop_at: int) -> str:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -53,19 +52,13 @@ def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
 
     rank, world, device = init_deepspeed()
     files = RunFiles(run_dir, rank)
-    try:
+    with files.failure_recorded():
         return _run(spec, Path(run_dir), resume, files, device, stop_at)
-    except Exception as exc:
-        files.log(f"failed: {exc!r}")
-        files.event("failed", any_rank=True, error=repr(exc), traceback=traceback.format_exc())
-        raise
 
 
 def build(spec: RunSpec, device: torch.device, profile_flops: bool = False):
     """(DeepSpeed engine, its config, the flops cross-check or None) for ``spec``: the seeded native model, the
     client AdamW, the config."""
-    import deepspeed
-
     from trainer.ds.layers import apply_deepspeed_ac, apply_deepspeed_moe
     from trainer.model import build_model
 
