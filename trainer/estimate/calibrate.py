@@ -1,11 +1,14 @@
 """Fit the planner's efficiency and overhead terms to measured runs, per cluster, and report held-out error.
 
-Step time is linear in three unknowns once the planner has split it at ideal efficiency (compute_efficiency = 1,
-comm_efficiency = 1, no fixed overhead):
-    measured_step ≈ x_c · C + x_n · N + x_0
-C is the compute time (with its share of the pipeline bubble), N the communication time (tensor, pipeline, data
-parallel, all-to-all, offload and their bubble share). Then compute_efficiency = 1/x_c, comm_efficiency = 1/x_n and
-step_overhead_s = x_0. Peak memory is linear in two:
+Step time is linear in four unknowns once the planner has split it at ideal efficiency (compute_efficiency = 1,
+comm_efficiency = 1, no latency, no fixed overhead):
+    measured_step ≈ x_c · C + x_n · N + α · K + x_0
+C is the compute time (with its share of the pipeline bubble), N the bandwidth time of communication (tensor,
+pipeline, data parallel, all-to-all, offload and their bubble share), K the latency hops of the collectives a rank
+issues per step (core.collective_counts: an all-reduce over n ranks 2·(n−1), all-gather / reduce-scatter / all-to-all n−1, a
+pipeline message 1; the in-stage tp and all-to-all ones weighted by 1 + bubble, as their time is). Then
+compute_efficiency = 1/x_c, comm_efficiency = 1/x_n, collective_latency_s = α and step_overhead_s = x_0
+(``fit_latency=False``: α = 0, the bandwidth-only model). Peak memory is linear in two:
     measured_bytes − model_states ≈ overhead_bytes + (1 + fragmentation) · dynamic
 with dynamic = activations in flight + buffers. Ordinary least squares (normal equations, solved by Gaussian
 elimination; no numpy). Terms that come out non-physical (negative overheads, efficiency > 1) are pinned and the rest
@@ -16,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from trainer.estimate.core import Planner
+from trainer.estimate.core import Planner, PlanNumbers
 from trainer.estimate.explain import validate_inputs
 from trainer.estimate.options import EstimateOptions
 from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan, SpecError
@@ -53,7 +56,8 @@ class ClusterCalibration:
 @dataclass
 class Calibration:
     clusters: dict[str, ClusterCalibration]
-    note: str = ("Least squares per cluster on step = C/compute_efficiency + N/comm_efficiency + step_overhead and "
+    note: str = ("Least squares per cluster on step = C/compute_efficiency + N/comm_efficiency + "
+                 "collectives·collective_latency + step_overhead and "
                  "memory = states + overhead_bytes + (1 + fragmentation)·dynamic; errors are leave-one-out.")
 
     def options_for(self, cluster: ClusterSpec) -> EstimateOptions:
@@ -89,17 +93,40 @@ def solve_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> 
 def ideal_options(base: EstimateOptions) -> EstimateOptions:
     """``base`` at ideal efficiency and without overheads: the planner's raw compute and communication split."""
     return base.replace(compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0, dp_overlap=0.0,
-                        overhead_bytes=0.0, fragmentation=0.0)
+                        overhead_bytes=0.0, fragmentation=0.0, collective_latency_s=0.0)
 
 
 def time_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
-    t = planner.evaluate(plan).time
+    return _split(planner.evaluate(plan))
+
+
+def _split(numbers: PlanNumbers) -> tuple[float, float]:
+    t = numbers.time
     compute = sum(t.get(k, 0.0) for k in _COMPUTE)
     in_stage = compute + t.get("tensor_parallel", 0.0) + t.get("expert_all_to_all", 0.0)
     bubble = t.get("pipeline_bubble", 0.0)
     compute_share = bubble * compute / in_stage if in_stage else 0.0
     comm = sum(t.get(k, 0.0) for k in _COMM) + bubble - compute_share
     return compute + compute_share, comm
+
+
+def collective_feature(numbers: PlanNumbers) -> float:
+    """K: the latency hops of a step (core.collective_counts) as step time counts them — the tp and all-to-all ones
+    run inside each micro-batch's work, which the pipeline bubble stretches by (p−1)/(v·m); pipeline messages and
+    dp collectives once. Step time = … + α·K."""
+    plan, calls = numbers.plan, numbers.latency_hops
+    stretch = 1.0
+    if plan.pp > 1:
+        v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
+        stretch += (plan.pp - 1) / (v * plan.grad_accum)
+    return (calls.get("tp", 0.0) + calls.get("ep", 0.0)) * stretch + calls.get("pp", 0.0) + calls.get("dp", 0.0)
+
+
+def _time_row(planner: Planner, plan: ParallelPlan) -> tuple[float, float, float]:
+    """(C, N, K) of one plan at ideal options."""
+    numbers = planner.evaluate(plan)
+    c, n = _split(numbers)
+    return c, n, collective_feature(numbers)
 
 
 def _memory_features(planner: Planner, plan: ParallelPlan) -> list[tuple[float, float]]:
@@ -123,30 +150,36 @@ def _fit_memory_peak(stages: list[list[tuple[float, float]]], y: list[float]) ->
     return c
 
 
-def _fit_time(features: list[tuple[float, float]], y: list[float]) -> list[float]:
-    """(x_c, x_n, x_0) with x_c ≥ 1, x_n ≥ 1 and x_0 ≥ 0, dropping terms the data cannot carry."""
-    free = [0, 1, 2]
-    fixed = {0: 1.0, 1: 1.0, 2: 0.0}
+def _fit_time(features: list[tuple[float, ...]], y: list[float], latency: bool = True) -> list[float]:
+    """(x_c, x_n, α, x_0) with x_c ≥ 1, x_n ≥ 1, α ≥ 0 and x_0 ≥ 0, dropping terms the data cannot carry.
+
+    Features are (C, N, K); a term that comes out non-physical is pinned (x = 1, α = 0, x_0 = 0) and the rest
+    refitted, the fixed overhead first, then α, then communication: the fixed overhead is the least specific."""
+    fixed = {0: 1.0, 1: 1.0, 2: 0.0, 3: 0.0}
+    free = [0, 1, 2, 3] if latency else [0, 1, 3]
+
+    def row(f):
+        return (f[0], f[1], f[2], 1.0)
     while True:
-        rows = [[(c, n, 1.0)[i] for i in free] for c, n in features]
-        target = [v - sum(fixed[i] * (c, n, 1.0)[i] for i in fixed if i not in free) for (c, n), v in zip(features, y)]
+        rows = [[row(f)[i] for i in free] for f in features]
+        target = [v - sum(fixed[i] * row(f)[i] for i in fixed if i not in free) for f, v in zip(features, y)]
         usable = [i for i in free if any(abs(r[free.index(i)]) > 0 for r in rows)]
         if usable != free:
             free = usable
             continue
         if not free:
-            return [fixed[0], fixed[1], fixed[2]]
+            return [fixed[i] for i in range(4)]
         try:
             x = solve_least_squares(rows, target) if len(rows) >= len(free) else None
         except ValueError:
             x = None
-        if x is None:  # too few runs: keep only the compute term, then nothing
+        if x is None:  # too few runs: drop the last free term (overhead, then α, then communication)
             free = free[:-1]
             continue
         sol = dict(zip(free, x))
-        bad = [i for i in free if (i < 2 and sol[i] < 1.0) or (i == 2 and sol[i] < 0.0)]
+        bad = [i for i in free if (i < 2 and sol[i] < 1.0) or (i >= 2 and sol[i] < 0.0)]
         if not bad:
-            return [sol.get(i, fixed[i]) for i in range(3)]
+            return [sol.get(i, fixed[i]) for i in range(4)]
         free = [i for i in free if i != bad[-1]]
 
 
@@ -168,8 +201,17 @@ def _relative_errors(errors: list[float]) -> dict[str, float]:
     return {"mean": sum(errors) / len(errors), "max": max(errors), "runs": len(errors)} if errors else {}
 
 
-def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = None) -> Calibration:
-    """Per cluster: fitted EstimateOptions, the coefficients, and leave-one-out relative errors."""
+def predict_time(coefficients: Sequence[float], features: Sequence[float]) -> float:
+    """x_c·C + x_n·N + α·K + x_0."""
+    xc, xn, alpha, x0 = coefficients
+    return xc * features[0] + xn * features[1] + alpha * features[2] + x0
+
+
+def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = None,
+              fit_latency: bool = True) -> Calibration:
+    """Per cluster: fitted EstimateOptions, the coefficients, and leave-one-out relative errors.
+
+    ``fit_latency=False`` fits the bandwidth-only model (α = 0), the planner's time model before the α term."""
     if not records:
         raise SpecError.single("records", "calibration needs at least one measured run")
     base = base or EstimateOptions()
@@ -185,21 +227,22 @@ def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = Non
 
     result = {}
     for key, runs in groups.items():
-        tf = [time_features(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
+        tf = [_time_row(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
         ty = [r.step_time_s for r in runs]
         mem_runs = [(i, r) for i, r in enumerate(runs) if r.memory_bytes is not None]
         mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for _, r in mem_runs]
         my = [r.memory_bytes for _, r in mem_runs]
-        xc, xn, x0 = _fit_time(tf, ty)
+        xc, xn, alpha, x0 = _fit_time(tf, ty, fit_latency)
         m0, m1 = _fit_memory_peak(mf, my) if mf else [base.overhead_for(runs[0].cluster.gpu.name), 1 + base.fragmentation]
         options = base.replace(compute_efficiency=min(1.0, 1 / xc), comm_efficiency=min(1.0, 1 / xn),
-                               step_overhead_s=x0, dp_overlap=0.0, overhead_bytes=m0, fragmentation=m1 - 1)
+                               collective_latency_s=alpha, step_overhead_s=x0, dp_overlap=0.0, overhead_bytes=m0,
+                               fragmentation=m1 - 1)
 
         time_errors, memory_errors = [], []
         if len(runs) >= 2:
             for i in range(len(runs)):
-                z = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:])
-                predicted = z[0] * tf[i][0] + z[1] * tf[i][1] + z[2]
+                z = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:], fit_latency)
+                predicted = predict_time(z, tf[i])
                 time_errors.append(abs(predicted - ty[i]) / ty[i])
         if len(mf) >= 2:
             for i in range(len(mf)):
@@ -207,7 +250,8 @@ def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = Non
                 states, dynamic = _peak_stage(mf[i], a0, a1)
                 predicted = states + a0 + a1 * dynamic
                 memory_errors.append(abs(predicted - my[i]) / my[i])
-        result[key] = ClusterCalibration(key, len(runs), options, {"compute": xc, "communication": xn, "fixed_s": x0},
+        result[key] = ClusterCalibration(key, len(runs), options, {"compute": xc, "communication": xn,
+                                                                  "latency_s": alpha, "fixed_s": x0},
                                          {"overhead_bytes": m0, "dynamic": m1}, _relative_errors(time_errors),
                                          _relative_errors(memory_errors))
     return Calibration(result)

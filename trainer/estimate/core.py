@@ -59,6 +59,8 @@ class PlanNumbers:
     hardware_flops_per_step: float = 0.0
     efficiency: float = 0.0
     bandwidths: dict[str, float] = field(default_factory=dict)
+    collectives: dict[str, float] = field(default_factory=dict)   # collectives (messages) per step, by group
+    latency_hops: dict[str, float] = field(default_factory=dict)  # ring steps those take: α multiplies these
 
     @property
     def fits(self) -> bool:
@@ -86,6 +88,65 @@ def ring_gather_s(nbytes: float, n: int, bandwidth: float) -> float:
     return (n - 1) / n * nbytes / bandwidth if n > 1 else 0.0
 
 
+# DDP's default bucket_cap_mb: gradients are all-reduced in ~25 MB buckets, one collective each
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+# DeepSpeed's default reduce_bucket_size, in elements
+ZERO_BUCKET_ELEMENTS = 5e8
+
+
+def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: int, grad_bytes: float,
+                      params_first: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(collectives, latency hops) one rank issues per step, by group (tp, ep, pp, dp).
+
+    Bandwidth alone prices a collective by its bytes; small ones (tiny models, gloo, many FSDP units) are paid per
+    call. α–β ring model (REFERENCE.md, Communication cost model, with its per-step latency): an all-reduce over n
+    ranks is 2·(n−1) steps, 2·(n−1)·α + 2·(n−1)/n·S/β; an all-gather or reduce-scatter (n−1)·α + (n−1)/n·S/β; an
+    all-to-all (n−1)·α + …; a point-to-point message α + S/β. Hops = Σ collectives × their steps; step time adds
+    α · hops. Counts follow what the trainer issues (trainer/parallel/*.py, trainer/train.py):
+      tp  m · [layers · n + edges] all-reduces, n = 4 a layer (2 forward, 2 backward; REFERENCE.md) or 6 with
+          full recompute (the forward runs twice); edges: the vocabulary-parallel embedding forward and the head
+          input backward (2; with a pipeline the first stage holds one and the last the other: 1); sequence parallel replaces each by an all-gather and a reduce-scatter (twice the calls,
+          the same hops)
+      ep  m · moe_layers · 4 all-to-alls (dispatch and combine, forward and backward)
+      pp  m · v · 2 messages (an activation forward and its gradient back, per micro-batch per chunk)
+      dp  ZeRO-3 (FSDP2: one unit per block + a root per chunk, v with interleaving): m · (units + layers) all-gathers (forward, and the
+          backward re-gather of each block; not with a pipeline, which keeps blocks gathered, nor for the root,
+          which FSDP2 does not reshard) + units reduce-scatters (once a step: gradient sync on the last
+          micro-batch); DDP: ⌈grad bytes / 25 MiB⌉ bucket all-reduces; tp > 1 or pp > 1 (the trainer's flat
+          gradient sync after backward): 1 all-reduce; DeepSpeed ZeRO 0–2: ⌈P_rank / 5e8⌉ buckets.
+    """
+    m = plan.grad_accum
+    calls: dict[str, float] = {}
+    hops: dict[str, float] = {}
+    layers = n_layers // plan.pp
+    v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
+    if plan.tp > 1:
+        per = 6 if plan.activation_checkpointing == "full" else 4
+        all_reduces = m * (layers * per + (2 if plan.pp == 1 else 1))
+        calls["tp"] = float(all_reduces * (2 if plan.sequence_parallel else 1))
+        hops["tp"] = float(all_reduces * 2 * (plan.tp - 1))
+    if plan.ep > 1 and moe_layers_per_stage:
+        calls["ep"] = float(m * moe_layers_per_stage * 4)
+        hops["ep"] = calls["ep"] * (plan.ep - 1)
+    if plan.pp > 1:
+        calls["pp"] = hops["pp"] = float(m * v * 2)
+    if plan.dp > 1:
+        if plan.zero_stage >= 3:
+            units = layers + v
+            regather = layers if plan.pp == 1 else 0
+            calls["dp"] = float(m * (units + regather) + units)
+            hops["dp"] = calls["dp"] * (plan.dp - 1)
+        else:
+            if plan.engine == "deepspeed":
+                calls["dp"] = float(-(-params_first // ZERO_BUCKET_ELEMENTS))
+            elif plan.tp > 1 or plan.pp > 1:
+                calls["dp"] = 1.0
+            else:
+                calls["dp"] = float(-(-grad_bytes // DDP_BUCKET_BYTES))
+            hops["dp"] = calls["dp"] * 2 * (plan.dp - 1)
+    return calls, hops
+
+
 class Planner:
     """Estimates for one model on one cluster under fixed options; ``evaluate`` is called once per plan."""
 
@@ -106,6 +167,9 @@ class Planner:
         self._block_flops = {c: self.model_flops_per_token + r - self.head_flops_per_token
                              for c, r in self._recompute.items()}
         self._static: dict[tuple, tuple] = {}
+        # MoE layers among the first k layers (pp = 1 for MoE, so a stage holds the first n_layers // pp)
+        self._moe_layers = {k: sum(1 for i in range(k) if model.is_moe_layer(i)) for k in range(model.n_layers + 1)} \
+            if model.is_moe else {}
         on_cpu = cluster.gpu.name == "cpu"
         self._mask_bytes = self.options.dropout_mask_bytes  # None: 1 byte on GPUs, the activation dtype on the CPU
         # scaled_dot_product_attention has no fused CPU kernel with dropout: it falls back to the math path
@@ -228,23 +292,27 @@ class Planner:
         bw = {"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(pp, tp * dp), "dp": self._bandwidth(dp, tp),
               "ep": self._bandwidth(plan.ep, tp)}
         layers = m.n_layers // pp
+        n_moe = self._moe_layers.get(layers, 0) if self._moe and plan.ep > 1 else 0
+        _, g_bytes, _ = M.state_bytes_per_param(plan.precision, plan.engine)
+        grad_bytes = params_first * g_bytes
+        calls, hops = collective_counts(plan, m.n_layers, n_moe, grad_bytes, params_first)
+        alpha = o.collective_latency_s
         t: dict[str, float] = {"compute": compute}
         if tp > 1:
             n_ar = 6 if plan.activation_checkpointing == "full" else 4
-            t["tensor_parallel"] = mb * layers * n_ar * ring_all_reduce_s(T * m.d_model * e, tp, bw["tp"])
-        if self._moe and plan.ep > 1:
-            n_moe = sum(1 for i in range(layers) if m.is_moe_layer(i))
+            t["tensor_parallel"] = (mb * layers * n_ar * ring_all_reduce_s(T * m.d_model * e, tp, bw["tp"])
+                                    + alpha * hops["tp"])
+        if n_moe:
             routed = T * m.top_k * m.capacity_factor * m.d_model * e
-            t["expert_all_to_all"] = mb * n_moe * 4 * (plan.ep - 1) / plan.ep * routed / bw["ep"]
+            t["expert_all_to_all"] = (mb * n_moe * 4 * (plan.ep - 1) / plan.ep * routed / bw["ep"]
+                                      + alpha * hops["ep"])
         per_microbatch_work = sum(t.values())
         if pp > 1:
             v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
             t["pipeline_bubble"] = per_microbatch_work * (pp - 1) / (v * mb)
             r = tp if plan.sequence_parallel else 1
-            t["pipeline_p2p"] = mb * v * 2 * (T * m.d_model * e / r) / bw["pp"]
+            t["pipeline_p2p"] = mb * v * 2 * (T * m.d_model * e / r) / bw["pp"] + alpha * hops["pp"]
         if dp > 1:
-            _, g_bytes, _ = M.state_bytes_per_param(plan.precision, plan.engine)
-            grad_bytes = params_first * g_bytes
             if plan.zero_stage >= 3:
                 # per micro-batch: all-gather weights for forward and for backward; one reduce-scatter per step
                 w_comm = M.activation_bytes_per_element(plan.precision)
@@ -252,7 +320,7 @@ class Planner:
                 dp_s = gathers + ring_gather_s(grad_bytes, dp, bw["dp"])
             else:
                 dp_s = ring_all_reduce_s(grad_bytes, dp, bw["dp"])
-            t["data_parallel"] = dp_s * (1 - o.dp_overlap)
+            t["data_parallel"] = (dp_s + alpha * hops["dp"]) * (1 - o.dp_overlap)
         if plan.offload_optimizer or plan.offload_params:
             pcie = o.pcie_bandwidth_gbs * GB
             moved = 2 * 2 * sharded_first if plan.offload_optimizer else 0  # 16-bit grads down, weights up
@@ -264,7 +332,8 @@ class Planner:
         if o.step_overhead_s:
             t["step_overhead"] = o.step_overhead_s
         model_flops = self.model_flops_per_token * tokens
-        return t, model_flops, hw_flops, {"efficiency": eff, **bw}
+        return t, model_flops, hw_flops, {"efficiency": eff, **bw, "collectives": calls,
+                                                    "latency_hops": hops}
 
     # ---- the tuner's fast path -----------------------------------------------------------------------------
     def _stage_static(self, plan: ParallelPlan, stage: int) -> tuple:
@@ -312,4 +381,6 @@ class Planner:
         return PlanNumbers(plan=plan, stages=stages, peak_stage=peak.stage, peak_bytes=peak.total,
                            peak_rank=rank_of(plan, peak.stage), time=t, step_s=sum(t.values()),
                            model_flops_per_step=model_flops, hardware_flops_per_step=hw_flops,
-                           efficiency=bw.pop("efficiency"), bandwidths=bw, capacity_bytes=self.capacity_bytes)
+                           efficiency=bw.pop("efficiency"), collectives=bw.pop("collectives"),
+                           latency_hops=bw.pop("latency_hops"), bandwidths=bw,
+                           capacity_bytes=self.capacity_bytes)

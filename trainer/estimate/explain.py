@@ -64,12 +64,14 @@ BUFFER_FORMULAS = {
 TIME_FORMULAS = {
     "compute": "(B·s/dp) · (F_blocks/p + F_head) / t / (peak · efficiency)  (the last pipeline stage, with the "
                "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak · efficiency) at p = 1)",
-    "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / β_tp  (n = 4, 6 with full recompute)",
-    "expert_all_to_all": "m · moe_layers · 4 · (ep−1)/ep · T·k·c·h·e / β_ep",
+    "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / β_tp  (n = 4, 6 with full recompute)"
+                       " + α · hops_tp,  hops_tp = m·(layers_per_stage·n + edges) · 2·(t−1)  (edges 2; 1 with a pipeline)",
+    "expert_all_to_all": "m · moe_layers · 4 · (ep−1)/ep · T·k·c·h·e / β_ep + α · m·moe_layers·4·(ep−1)",
     "pipeline_bubble": "(compute + tp + all-to-all) · (p−1)/(v·m)",
-    "pipeline_p2p": "m · v · 2 · (T·h·e/r) / β_pp",
-    "data_parallel": "(1 − overlap) · [ZeRO 0–2: 2·(d−1)/d · P_rank·grad_bytes / β_dp;  "
-                     "ZeRO-3: (2m)·(d−1)/d·P_rank·e/β_dp + (d−1)/d·P_rank·grad_bytes/β_dp]",
+    "pipeline_p2p": "m · v · 2 · (T·h·e/r) / β_pp + α · m·v·2",
+    "data_parallel": "(1 − overlap) · [ZeRO 0–2: 2·(d−1)/d · P_rank·grad_bytes / β_dp + α · buckets·2·(d−1);  "
+                     "ZeRO-3: (2m)·(d−1)/d·P_rank·e/β_dp + (d−1)/d·P_rank·grad_bytes/β_dp "
+                     "+ α · (m·(units + regathered) + units)·(d−1), units = layers_per_stage + v]",
     "offload": "bytes moved over PCIe / pcie_bandwidth + 16·P_shard / host_memory_bandwidth (CPU Adam)",
     "step_overhead": "options.step_overhead_s",
 }
@@ -242,7 +244,15 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         if name in terms:
             terms[name].terms.update(bandwidth_bytes_per_s=numbers.bandwidths[key], micro_batches=plan.grad_accum,
                                      bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else "
-                                                    "inter-node; × comm_efficiency")
+                                                    "inter-node; × comm_efficiency",
+                                     collectives=numbers.collectives.get(key, 0.0),
+                                     latency_hops=numbers.latency_hops.get(key, 0.0),
+                                     latency_s=fig(o.collective_latency_s * numbers.latency_hops.get(key, 0.0), "s",
+                                                   "α · hops  (α–β ring model: all-reduce 2·(n−1) steps, all-gather/"
+                                                   "reduce-scatter/all-to-all n−1, a pipeline message 1; "
+                                                   "REFERENCE.md, Communication cost model)",
+                                                   alpha_s=o.collective_latency_s,
+                                                   hops=numbers.latency_hops.get(key, 0.0)))
     step = total("s", terms)
     tokens = plan.global_batch * m.seq_len
     gpus, peak = plan.world_size, planner.peak_flops

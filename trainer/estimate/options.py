@@ -22,6 +22,9 @@ class EstimateOptions:
     efficiency_half_work: b·s·h/t at which the achieved efficiency is half of ``compute_efficiency`` — small
         micro-batches and thin tensor-parallel shards do not fill the GPU.
     comm_efficiency: fraction of the link bandwidth a collective reaches.
+    collective_latency_s: α of the α–β model, fixed seconds each collective (each pipeline message) costs on top of
+        its bytes/β: launch, synchronisation and the first hop. ~5 µs on GPU clusters (NVLink a few µs, InfiniBand
+        5–10 µs per collective); far more through gloo on CPUs (fit it with ``calibrate``).
     dp_overlap: fraction of data-parallel gradient communication hidden behind the backward pass.
     step_overhead_s: fixed seconds per step (optimizer launch, host work, synchronisation).
     overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
@@ -44,6 +47,7 @@ class EstimateOptions:
     compute_efficiency: float = 0.5
     efficiency_half_work: float = 2.0 ** 18
     comm_efficiency: float = 0.8
+    collective_latency_s: float = 5e-6
     dp_overlap: float = 0.0
     step_overhead_s: float = 0.0
     overhead_bytes: float | None = None
@@ -64,7 +68,7 @@ class EstimateOptions:
                 p[name] = [f"{name}={getattr(self, name)} must be in (0, 1]"]
         if not 0.0 <= self.dp_overlap <= 1.0:
             p["dp_overlap"] = [f"dp_overlap={self.dp_overlap} must be in [0, 1]"]
-        for name in ("efficiency_half_work", "step_overhead_s", "fragmentation"):
+        for name in ("efficiency_half_work", "step_overhead_s", "fragmentation", "collective_latency_s"):
             if getattr(self, name) < 0:
                 p[name] = [f"{name}={getattr(self, name)} must not be negative"]
         if self.overhead_bytes is not None and self.overhead_bytes < 0:
