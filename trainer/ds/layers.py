@@ -18,6 +18,7 @@ from torch import nn
 
 from trainer.model import GPT, MLP
 from trainer.moe import MoE as NativeMoE
+from trainer.parallel.ac import apply_ac
 from trainer.spec import RunSpec
 
 
@@ -124,10 +125,4 @@ def _core_checkpoint(fn, *tensors):
 def apply_deepspeed_ac(model: GPT, mode: str) -> None:
     """full: deepspeed.checkpointing around each block (keeps its input, partitioned when configured);
     selective: around the weight-free core of attention, as the native engine's selective mode."""
-    if mode == "full":
-        model.wrap_block = _block_checkpoint
-    elif mode == "selective":
-        for block in model.layers.values():
-            block.attn.wrap_core = _core_checkpoint
-    elif mode != "none":
-        raise ValueError(f"activation_checkpointing={mode!r}: expected none, selective or full")
+    apply_ac(model, mode, block_wrap=_block_checkpoint, core_wrap=_core_checkpoint)

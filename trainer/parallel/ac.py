@@ -20,11 +20,13 @@ from trainer.model import GPT
 recompute = partial(checkpoint, use_reentrant=False)
 
 
-def apply_ac(model: GPT, mode: str) -> None:
+def apply_ac(model: GPT, mode: str, block_wrap=recompute, core_wrap=recompute) -> None:
+    """full: ``block_wrap`` around each block; selective: ``core_wrap`` around attention's weight-free core.
+    Each engine passes its own checkpoint functions; the modes mean the same in both."""
     if mode == "full":
-        model.wrap_block = recompute
+        model.wrap_block = block_wrap
     elif mode == "selective":
         for block in model.layers.values():
-            block.attn.wrap_core = recompute
+            block.attn.wrap_core = core_wrap
     elif mode != "none":
         raise ValueError(f"activation_checkpointing={mode!r}: expected none, selective or full")
