@@ -1,4 +1,4 @@
-"""Shared test settings: the real Redis the tests use, and where the shared data lies."""
+"""Shared test settings: the real Redis the tests use."""
 import os
 from pathlib import Path
 
@@ -7,10 +7,6 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 # Tests use their own Redis database so that they never see (or eat) a running product's tasks.
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
-
-
-def shared_data_dir() -> Path:
-    return Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""DESIGN.md's import rules (the contracts in pyproject.toml) hold, and the checker really sees imports."""
+"""docs/architecture.md's import rules (the contracts in pyproject.toml) hold, and the checker really sees imports."""
 import subprocess
 import sys
 from pathlib import Path

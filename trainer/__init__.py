@@ -1,1 +1,1 @@
-"""The training program and the contract. Imports nothing heavy: the web process uses trainer.spec."""
+"""The training program and the contract. Imports nothing heavy: the web process uses trainer.contract."""

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.runfolder import EVENTS, append_jsonl
-from trainer.spec import RunSpec, SpecError
+from trainer.contract.runfolder import EVENTS, append_jsonl
+from trainer.contract import RunSpec, SpecError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,15 +26,15 @@ PIPELINE_MICROBATCHES = (2, 4, 8)
 
 
 def _bench_model(layers: int = 4, d_model: int = 256, seq_len: int = 128):
-    from trainer.spec import ModelSpec
+    from trainer.contract import ModelSpec
 
     return ModelSpec(name="bench", n_layers=layers, d_model=d_model, n_heads=4, seq_len=seq_len, vocab_size=512,
                      tied_embeddings=False)
 
 
 def _spec(out: Path, name: str, dataset, steps: int, world: int = 1, profile=None, **plan):
-    from trainer.presets import local_cpu_cluster
-    from trainer.spec import OptimizerSpec, ParallelPlan, RunSpec
+    from trainer.contract.presets import local_cpu_cluster
+    from trainer.contract import OptimizerSpec, ParallelPlan, RunSpec
 
     plan_obj = ParallelPlan(**plan)
     return RunSpec(model=_bench_model(), plan=plan_obj, cluster=local_cpu_cluster(plan_obj.world_size),
@@ -106,7 +106,7 @@ def engine_vs_plain(out: Path, dataset, steps: int) -> dict:
 
 
 def _pipeline_specs(out: Path, dataset, steps: int, micro_batch: int):
-    from trainer.spec import ProfileSpec
+    from trainer.contract import ProfileSpec
 
     profile = ProfileSpec(start_step=3, steps=3, warmup=1, name="bubble")
     specs = {}
@@ -182,7 +182,7 @@ def _torchrun(nproc: int, jobs: list[dict], out: Path) -> None:
 def _worker(path: str) -> int:
     import torch.distributed as dist
 
-    from trainer.spec import RunSpec
+    from trainer.contract import RunSpec
     from trainer.train import run
 
     for job in json.loads(Path(path).read_text()):
@@ -232,13 +232,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--micro-batch", type=int, default=4, help="pipeline micro-batch (sequences)")
     parser.add_argument("--only", default="1,2,3,4", help="sections to run, e.g. 2 or 1,3")
-    parser.add_argument("--text", default="", help="training text (default: shared tinyshakespeare, first 300 kB)")
+    parser.add_argument("--text", default="", help="training text (default: the demo corpus, first 300 kB)")
     parser.add_argument("--worker", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args.worker)
 
-    from trainer.spec import DatasetSpec
+    from trainer.contract import DatasetSpec
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -305,11 +305,11 @@ def _cuda() -> bool:
 
 
 def _sample_text(out: Path) -> Path:
-    src = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+    from trainer.contract.presets import demo_text
+
     dst = out / "text.txt"
     if not dst.exists():
-        data = src.read_bytes()[:300_000]
-        dst.write_bytes(data[:data.rfind(b"\n") + 1])
+        dst.write_bytes(demo_text(300_000))
     return dst
 
 

@@ -23,8 +23,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
-from trainer.runfolder import CHECKPOINTS, MANIFEST, read_json, write_json_atomic
-from trainer.specjson import SCHEMA_VERSION
+from trainer.contract.runfolder import CHECKPOINTS, MANIFEST, read_json, write_json_atomic
+from trainer.contract.specjson import SCHEMA_VERSION
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.runfolder import MANIFEST, read_json
+from trainer.contract.runfolder import MANIFEST, read_json
 
 CONSOLIDATED = "consolidated.safetensors"
 _TIED_KEY = "tied"
@@ -91,7 +91,7 @@ def _dcp_state(folder: Path, manifest: dict) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
 
     from trainer.model import GPT, tie_weights
-    from trainer.spec import ModelSpec
+    from trainer.contract import ModelSpec
 
     with torch.device("meta"):
         model = GPT(ModelSpec.from_dict(manifest["model"]))

@@ -8,7 +8,7 @@ Model FLOPs exclude activation recompute, so MFU does not reward recomputation.
 """
 from __future__ import annotations
 
-from trainer.spec import ModelSpec
+from trainer.contract import ModelSpec
 
 
 def matmul_params(spec: ModelSpec) -> int:

@@ -19,8 +19,8 @@ import torch
 
 from trainer.consolidated import CONSOLIDATED, consolidate, load_consolidated
 from trainer.model import GPT, KVCache, Rotary, tie_weights
-from trainer.runfolder import MANIFEST, read_json
-from trainer.spec import ModelSpec
+from trainer.contract.runfolder import MANIFEST, read_json
+from trainer.contract import ModelSpec
 
 
 def load_model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu",

@@ -3,7 +3,7 @@
 Activations are measured, not modelled: ``SavedActivations`` sees every tensor autograd saves through
 ``torch.autograd.graph.saved_tensors_hooks`` and sums the sizes of the distinct storages behind them (views of
 one buffer count once), leaving out parameters and views of parameters. This is what the Korthikanti et al.
-table in REFERENCE.md counts, for this model, this precision and this plan. Non-reentrant activation
+table in docs/formulas.md counts, for this model, this precision and this plan. Non-reentrant activation
 checkpointing saves its inputs through autograd too, so the probe sees what a checkpointed block keeps.
 """
 from __future__ import annotations

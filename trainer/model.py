@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.moe import MoE
-from trainer.spec import ModelSpec
+from trainer.contract import ModelSpec
 
 # A callable wrapping part of a forward pass, e.g. activation recompute: wrap(fn, *tensors) -> fn(*tensors).
 Wrapper = Callable[..., torch.Tensor]

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.spec import ModelSpec
+from trainer.contract import ModelSpec
 
 
 def capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:

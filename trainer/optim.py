@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from trainer.spec import OptimizerSpec
+from trainer.contract import OptimizerSpec
 
 
 def build_optimizer(module: nn.Module, spec: OptimizerSpec) -> torch.optim.AdamW:

@@ -58,7 +58,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterable
 
-from trainer.runfolder import PROFILES, read_json, write_json_atomic
+from trainer.contract.runfolder import PROFILES, read_json, write_json_atomic
 
 __all__ = ["StepProfiler", "summarize_trace", "summarize_traces", "write_summary", "is_communication",
            "union", "intersect", "subtract", "total"]

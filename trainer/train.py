@@ -1,4 +1,4 @@
-"""The native engine's training loop: one process per rank, writing the run folder described in DESIGN.md.
+"""The native engine's training loop: one process per rank, writing the run folder described in docs/architecture.md.
 
 A step: learning rate for the step → this rank's micro-batches (a pure function of seed and step, so resume and
 any dp degree see the same data) → forward and backward over them (through the pipeline schedule when pp > 1)
@@ -30,8 +30,8 @@ from trainer.optim import LossScaler, build_optimizer, lr_at, set_lr
 from trainer.parallel.clip import clip_grads_
 from trainer.parallel.mesh import Topology, build_topology, init_distributed
 from trainer.parallel.parallelize import DTYPES, ParallelModel, parallelize
-from trainer.runfolder import EVENTS, LOGS, METRICS, append_jsonl
-from trainer.spec import RunSpec
+from trainer.contract.runfolder import EVENTS, LOGS, METRICS, append_jsonl
+from trainer.contract import RunSpec
 
 
 # ---------------------------------------------------------------- run folder writers
@@ -441,7 +441,7 @@ class ProfileReport:
 
 
 def _same_layout(folder: Path, spec: RunSpec) -> bool:
-    from trainer.runfolder import MANIFEST, read_json
+    from trainer.contract.runfolder import MANIFEST, read_json
 
     manifest = read_json(folder / MANIFEST) or {}
     return manifest.get("world_size") == spec.plan.world_size and manifest.get("plan") == spec.plan.to_dict()

@@ -1,1 +1,1 @@
-"""The Django side: models, services, REST API, admin. Never imports torch (see DESIGN.md)."""
+"""The Django side: models, services, REST API, admin. Never imports torch (see docs/architecture.md)."""

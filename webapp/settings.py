@@ -117,7 +117,7 @@ WORKBENCH = {
     "RUNS_ROOT": Path(os.environ.get("WORKBENCH_RUNS_ROOT", VAR_DIR / "runs")),
     # Datasets must lie under one of these folders, so that a user cannot point a run at any file on the server.
     "DATA_ROOTS": [Path(p) for p in os.environ.get(
-        "WORKBENCH_DATA_ROOTS", f"{VAR_DIR / 'data'}:{BASE_DIR.parent / 'shared' / 'data'}").split(":") if p],
+        "WORKBENCH_DATA_ROOTS", f"{VAR_DIR / 'data'}:{BASE_DIR / 'trainer' / 'data' / 'corpus'}").split(":") if p],
 }
 
 LOGGING = {

@@ -8,8 +8,8 @@ from pathlib import Path
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.runfolder import CHECKPOINTS, LAUNCH, MANIFEST, SPEC, write_json_atomic
-from trainer.spec import SpecError
+from trainer.contract.runfolder import CHECKPOINTS, LAUNCH, MANIFEST, SPEC, write_json_atomic
+from trainer.contract import SpecError
 from webapp import services
 from webapp.models import Run, RunStatus
 from webapp.services.ingest import run_ingest

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from django.conf import settings
 
-from trainer.estimate.api import model_from_json
-from trainer.tune.api import tune_json
+from trainer.planner.estimate.api import model_from_json
+from trainer.planner.tune.api import tune_json
 from webapp import services
 from webapp.models import TuneJob
 
@@ -39,7 +39,7 @@ def tune_job_run(job_id: int) -> str:
     if job is None:
         return "skipped"
     try:
-        from trainer.tune.measure import LocalTrials
+        from trainer.planner.tune.measure import LocalTrials
 
         root = Path(settings.WORKBENCH["RUNS_ROOT"]) / f"tune-{job.pk}"
         dataset = job.dataset.dataset_spec().replace(prepared_dir=str(root / "data"))

@@ -10,18 +10,16 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.launch import launch, tiny_spec
-from trainer.spec import DatasetSpec
+from trainer.contract import DatasetSpec
+from trainer.contract.presets import demo_text
 
 TEXT_BYTES = 200_000  # enough tinyshakespeare for a 512-token BPE and thousands of 64-token windows
 
 
 @pytest.fixture(scope="session")
 def dataset(tmp_path_factory) -> DatasetSpec:
-    from tests.conftest import shared_data_dir
-
     root = tmp_path_factory.mktemp("data")
-    text = (shared_data_dir() / "tinyshakespeare.txt").read_bytes()[:TEXT_BYTES]
-    (root / "shakespeare.txt").write_bytes(text[:text.rfind(b"\n") + 1])
+    (root / "shakespeare.txt").write_bytes(demo_text(TEXT_BYTES))
     spec = DatasetSpec(path=str(root / "shakespeare.txt"), prepared_dir=str(root / "prepared"))
     from trainer.data import prepare_dataset
 
@@ -112,7 +110,7 @@ MOE_STEPS = 10
 
 def moe_model(**kw):
     """tiny-moe: 4 layers, experts on layers 1 and 3, top-2 of 4; capacity factor 2 = E/k drops nothing."""
-    from trainer.presets import MODELS
+    from trainer.contract.presets import MODELS
 
     return MODELS["tiny-moe"].replace(**{"capacity_factor": 2.0, **kw})
 

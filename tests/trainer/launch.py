@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.presets import MODELS, local_cpu_cluster
-from trainer.spec import DatasetSpec, OptimizerSpec, ParallelPlan, RunSpec
+from trainer.contract.presets import MODELS, local_cpu_cluster
+from trainer.contract import DatasetSpec, OptimizerSpec, ParallelPlan, RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable

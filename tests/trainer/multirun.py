@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from trainer.spec import RunSpec  # noqa: E402
+from trainer.contract import RunSpec  # noqa: E402
 from trainer.train import run  # noqa: E402
 
 

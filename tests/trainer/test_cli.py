@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tests.trainer.launch import PYTHON, REPO, _env, records, tiny_spec
-from trainer.spec import ProfileSpec
+from trainer.contract import ProfileSpec
 
 
 def _start(spec, tmp_path, *args):

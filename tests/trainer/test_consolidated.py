@@ -6,7 +6,7 @@ import torch
 
 from trainer.consolidated import CONSOLIDATED, consolidate, load_consolidated, write_consolidated
 from trainer.model import GPT, build_model
-from trainer.presets import MODELS
+from trainer.contract.presets import MODELS
 
 
 def test_it_writes_a_tied_head_once_and_gives_it_back(tmp_path):

@@ -1,5 +1,5 @@
 """Real learning on real text: a short run on tinyshakespeare ends well below the unigram entropy of its tokens,
-and the checkpoint generates text. (A few minutes of the same, with the figures, is in the issue notes.)"""
+and the checkpoint generates text."""
 import json
 import os
 import subprocess
@@ -8,16 +8,16 @@ import sys
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, shared_data_dir
+from tests.conftest import REPO
 from trainer.data import load_tokens, prepare_dataset, unigram_entropy
-from trainer.presets import local_cpu_cluster
-from trainer.spec import DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan, RunSpec
+from trainer.contract.presets import DEMO_TEXT, local_cpu_cluster
+from trainer.contract import DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan, RunSpec
 
 pytestmark = pytest.mark.slow
 
 
 def test_it_learns_tinyshakespeare_below_the_unigram_entropy_and_generates_text(tmp_path):
-    dataset = DatasetSpec(path=str(shared_data_dir() / "tinyshakespeare.txt"), prepared_dir=str(tmp_path / "data"))
+    dataset = DatasetSpec(path=str(DEMO_TEXT), prepared_dir=str(tmp_path / "data"))
     prepared = prepare_dataset(dataset, 512)
     entropy = unigram_entropy(load_tokens(prepared.val_path))
     model = ModelSpec(n_layers=2, d_model=64, n_heads=4, seq_len=64, vocab_size=512)

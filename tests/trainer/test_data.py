@@ -10,27 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.data import (EOS, BatchSampler, DataError, _dtype_for, default_prepared_dir, eval_batches, load_tokenizer,
-                          load_tokens, prepare_dataset, unigram_entropy)
-from trainer.spec import DatasetSpec
+from trainer.data import (EOS, BatchSampler, DataError, default_prepared_dir, eval_batches, load_tokenizer, load_tokens,
+                          prepare_dataset, unigram_entropy)
+from trainer.data.prepare import _dtype_for
+from trainer.contract import DatasetSpec
+from trainer.contract.presets import DEMO_TEXT
 
 REPO = Path(__file__).resolve().parents[2]
 SLICE = 200_000  # characters: enough text for a 512-token BPE, fast to train
 
 
-def shakespeare_path() -> Path:
-    """tinyshakespeare.txt in ../shared/data beside the checkout, or under $WORKBENCH_SHARED_DATA (the shared folder
-    or its data folder)."""
-    base = Path(os.environ.get("WORKBENCH_SHARED_DATA", REPO / ".." / "shared"))
-    for candidate in (base / "data" / "tinyshakespeare.txt", base / "tinyshakespeare.txt"):
-        if candidate.is_file():
-            return candidate.resolve()
-    pytest.skip(f"tinyshakespeare.txt not found under {base}; set WORKBENCH_SHARED_DATA")
-
-
 @pytest.fixture(scope="module")
 def shakespeare() -> str:
-    return shakespeare_path().read_text(encoding="utf-8")
+    return DEMO_TEXT.read_text(encoding="utf-8")
 
 
 @pytest.fixture
@@ -169,7 +161,7 @@ def test_it_picks_the_narrowest_token_dtype():
 
 def test_it_prepares_the_whole_tinyshakespeare_file_from_the_command_line(tmp_path):
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "trainer.data", "prepare", "--path", str(shakespeare_path()),
+    done = subprocess.run([sys.executable, "-m", "trainer.data", "prepare", "--path", str(DEMO_TEXT),
                            "--vocab", "2048", "--out", str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

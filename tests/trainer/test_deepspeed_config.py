@@ -4,7 +4,7 @@ import subprocess
 
 from tests.trainer.launch import PYTHON, REPO, _env, tiny_spec
 from trainer.ds.config import deepspeed_config
-from trainer.spec import DatasetSpec, SpecError, check_plan
+from trainer.contract import DatasetSpec, SpecError, check_plan
 
 
 def _spec(tmp_path, **kw):
@@ -34,7 +34,7 @@ def test_it_leaves_out_what_the_plan_does_not_ask_for(tmp_path):
 
 
 def test_it_refuses_deepspeed_moe_with_zero3_before_launch(tmp_path):
-    from trainer.presets import MODELS
+    from trainer.contract.presets import MODELS
 
     spec = _spec(tmp_path, dp=2)
     spec = spec.replace(model=MODELS["tiny-moe"], plan=spec.plan.replace(zero_stage=3, ep=2))

@@ -7,7 +7,7 @@ import torch
 
 from tests.trainer.conftest import DS_STAGES, PARITY_STEPS, RESUME_AT, RESUME_STEPS
 from tests.trainer.launch import losses, max_rel_error, records
-from trainer.spec import RunSpec
+from trainer.contract import RunSpec
 
 pytestmark = pytest.mark.slow
 

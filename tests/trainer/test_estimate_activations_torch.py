@@ -22,9 +22,9 @@ memory_mod = pytest.importorskip("trainer.memory")
 ac_mod = pytest.importorskip("trainer.parallel.ac")
 pipeline_mod = pytest.importorskip("trainer.parallel.pipeline")
 
-from trainer.estimate.core import Planner  # noqa: E402
-from trainer.presets import local_cpu_cluster  # noqa: E402
-from trainer.spec import ModelSpec, ParallelPlan  # noqa: E402
+from trainer.planner.estimate.core import Planner  # noqa: E402
+from trainer.contract.presets import local_cpu_cluster  # noqa: E402
+from trainer.contract import ModelSpec, ParallelPlan  # noqa: E402
 
 BASE = dict(n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512)
 CASES = [  # (id, model fields, micro-batch, checkpointing, pp, stage[, precision, zero_stage])

@@ -3,9 +3,9 @@ import json
 
 import pytest
 
-from trainer.estimate.api import estimate_json
-from trainer.spec import SpecError
-from trainer.tune.api import tune_json
+from trainer.planner.estimate.api import estimate_json
+from trainer.contract import SpecError
+from trainer.planner.tune.api import tune_json
 
 
 def test_it_estimates_from_json_with_presets_and_inference():
@@ -18,7 +18,7 @@ def test_it_estimates_from_json_with_presets_and_inference():
 
 
 def test_it_estimates_from_full_spec_objects():
-    from trainer.presets import MODELS, cluster
+    from trainer.contract.presets import MODELS, cluster
     out = estimate_json({"model": MODELS["gpt2-small"].to_dict(), "cluster": cluster("H100-SXM", 1).to_dict(),
                          "plan": {"dp": 8, "global_batch": 64, "micro_batch": 8}, "options": {"attention": "math"}})
     assert out["options"]["attention"] == "math" and out["memory"]["fits"]

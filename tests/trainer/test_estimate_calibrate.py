@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from trainer.estimate import MeasuredRun, calibrate
-from trainer.estimate.calibrate import solve_least_squares
-from trainer.estimate.core import Planner
-from trainer.estimate.options import EstimateOptions
-from trainer.presets import MODELS, cluster, local_cpu_cluster
-from trainer.spec import ParallelPlan, SpecError
+from trainer.planner.estimate import MeasuredRun, calibrate
+from trainer.planner.estimate.calibrate import solve_least_squares
+from trainer.planner.estimate.core import Planner
+from trainer.planner.estimate.options import EstimateOptions
+from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
+from trainer.contract import ParallelPlan, SpecError
 
 TRUE = EstimateOptions(compute_efficiency=0.42, comm_efficiency=0.6, step_overhead_s=0.03, overhead_bytes=1.5e9,
                        fragmentation=0.08)

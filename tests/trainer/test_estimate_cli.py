@@ -1,8 +1,8 @@
 """The command lines print the breakdown with formulas, JSON, and the tuner's tables."""
 import json
 
-from trainer.estimate.__main__ import main as estimate_main
-from trainer.tune.__main__ import main as tune_main
+from trainer.planner.estimate.__main__ import main as estimate_main
+from trainer.planner.tune.__main__ import main as tune_main
 
 
 def test_it_prints_the_gpt3_breakdown_with_formulas(capsys):
@@ -18,8 +18,8 @@ def test_it_prints_the_gpt3_breakdown_with_formulas(capsys):
 
 
 def test_it_reads_plan_and_model_json_files(tmp_path, capsys):
-    from trainer.presets import MODELS
-    from trainer.spec import ParallelPlan
+    from trainer.contract.presets import MODELS
+    from trainer.contract import ParallelPlan
     (tmp_path / "model.json").write_text(MODELS["gpt2-small"].to_json())
     (tmp_path / "plan.json").write_text(ParallelPlan(dp=4, tp=2, micro_batch=2, global_batch=32).to_json())
     code = estimate_main(["--model-json", str(tmp_path / "model.json"), "--plan-json", str(tmp_path / "plan.json"),

@@ -4,13 +4,13 @@ import math
 
 import pytest
 
-from trainer.estimate import EstimateOptions, estimate, inference_estimate
-from trainer.estimate.__main__ import main as estimate_main
-from trainer.estimate.params import count
-from trainer.presets import MODELS, cluster
-from trainer.spec import ModelSpec, ParallelPlan, SpecError
-from trainer.tune.search import tune
-from trainer.tune.space import SearchSpace
+from trainer.planner.estimate import EstimateOptions, estimate, inference_estimate
+from trainer.planner.estimate.__main__ import main as estimate_main
+from trainer.planner.estimate.params import count
+from trainer.contract.presets import MODELS, cluster
+from trainer.contract import ModelSpec, ParallelPlan, SpecError
+from trainer.planner.tune.search import tune
+from trainer.planner.tune.space import SearchSpace
 
 
 def test_it_names_the_numbers_when_a_plan_does_not_fit_the_cluster():

@@ -1,11 +1,11 @@
-"""Model-state memory (ZeRO §3.1) and activation memory (Korthikanti Table 2) against REFERENCE.md."""
+"""Model-state memory (ZeRO §3.1) and activation memory (Korthikanti Table 2) against docs/formulas.md."""
 import pytest
 
-from trainer.estimate import memory as M
-from trainer.estimate.core import Planner
-from trainer.estimate.options import EstimateOptions
-from trainer.presets import MODELS, cluster
-from trainer.spec import ModelSpec, ParallelPlan
+from trainer.planner.estimate import memory as M
+from trainer.planner.estimate.core import Planner
+from trainer.planner.estimate.options import EstimateOptions
+from trainer.contract.presets import MODELS, cluster
+from trainer.contract import ModelSpec, ParallelPlan
 
 PSI, ND = 7_500_000_000, 64
 
@@ -33,7 +33,7 @@ def test_it_uses_4_4_8_bytes_for_fp32_and_moves_offloaded_states_to_the_host():
     assert s["weights"] == s["optimizer"] == 0 and s["host"] == 12 * 250 + 2 * 250 and s["gradients"] == 2 * 250
 
 
-# REFERENCE.md, "Activation memory per transformer layer, 16-bit (Korthikanti et al. 2022, Table 2)":
+# docs/formulas.md, "Activation memory per transformer layer, 16-bit (Korthikanti et al. 2022, Table 2)":
 # 16-bit activations, 1-byte dropout masks, materialised attention scores, f = 4h, no small terms.
 S, B, H, A = 2048, 4, 12288, 96
 TABLE = [  # (t, sequence parallel, checkpointing, bytes per layer from the table)
@@ -102,7 +102,7 @@ def test_it_makes_the_1f1b_first_stage_hold_the_activations_of_all_layers():
 
 
 def test_it_reports_the_peak_rank_and_the_per_microbatch_figure_apart_from_in_flight():
-    from trainer.estimate import estimate
+    from trainer.planner.estimate import estimate
     m = MODELS["gpt3-175b"]
     plan = ParallelPlan(dp=8, tp=8, pp=16, micro_batch=1, global_batch=1536, sequence_parallel=True,
                         precision="bf16", activation_checkpointing="selective")

@@ -1,9 +1,9 @@
-"""Exact parameter counts (REFERENCE.md, Parameters) and each rank's share."""
+"""Exact parameter counts (docs/formulas.md, Parameters) and each rank's share."""
 import pytest
 
-from trainer.estimate.params import count, rank_params
-from trainer.presets import MODELS
-from trainer.spec import ModelSpec
+from trainer.planner.estimate.params import count, rank_params
+from trainer.contract.presets import MODELS
+from trainer.contract import ModelSpec
 
 # Published / independently known totals of the GPT-2 family (tied head, learned positions, biases).
 GPT2_KNOWN = {"gpt2-small": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large": 774_030_080,
@@ -11,7 +11,7 @@ GPT2_KNOWN = {"gpt2-small": 124_439_808, "gpt2-medium": 354_823_168, "gpt2-large
 
 
 def reference_formula(m: ModelSpec) -> int:
-    """L(12h² + 13h) + V·h + s·h + 2h — REFERENCE.md's dense-GPT formula."""
+    """L(12h² + 13h) + V·h + s·h + 2h — docs/formulas.md's dense-GPT formula."""
     h = m.d_model
     return m.n_layers * (12 * h * h + 13 * h) + m.vocab_size * h + m.seq_len * h + 2 * h
 

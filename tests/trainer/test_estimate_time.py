@@ -3,14 +3,14 @@ import json
 
 import pytest
 
-from trainer.estimate import estimate, inference_estimate
-from trainer.estimate import flops as F
-from trainer.estimate.core import Planner, ring_all_reduce_s, ring_gather_s
-from trainer.estimate.figure import Figure, walk
-from trainer.estimate.options import EstimateOptions
-from trainer.estimate.params import count
-from trainer.presets import MODELS, cluster
-from trainer.spec import ParallelPlan
+from trainer.planner.estimate import estimate, inference_estimate
+from trainer.planner.estimate import flops as F
+from trainer.planner.estimate.core import Planner, ring_all_reduce_s, ring_gather_s
+from trainer.planner.estimate.figure import Figure, walk
+from trainer.planner.estimate.options import EstimateOptions
+from trainer.planner.estimate.params import count
+from trainer.contract.presets import MODELS, cluster
+from trainer.contract import ParallelPlan
 
 GPT3 = MODELS["gpt3-175b"]
 MEGATRON_PLAN = ParallelPlan(dp=8, tp=8, pp=16, micro_batch=1, global_batch=1536, sequence_parallel=True,
@@ -102,7 +102,7 @@ def test_it_returns_json_with_a_formula_on_every_figure():
 def test_it_agrees_with_the_tuners_fast_path():
     c = cluster("A100-SXM-80GB", 4)
     p = Planner(MODELS["gpt2-xl"], c)
-    from trainer.tune.space import enumerate_plans
+    from trainer.planner.tune.space import enumerate_plans
     plans = list(enumerate_plans(MODELS["gpt2-xl"], c, 64))[::3]
     assert len(plans) > 100
     for plan in plans:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.estimate.core import Planner
+from trainer.planner.estimate.core import Planner
 
 pytest.importorskip("torch")
 from tests.trainer.conftest import (AC_MODES, DS_STAGES, FOUR_RANK_PLANS, MOE_STEPS, PARITY_STEPS,  # noqa: E402

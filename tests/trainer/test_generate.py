@@ -4,7 +4,7 @@ import torch
 
 from trainer.generate import generate, generate_stream, load_model_from_checkpoint
 from trainer.model import build_model
-from trainer.presets import MODELS
+from trainer.contract.presets import MODELS
 
 
 def _greedy_without_cache(model, ids, n):

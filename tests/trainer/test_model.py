@@ -1,4 +1,4 @@
-"""The GPT itself: parameter counts from REFERENCE.md, seeded initialisation, shapes, refusals."""
+"""The GPT itself: parameter counts from docs/formulas.md, seeded initialisation, shapes, refusals."""
 import pytest
 import torch
 
@@ -6,8 +6,8 @@ from trainer.flops import flops_per_token, matmul_params
 from trainer.memory import SavedActivations
 from trainer.model import GPT, build_model, count_parameters, loss_fn
 from trainer.parallel.ac import apply_ac
-from trainer.presets import MODELS
-from trainer.spec import ModelSpec
+from trainer.contract.presets import MODELS
+from trainer.contract import ModelSpec
 
 TINY = MODELS["tiny"]
 

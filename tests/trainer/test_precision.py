@@ -5,7 +5,7 @@ import torch
 from tests.trainer.conftest import PRECISION_RUNS, PRECISION_STEPS
 from tests.trainer.launch import losses, max_rel_error, records
 from trainer.optim import LossScaler, lr_at
-from trainer.spec import OptimizerSpec
+from trainer.contract import OptimizerSpec
 
 
 @pytest.mark.slow

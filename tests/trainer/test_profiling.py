@@ -11,7 +11,7 @@ import torch
 
 from trainer.profiling import (StepProfiler, intersect, is_communication, subtract, summarize_trace, summarize_traces,
                                total, union, write_summary)
-from trainer.spec import ProfileSpec
+from trainer.contract import ProfileSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +23,7 @@ JOB = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from trainer.profiling import StepProfiler, write_summary
-    from trainer.spec import ProfileSpec
+    from trainer.contract import ProfileSpec
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

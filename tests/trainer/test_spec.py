@@ -3,10 +3,10 @@ import json
 
 import pytest
 
-from trainer import presets
-from trainer.spec import (ClusterSpec, DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec,
+from trainer.contract import presets
+from trainer.contract import (ClusterSpec, DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec,
                           SpecError, check_plan)
-from trainer.specjson import SCHEMA_VERSION
+from trainer.contract.specjson import SCHEMA_VERSION
 
 
 def _run(**changes) -> RunSpec:

@@ -3,7 +3,7 @@
 One real trial per world size that matters (1 process: the plain launch; 2 processes: torchrun), and failures that
 must come back as errors naming their reason rather than as a step time. Steps are few: the point is the plumbing
 (spec written, trainer launched, metrics read), not the timing itself; the benchmark
-(python -m trainer.tune.bench_trials) is where the timings are judged.
+(python -m trainer.planner.tune.bench_trials) is where the timings are judged.
 """
 import json
 import subprocess
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from trainer.presets import MODELS
-from trainer.spec import ParallelPlan
-from trainer.tune.measure import LocalTrials, TrialError, step_time_from_metrics
+from trainer.contract.presets import MODELS
+from trainer.contract import ParallelPlan
+from trainer.planner.tune.measure import LocalTrials, TrialError, step_time_from_metrics
 
 STEPS, WARMUP = 4, 2
 
@@ -75,6 +75,6 @@ def test_it_refuses_a_plan_that_does_not_fit_the_model_before_launching(dataset,
 
 
 def test_it_imports_no_torch():
-    code = "import sys, trainer.tune.measure, trainer.tune.bench_trials; print('torch' in sys.modules)"
+    code = "import sys, trainer.planner.tune.measure, trainer.planner.tune.bench_trials; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"

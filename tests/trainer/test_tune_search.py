@@ -1,10 +1,10 @@
 """Ranking, memory rejections with reasons, the Pareto front, the result's JSON, and the benchmark."""
 import json
 
-from trainer.presets import MODELS, cluster
-from trainer.tune import bench
-from trainer.tune.search import pareto_front, tune
-from trainer.tune.space import SearchSpace
+from trainer.contract.presets import MODELS, cluster
+from trainer.planner.tune import bench
+from trainer.planner.tune.search import pareto_front, tune
+from trainer.planner.tune.space import SearchSpace
 
 
 def test_it_ranks_fitting_plans_fastest_first_and_says_why_others_do_not_fit():
@@ -49,8 +49,8 @@ def test_it_ranks_over_100000_gpt3_plans_on_1024_gpus_within_10_seconds(capsys):
 def test_it_imports_the_planner_without_torch_or_django():
     import subprocess
     import sys
-    code = ("import sys, trainer.estimate, trainer.tune.search, trainer.tune.bench, trainer.estimate.__main__, "
-            "trainer.tune.__main__; bad = [m for m in ('torch', 'django', 'numpy') if m in sys.modules]; "
+    code = ("import sys, trainer.planner.estimate, trainer.planner.tune.search, trainer.planner.tune.bench, trainer.planner.estimate.__main__, "
+            "trainer.planner.tune.__main__; bad = [m for m in ('torch', 'django', 'numpy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -3,9 +3,9 @@ import itertools
 
 import pytest
 
-from trainer.presets import MODELS, cluster
-from trainer.spec import ModelSpec, ParallelPlan, check_plan
-from trainer.tune.space import SearchSpace, divisors, enumerate_plans
+from trainer.contract.presets import MODELS, cluster
+from trainer.contract import ModelSpec, ParallelPlan, check_plan
+from trainer.planner.tune.space import SearchSpace, divisors, enumerate_plans
 
 SPACE = SearchSpace(precisions=("fp32", "bf16", "fp16"), checkpointing=("none", "full"), max_micro_batch=1 << 20,
                     max_virtual_stages=3)

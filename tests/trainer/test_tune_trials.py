@@ -14,11 +14,11 @@ import zlib
 
 import pytest
 
-from trainer.estimate.core import Planner
-from trainer.estimate.options import EstimateOptions
-from trainer.presets import MODELS, cluster
-from trainer.tune.search import rank_plans, trial_features, tune
-from trainer.tune.trials import run_trials
+from trainer.planner.estimate.core import Planner
+from trainer.planner.estimate.options import EstimateOptions
+from trainer.contract.presets import MODELS, cluster
+from trainer.planner.tune.search import rank_plans, trial_features, tune
+from trainer.planner.tune.trials import run_trials
 
 TRUTH = EstimateOptions(compute_efficiency=0.42, comm_efficiency=0.35)
 

@@ -4,7 +4,7 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from trainer import presets
+from trainer.contract import presets
 from webapp import models
 
 
@@ -63,7 +63,7 @@ def gpt2_small(alice):
 
 @pytest.fixture
 def plan222(alice, gpt2_small, cluster8):
-    from trainer.spec import ParallelPlan
+    from trainer.contract import ParallelPlan
     spec = ParallelPlan(dp=2, tp=2, pp=2, micro_batch=2, global_batch=16).to_dict()
     return models.ParallelismPlan.objects.create(owner=alice, name="2x2x2", model_config=gpt2_small,
                                                  cluster=cluster8, spec=spec)

@@ -2,7 +2,7 @@
 import pytest
 from django.urls import reverse
 
-from trainer import presets
+from trainer.contract import presets
 from webapp import models
 
 ADMIN_MODELS = ["modelconfig", "parallelismplan", "cluster", "dataset", "run", "metric", "checkpoint", "profile",

@@ -1,8 +1,8 @@
 """Model configs and plans through the REST API with a token: stored, read back equal, validated by the contract."""
 import pytest
 
-from trainer import presets
-from trainer.spec import ModelSpec, ParallelPlan
+from trainer.contract import presets
+from trainer.contract import ModelSpec, ParallelPlan
 
 
 def test_it_creates_a_gpt2_small_preset_and_a_2x2x2_plan_and_reads_both_back_equal(alice, api, cluster8):

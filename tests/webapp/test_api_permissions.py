@@ -1,7 +1,7 @@
 """Who may see and change what: anonymous clients nothing, users their own and shared objects, staff everything."""
 import pytest
 
-from trainer import presets
+from trainer.contract import presets
 
 WRITES = [
     ("post", "/api/model-configs/"), ("post", "/api/plans/"), ("post", "/api/clusters/"), ("post", "/api/datasets/"),

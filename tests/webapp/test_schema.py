@@ -8,7 +8,7 @@ from django.core import signals
 from django.db import close_old_connections
 from openapi_spec_validator import validate
 
-from trainer import presets
+from trainer.contract import presets
 from webapp import models
 from webapp.wsgi import application
 

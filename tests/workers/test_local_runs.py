@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from django.contrib.auth.models import User
 
-from tests.conftest import shared_data_dir
-from trainer import presets
-from trainer.spec import ParallelPlan
+from trainer.contract.presets import DEMO_TEXT
+from trainer.contract import presets
+from trainer.contract import ParallelPlan
 from webapp import models, services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -29,7 +29,7 @@ def broker(worker, redis_url, settings):
 @pytest.fixture
 def tiny_run_parts(tmp_path, settings):
     owner = User.objects.create_user("runner")
-    text = (shared_data_dir() / "tinyshakespeare.txt").read_text()[:120_000]
+    text = DEMO_TEXT.read_text()[:120_000]
     corpus = tmp_path / "data" / "shakespeare.txt"
     corpus.parent.mkdir()
     corpus.write_text(text)

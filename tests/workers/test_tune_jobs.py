@@ -6,7 +6,7 @@ from django.contrib.auth.models import User
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from tests.conftest import shared_data_dir
+from trainer.contract.presets import DEMO_TEXT
 from webapp import models
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -19,7 +19,7 @@ def test_it_measures_the_best_plans_and_reports_progress(worker, redis_url, sett
     settings.WORKBENCH = {**settings.WORKBENCH, "RUNS_ROOT": tmp_path / "runs", "DATA_ROOTS": [tmp_path]}
     owner = User.objects.create_user("tuner")
     corpus = tmp_path / "text.txt"
-    corpus.write_text((shared_data_dir() / "tinyshakespeare.txt").read_text()[:100_000])
+    corpus.write_text(DEMO_TEXT.read_text()[:100_000])
     dataset = models.Dataset.objects.create(owner=owner, name="text", path=str(corpus))
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=owner).key}")

@@ -1,6 +1,6 @@
 """Section 4 of ``python -m trainer.bench``: ZeRO stages 0–3 side by side on the same model at dp=2, DeepSpeed
 engine, with the native engine's DDP (its ZeRO-0) and FSDP2 (its ZeRO-3) beside them; median step time and
-the model-state bytes each rank holds (against REFERENCE.md's 16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d for
+the model-state bytes each rank holds (against docs/formulas.md's 16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d for
 mixed precision; in fp32 the weights are fp32 too, so stage 1 keeps 4Ψ weights + 4Ψ grads + 8Ψ/N_d moments)."""
 from __future__ import annotations
 

@@ -21,9 +21,9 @@ import torch.distributed as dist
 
 from trainer.checkpoint import _rng_state, _set_rng_state, complete_checkpoints, step_dir
 from trainer.consolidated import CONSOLIDATED, write_consolidated
-from trainer.runfolder import CHECKPOINTS, MANIFEST, read_json, write_json_atomic
-from trainer.spec import RunSpec
-from trainer.specjson import SCHEMA_VERSION
+from trainer.contract.runfolder import CHECKPOINTS, MANIFEST, read_json, write_json_atomic
+from trainer.contract import RunSpec
+from trainer.contract.specjson import SCHEMA_VERSION
 
 FORMAT = "deepspeed"
 
@@ -80,7 +80,7 @@ def consolidated_state(folder: Path, zero_stage: int, spec: RunSpec | None = Non
     pp = (spec.plan.pp if spec is not None else manifest.get("plan", {}).get("pp", 1))
     if pp > 1:  # pipeline: each layer saved whole in layer_XX-model_states.pt (fp32 training: the weights)
         from trainer.ds.pipeline import consolidated_pipeline_state
-        from trainer.spec import ModelSpec
+        from trainer.contract import ModelSpec
 
         model = spec.model if spec is not None else ModelSpec.from_dict(manifest["model"])
         return consolidated_pipeline_state(folder, model)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.spec import RunSpec
+from trainer.contract import RunSpec
 
 CONFIG_FILE = "deepspeed_config.json"
 LOSS_SCALE_POWER = 16  # 2^16, trainer.optim.LossScaler's init_scale

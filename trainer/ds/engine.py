@@ -24,8 +24,8 @@ from trainer.memory import SavedActivations
 from trainer.model import loss_fn
 from trainer.optim import lr_at
 from trainer.parallel.mesh import init_distributed
-from trainer.runfolder import write_json_atomic
-from trainer.spec import RunSpec
+from trainer.contract.runfolder import write_json_atomic
+from trainer.contract import RunSpec
 
 
 def init_deepspeed() -> tuple[int, int, torch.device]:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from trainer.flops import flops_per_token
-from trainer.spec import ModelSpec
+from trainer.contract import ModelSpec
 
 
 def profile_forward_flops(model: nn.Module, spec: ModelSpec, batch: int = 1) -> dict[str, float]:

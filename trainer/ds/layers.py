@@ -19,7 +19,7 @@ from torch import nn
 from trainer.model import GPT, MLP
 from trainer.moe import MoE as NativeMoE
 from trainer.parallel.ac import apply_ac
-from trainer.spec import RunSpec
+from trainer.contract import RunSpec
 
 
 class DeepSpeedMoE(nn.Module):

@@ -1,4 +1,4 @@
-"""Model-state bytes this rank holds under a DeepSpeed engine, so that the planner's ZeRO formulas (REFERENCE.md:
+"""Model-state bytes this rank holds under a DeepSpeed engine, so that the planner's ZeRO formulas (docs/formulas.md:
 16Ψ, 4Ψ + 12Ψ/N_d, 2Ψ + 14Ψ/N_d, 16Ψ/N_d) can be checked against the engine.
 
 params and optimizer are measured on tensors: the module's parameters as this rank holds them (ZeRO-3: its

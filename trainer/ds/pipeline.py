@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.model import Block, Embedding, initial_value
-from trainer.spec import ModelSpec
+from trainer.contract import ModelSpec
 
 
 def _init(module: nn.Module, spec: ModelSpec, prefix: str, seed: int) -> None:

@@ -2,7 +2,7 @@
 Pure: no deepspeed import, so the launcher can refuse before starting anything."""
 from __future__ import annotations
 
-from trainer.spec import ModelSpec, ParallelPlan, check_plan
+from trainer.contract import ModelSpec, ParallelPlan, check_plan
 
 
 def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:

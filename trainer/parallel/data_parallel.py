@@ -7,7 +7,7 @@
   flattened, over the dp group.
 - zero_stage 3 (FSDP2, ``fully_shard``): each parameter is split into dp pieces (Shard(0) DTensors); a block's
   weights are all-gathered just before its forward and backward and dropped after; gradients are reduce-scattered
-  so each rank keeps and updates only its piece: model state 16Ψ/dp bytes instead of 16Ψ (REFERENCE.md).
+  so each rank keeps and updates only its piece: model state 16Ψ/dp bytes instead of 16Ψ (docs/formulas.md).
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 
 from trainer.moe import ExpertParallel
-from trainer.spec import ParallelPlan
+from trainer.contract import ParallelPlan
 
 
 def build_expert_parallel(plan: ParallelPlan, device: torch.device) -> ExpertParallel:

@@ -23,7 +23,7 @@ from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_
 from trainer.parallel.mesh import Topology
 from trainer.parallel.pipeline import TiedEmbeddingSync, build_schedule, split_stage, stage_ids, tied_embedding_sync
 from trainer.parallel.tensor import apply_tp
-from trainer.spec import ModelSpec, ParallelPlan
+from trainer.contract import ModelSpec, ParallelPlan
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -6,7 +6,7 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from trainer.spec import SpecError
+from trainer.contract import SpecError
 
 
 def exception_handler(exc, context):

@@ -4,9 +4,9 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from trainer.estimate.api import estimate_json
-from trainer.spec import ClusterSpec, ModelSpec, ParallelPlan
-from trainer.tune.api import tune_json
+from trainer.planner.estimate.api import estimate_json
+from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
+from trainer.planner.tune.api import tune_json
 
 from .. import models, services
 from .specfields import json_schema

@@ -1,9 +1,9 @@
-"""REST representations. Validation goes through the contract (trainer.spec) so the API, admin and trainer agree."""
+"""REST representations. Validation goes through the contract (trainer.contract) so the API, admin and trainer agree."""
 from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
-from trainer import presets
-from trainer.spec import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, SpecError, check_plan
+from trainer.contract import presets
+from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, SpecError, check_plan
 
 from .. import models, services
 from .specfields import spec_error_detail, spec_field

@@ -1,4 +1,4 @@
-"""Serializer fields holding a contract spec as JSON: validated by trainer.spec and described in OpenAPI.
+"""Serializer fields holding a contract spec as JSON: validated by trainer.contract and described in OpenAPI.
 
 The OpenAPI schema of each field is derived from the spec's dataclass, so the published schema, the validation
 and the trainer can never disagree about what a field is.
@@ -11,8 +11,8 @@ from typing import Any, Literal, Union
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from trainer.spec import SpecError
-from trainer.specjson import SCHEMA_VERSION
+from trainer.contract import SpecError
+from trainer.contract.specjson import SCHEMA_VERSION
 
 
 def json_schema(tp: Any) -> dict:

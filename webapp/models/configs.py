@@ -1,6 +1,6 @@
 """What a run is made of: a model config, a parallelism plan, a cluster and a dataset.
 
-Specs are stored as the contract's JSON (trainer.spec) and validated through it, so the database, the API, the
+Specs are stored as the contract's JSON (trainer.contract) and validated through it, so the database, the API, the
 planner and the trainer agree on one definition.
 """
 from pathlib import Path
@@ -9,7 +9,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 
-from trainer.spec import ClusterSpec, DatasetSpec, ModelSpec, ParallelPlan, SpecError, check_plan
+from trainer.contract import ClusterSpec, DatasetSpec, ModelSpec, ParallelPlan, SpecError, check_plan
 
 from .ownership import Owned
 
@@ -23,7 +23,7 @@ def spec_validation_error(exc: SpecError, field: str) -> ValidationError:
 class ModelConfig(Owned):
     name = models.CharField(max_length=120)
     description = models.TextField(blank=True)
-    spec = models.JSONField(help_text="trainer.spec.ModelSpec as JSON")
+    spec = models.JSONField(help_text="trainer.contract.ModelSpec as JSON")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -51,7 +51,7 @@ class Cluster(models.Model):
 
     name = models.CharField(max_length=120, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.LOCAL)
-    spec = models.JSONField(help_text="trainer.spec.ClusterSpec as JSON: nodes, GPUs per node, GPU, bandwidths")
+    spec = models.JSONField(help_text="trainer.contract.ClusterSpec as JSON: nodes, GPUs per node, GPU, bandwidths")
     partition = models.CharField(max_length=120, blank=True)
     account = models.CharField(max_length=120, blank=True)
     qos = models.CharField(max_length=120, blank=True)
@@ -98,7 +98,7 @@ class ParallelismPlan(Owned):
     description = models.TextField(blank=True)
     model_config = models.ForeignKey(ModelConfig, on_delete=models.PROTECT, related_name="plans")
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="plans")
-    spec = models.JSONField(help_text="trainer.spec.ParallelPlan as JSON")
+    spec = models.JSONField(help_text="trainer.contract.ParallelPlan as JSON")
 
     class Meta:
         ordering = ["-created_at", "-id"]

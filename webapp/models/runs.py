@@ -44,8 +44,8 @@ class Run(Owned):
     seed = models.PositiveIntegerField(default=1234)
     checkpoint_every = models.PositiveIntegerField(default=0)
     eval_every = models.PositiveIntegerField(default=0)
-    optimizer = models.JSONField(default=dict, blank=True, help_text="trainer.spec.OptimizerSpec as JSON")
-    profile = models.JSONField(null=True, blank=True, help_text="trainer.spec.ProfileSpec as JSON, or empty")
+    optimizer = models.JSONField(default=dict, blank=True, help_text="trainer.contract.OptimizerSpec as JSON")
+    profile = models.JSONField(null=True, blank=True, help_text="trainer.contract.ProfileSpec as JSON, or empty")
 
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.DRAFT, db_index=True)
     attempts = models.PositiveIntegerField(default=0)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from trainer.runfolder import EVENTS, MANIFEST, METRICS, read_json, read_jsonl
+from trainer.contract.runfolder import EVENTS, MANIFEST, METRICS, read_json, read_jsonl
 
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
 

@@ -5,7 +5,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from trainer.spec import OptimizerSpec, ProfileSpec, RunSpec, SpecError
+from trainer.contract import OptimizerSpec, ProfileSpec, RunSpec, SpecError
 
 from ..models import Run, RunStatus
 from .tasks import enqueue

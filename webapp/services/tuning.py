@@ -3,8 +3,8 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.estimate.api import cluster_from_json, model_from_json
-from trainer.tune.api import tune_json
+from trainer.planner.estimate.api import cluster_from_json, model_from_json
+from trainer.planner.tune.api import tune_json
 
 from ..models import TuneJob
 from .tasks import enqueue

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainer.runfolder import SPEC, read_json
+from trainer.contract.runfolder import SPEC, read_json
 
 from .base import JobState, LaunchError
 from .supervise import EXIT_FILE

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.runfolder import LOGS, write_json_atomic
+from trainer.contract.runfolder import LOGS, write_json_atomic
 
 EXIT_FILE = "exit.json"
 

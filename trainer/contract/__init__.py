@@ -1,0 +1,20 @@
+"""The contract between the web app, the workers, the planner, the trainer and deployment. Standard library only.
+
+    specs      ModelSpec, ParallelPlan, GPUSpec, ClusterSpec, DatasetSpec, OptimizerSpec, ProfileSpec, RunSpec
+    rules      a plan against its model and cluster, and what each engine refuses (the only place that decides)
+    specjson   strict JSON in and out, SpecError with dotted field paths
+    presets    published model shapes and GPUs
+    runfolder  the run folder's files and their write discipline (whole lines, whole files)
+    records    what those files hold: event kinds, metrics rows, the launch record
+    manifest   a checkpoint's manifest, and finding complete checkpoints
+    command    the one builder of a trainer command line (torchrun, srun or a single process)
+
+The web process imports all of this without loading torch.
+"""
+from trainer.contract.rules import check_plan
+from trainer.contract.specjson import SCHEMA_VERSION, SpecError
+from trainer.contract.specs import (ClusterSpec, DatasetSpec, GPUSpec, ModelSpec, OptimizerSpec, ParallelPlan,
+                                    ProfileSpec, RunSpec, check_run)
+
+__all__ = ["SCHEMA_VERSION", "SpecError", "ModelSpec", "ParallelPlan", "GPUSpec", "ClusterSpec", "DatasetSpec",
+           "OptimizerSpec", "ProfileSpec", "RunSpec", "check_plan", "check_run"]

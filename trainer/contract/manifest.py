@@ -1,0 +1,99 @@
+"""A checkpoint describes itself: ``checkpoints/step-<n>/manifest.json``, and how to find complete checkpoints.
+
+The manifest is written last (atomically, by rank 0) after every rank's shards are on disk, so a folder without one
+is an attempt that died part-way and is never used. The web app, the workers and deployment read checkpoints
+through this module alone; only the trainer writes them. Standard library only.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from trainer.contract.runfolder import CHECKPOINTS, MANIFEST, read_json, write_json_atomic
+from trainer.contract.specjson import SCHEMA_VERSION
+from trainer.contract.specs import ModelSpec, ParallelPlan
+
+FORMAT_DCP = "torch.distributed.checkpoint"  # the native engine: every rank's shards, resharded on load
+FORMAT_DEEPSPEED = "deepspeed"               # DeepSpeed's own files (ZeRO partitions per rank)
+CONSOLIDATED = "consolidated.safetensors"    # whole fp32 weights under the native names, any engine
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass(frozen=True)
+class CheckpointManifest:
+    step: int
+    format: str
+    tokens_seen: int
+    model: dict[str, Any]          # ModelSpec.to_dict()
+    plan: dict[str, Any]           # ParallelPlan.to_dict() of the run that saved it
+    world_size: int
+    tokenizer: str                 # path of the dataset's tokenizer.json
+    seed: int
+    run: str = ""
+    loss_scaler: Optional[dict[str, Any]] = None  # native engine: the fp16 loss scaler's state
+    zero_stage: Optional[int] = None             # DeepSpeed: the ZeRO stage of its partitions
+    consolidated: Optional[str] = None           # the consolidated weights' file name, when written at save
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CheckpointManifest":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def model_spec(self) -> ModelSpec:
+        return ModelSpec.from_dict(self.model)
+
+    def same_layout(self, plan: ParallelPlan) -> bool:
+        """Saved by this very plan on as many ranks: random-number states can then be restored rank by rank."""
+        return self.world_size == plan.world_size and self.plan == plan.to_dict()
+
+    def write(self, folder: str | Path) -> None:
+        write_json_atomic(Path(folder) / MANIFEST, self.to_dict())
+
+
+def read_manifest(folder: str | Path) -> CheckpointManifest | None:
+    """The manifest of a checkpoint folder, or None when the folder is incomplete, pruned or not a checkpoint."""
+    data = read_json(Path(folder) / MANIFEST)
+    if not isinstance(data, dict):
+        return None
+    try:
+        return CheckpointManifest.from_dict(data)
+    except TypeError:  # a field missing: not a manifest this version wrote
+        return None
+
+
+def step_dir(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / CHECKPOINTS / f"step-{step}"
+
+
+def _step_folders(run_dir: str | Path) -> list[tuple[int, Path]]:
+    root = Path(run_dir) / CHECKPOINTS
+    if not root.is_dir():
+        return []
+    return sorted((int(m.group(1)), d) for d in root.iterdir() if (m := _STEP_DIR.match(d.name)))
+
+
+def complete_checkpoints(run_dir: str | Path, format: str | None = None) -> list[tuple[int, Path]]:
+    """(step, folder) of every checkpoint whose manifest exists (of ``format``, if given), oldest first."""
+    found = []
+    for step, folder in _step_folders(run_dir):
+        if format is None and (folder / MANIFEST).is_file():
+            found.append((step, folder))
+        elif format is not None and (m := read_manifest(folder)) is not None and m.format == format:
+            found.append((step, folder))
+    return found
+
+
+def latest_checkpoint(run_dir: str | Path, format: str | None = None) -> Path | None:
+    found = complete_checkpoints(run_dir, format)
+    return found[-1][1] if found else None
+
+
+def incomplete_before(run_dir: str | Path, step: int) -> list[Path]:
+    """Folders of saves that died part-way before ``step``: never to be used, safe to delete."""
+    return [d for s, d in _step_folders(run_dir) if s < step and not (d / MANIFEST).is_file()]

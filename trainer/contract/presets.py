@@ -1,0 +1,78 @@
+"""Published model shapes and GPUs, as contract objects. Standard library only.
+
+GPT-2 from Radford et al. 2019; GPT-3 from Brown et al. 2020, Table 2.1. Two GPT-3 rows in that table do not divide:
+1.3B lists 24 heads of 128 for d_model 2048 and 13B lists d_model 5140 for 40 heads of 128; like Megatron-LM's
+reproductions, the presets use 16 heads for 1.3B and d_model 5120 for 13B so that head_dim = d_model / n_heads.
+GPU figures are the vendors' datasheet numbers (docs/formulas.md, Hardware peaks).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer.contract.specs import ClusterSpec, GPUSpec, ModelSpec
+
+_GPT2 = dict(seq_len=1024, vocab_size=50257)
+_GPT3 = dict(seq_len=2048, vocab_size=50257)
+
+MODELS: dict[str, ModelSpec] = {m.name: m for m in (
+    ModelSpec(name="gpt2-small", n_layers=12, d_model=768, n_heads=12, **_GPT2),
+    ModelSpec(name="gpt2-medium", n_layers=24, d_model=1024, n_heads=16, **_GPT2),
+    ModelSpec(name="gpt2-large", n_layers=36, d_model=1280, n_heads=20, **_GPT2),
+    ModelSpec(name="gpt2-xl", n_layers=48, d_model=1600, n_heads=25, **_GPT2),
+    ModelSpec(name="gpt3-125m", n_layers=12, d_model=768, n_heads=12, **_GPT3),
+    ModelSpec(name="gpt3-350m", n_layers=24, d_model=1024, n_heads=16, **_GPT3),
+    ModelSpec(name="gpt3-760m", n_layers=24, d_model=1536, n_heads=16, **_GPT3),
+    ModelSpec(name="gpt3-1.3b", n_layers=24, d_model=2048, n_heads=16, **_GPT3),
+    ModelSpec(name="gpt3-2.7b", n_layers=32, d_model=2560, n_heads=32, **_GPT3),
+    ModelSpec(name="gpt3-6.7b", n_layers=32, d_model=4096, n_heads=32, **_GPT3),
+    ModelSpec(name="gpt3-13b", n_layers=40, d_model=5120, n_heads=40, **_GPT3),
+    ModelSpec(name="gpt3-175b", n_layers=96, d_model=12288, n_heads=96, **_GPT3),
+    # Mixtral 8x7B's shape (32 layers, 4096 wide, 8 KV heads, 8 experts of FFN 14336, top-2, rotary, untied head)
+    # on this project's GELU MLP with biases, so its parameter count differs from Mixtral's SwiGLU 46.7 B.
+    ModelSpec(name="mixtral-like-8x7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
+              seq_len=4096, vocab_size=32000, positions="rope", tied_embeddings=False, bias=False,
+              n_experts=8, top_k=2, capacity_factor=1.25, moe_every=1),
+    # Small shapes for tests, smoke runs and the CPU.
+    ModelSpec(name="tiny", n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512),
+    ModelSpec(name="tiny-moe", n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512,
+              n_experts=4, top_k=2, moe_every=2),
+)}
+
+GPUS: dict[str, GPUSpec] = {g.name: g for g in (
+    GPUSpec(name="A100-SXM-80GB", memory_gb=80, peak_tflops=312, memory_bandwidth_gbs=2039),
+    GPUSpec(name="H100-SXM", memory_gb=80, peak_tflops=989, memory_bandwidth_gbs=3350),
+    GPUSpec(name="H200-SXM", memory_gb=141, peak_tflops=989, memory_bandwidth_gbs=4800),
+    # A CPU "device" for local runs: figures of the order of one core, so MFU on CPU is a number, not a claim.
+    GPUSpec(name="cpu", memory_gb=24, peak_tflops=0.1, memory_bandwidth_gbs=20),
+)}
+
+# NVLink bandwidths per GPU (one direction is half the datasheet's bidirectional figure); InfiniBand NDR 400 Gb/s.
+_NVLINK_GBS = {"A100-SXM-80GB": 300.0, "H100-SXM": 450.0, "H200-SXM": 450.0}
+
+
+def cluster(gpu: str = "A100-SXM-80GB", nodes: int = 1, gpus_per_node: int = 8, name: str = "",
+            inter_node_bandwidth_gbs: float = 50.0, gpu_hour_cost: float = 0.0) -> ClusterSpec:
+    """A cluster of ``nodes`` × ``gpus_per_node`` of a named GPU with its NVLink figure."""
+    return ClusterSpec(gpu=GPUS[gpu], nodes=nodes, gpus_per_node=gpus_per_node,
+                       name=name or f"{nodes}x{gpus_per_node} {gpu}", intra_node_bandwidth_gbs=_NVLINK_GBS.get(gpu, 10.0),
+                       inter_node_bandwidth_gbs=inter_node_bandwidth_gbs, gpu_hour_cost=gpu_hour_cost)
+
+
+def local_cpu_cluster(processes: int) -> ClusterSpec:
+    """This machine as a cluster of ``processes`` CPU ranks (gloo)."""
+    return cluster("cpu", nodes=1, gpus_per_node=processes, name=f"local cpu x{processes}",
+                   inter_node_bandwidth_gbs=10.0)
+
+
+# The demo corpus (trainer/data/corpus/README.md): the dataset a first run uses, and the text of the tests and
+# benchmarks. Reached by path so that the contract stays free of imports; it ships as package data.
+DEMO_TEXT = Path(__file__).resolve().parents[1] / "data" / "corpus" / "tinyshakespeare.txt"
+
+
+def demo_text(max_bytes: int | None = None) -> bytes:
+    """The demo text, or its first ``max_bytes`` bytes cut back to the last line break (whole lines only)."""
+    data = DEMO_TEXT.read_bytes()
+    if max_bytes is None or max_bytes >= len(data):
+        return data
+    head = data[:max_bytes]
+    return head[:head.rfind(b"\n") + 1]

@@ -1,0 +1,117 @@
+"""What a run folder's files hold, as named constants and small typed records (docs/architecture.md, The run folder).
+
+    events.jsonl    one ``event`` record a line; ``Event`` names the kinds
+    metrics.jsonl   one ``StepMetrics`` record a training step, one ``EvalMetrics`` record an evaluation
+    launch.json     one ``LaunchRecord``: how the current attempt was started
+
+Writers build these records and append their ``to_dict()``; readers (workers, benchmarks, tests) use the
+predicates and keys here instead of spelling field names of their own. Standard library only.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.contract.runfolder import LAUNCH, read_json, write_json_atomic
+
+
+class Event:
+    """Kinds of events.jsonl records. A run's last event is one of ``ENDINGS``."""
+
+    STARTED = "started"
+    CHECKPOINT_SAVED = "checkpoint_saved"
+    PROFILE_WRITTEN = "profile_written"
+    FLOPS_CHECK = "flops_check"  # the DeepSpeed flops profiler against the planner's formula
+    FINISHED = "finished"
+    STOPPED = "stopped"  # SIGTERM or --until-step: a checkpoint was saved, the run can resume
+    FAILED = "failed"
+    ENDINGS = (FINISHED, STOPPED, FAILED)
+    # Events that say where a run stands (the web app's status follows the last of these)
+    MILESTONES = (STARTED, FINISHED, STOPPED, FAILED)
+
+
+def event(kind: str, rank: int, **fields: Any) -> dict[str, Any]:
+    """One events.jsonl record: its kind, the wall time, the rank that wrote it, and the kind's own fields."""
+    return {"event": kind, "time": time.time(), "rank": rank, **fields}
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """One training step as metrics.jsonl records it (rank 0 writes it; ``loss`` is the mean over the world).
+
+    ``memory`` holds this rank's bytes (params_bytes, grads_bytes, optimizer_bytes, activations_bytes,
+    max_allocated_bytes) and, on the first step of a multi-rank job, ``per_rank``: every rank's. ``routing`` holds
+    the mixture-of-experts figures (aux_loss, expert_load, dropped_fraction), written as top-level keys.
+    """
+
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_s: float
+    step_time_s: float
+    tokens_seen: int
+    flops_per_step: int
+    loss_scale: float
+    skipped: bool
+    mfu: float
+    memory: dict[str, Any]
+    routing: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {**{k: v for k, v in out.items() if k != "routing"}, **self.routing}
+
+
+@dataclass(frozen=True)
+class EvalMetrics:
+    step: int
+    val_loss: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def is_step_row(record: dict[str, Any]) -> bool:
+    """A metrics.jsonl record of a training step (not an evaluation)."""
+    return "loss" in record and isinstance(record.get("step"), int)
+
+
+def is_eval_row(record: dict[str, Any]) -> bool:
+    return "val_loss" in record and isinstance(record.get("step"), int)
+
+
+def step_times(records: list[dict[str, Any]], after_step: int = 0) -> list[float]:
+    """step_time_s of the training steps numbered above ``after_step`` (the first ones pay for start-up)."""
+    return [float(r["step_time_s"]) for r in records
+            if "step_time_s" in r and isinstance(r.get("step"), int) and r["step"] > after_step]
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """launch.json: how the current attempt of a run was started (rewritten by every attempt)."""
+
+    backend: str                  # the cluster kind: "local", "slurm", …
+    job_id: str
+    attempt: int
+    resume: bool
+    command: list[str]            # what was started (or the script's path, for a batch system)
+    time: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def write(self, run_dir: str | Path) -> None:
+        write_json_atomic(Path(run_dir) / LAUNCH, self.to_dict())
+
+    @classmethod
+    def read(cls, run_dir: str | Path) -> "LaunchRecord | None":
+        data = read_json(Path(run_dir) / LAUNCH)
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(**{k: data[k] for k in ("backend", "job_id", "attempt", "resume", "command", "time")})
+        except KeyError:
+            return None

@@ -1,0 +1,373 @@
+"""The specs: what a model, a plan, a cluster, a dataset and a whole run are.
+
+Each spec is a frozen dataclass that validates itself with messages naming the numbers, converts to and from JSON
+with a ``schema_version`` and round-trips exactly. The rules that check the parts against each other (a plan against
+its model and cluster, what each engine refuses) are in ``rules``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from trainer.contract.rules import add_problem as _add
+from trainer.contract.rules import check_plan, engine_problems, positive as _positive
+from trainer.contract.specjson import SCHEMA_VERSION, SpecError, from_dict, to_dict
+
+Engine = Literal["native", "deepspeed"]
+Checkpointing = Literal["none", "selective", "full"]
+Precision = Literal["fp32", "bf16", "fp16"]
+Schedule = Literal["gpipe", "1f1b", "interleaved"]
+Positions = Literal["learned", "rope"]
+LRSchedule = Literal["cosine", "linear", "constant"]
+
+__all__ = ["ModelSpec", "ParallelPlan", "GPUSpec", "ClusterSpec", "DatasetSpec", "OptimizerSpec", "ProfileSpec",
+           "RunSpec", "check_run"]
+
+
+class _Spec:
+    """JSON in and out, shared by every spec. Subclasses add ``problems()``."""
+
+    def __post_init__(self):
+        # Store 80 given for a float field as 80.0, so that equal specs always write the same JSON text.
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("float", float) and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
+
+    def problems(self) -> dict[str, list[str]]:
+        return {}
+
+    def validate(self):
+        problems = {k: v for k, v in self.problems().items() if v}
+        if problems:
+            raise SpecError(problems)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema_version": SCHEMA_VERSION, **to_dict(self)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @classmethod
+    def from_dict(cls, data: Any, validate: bool = True):
+        spec = from_dict(cls, data)
+        return spec.validate() if validate else spec
+
+    @classmethod
+    def from_json(cls, text: str, validate: bool = True):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecError.single("", f"not valid JSON: {exc}") from None
+        return cls.from_dict(data, validate=validate)
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class ModelSpec(_Spec):
+    """A GPT: decoder-only transformer, pre-LayerNorm, GELU MLP; optionally mixture-of-experts MLPs.
+
+    ``n_kv_heads`` < ``n_heads`` gives grouped-query attention; 0 means "same as n_heads".
+    ``ffn_hidden`` 0 means 4 × d_model, the GPT-2/3 ratio.
+    ``n_experts`` ≤ 1 is a dense model; otherwise every ``moe_every``-th block (counting from 1) routes each token to
+    ``top_k`` of ``n_experts`` MLPs, each expert taking at most capacity_factor × tokens × top_k / n_experts tokens.
+    """
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    seq_len: int
+    vocab_size: int
+    name: str = ""
+    n_kv_heads: int = 0
+    ffn_hidden: int = 0
+    positions: Positions = "learned"
+    tied_embeddings: bool = True
+    bias: bool = True
+    dropout: float = 0.0
+    n_experts: int = 0
+    top_k: int = 2
+    capacity_factor: float = 1.25
+    moe_every: int = 1
+    aux_loss_coef: float = 0.01
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 1
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Layer ``index`` (0-based) has experts: layers moe_every-1, 2·moe_every-1, … (every n-th, counting from 1)."""
+        return self.is_moe and (index + 1) % self.moe_every == 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        _positive(p, self, "n_layers", "d_model", "n_heads", "seq_len", "vocab_size")
+        if self.n_heads > 0 and self.d_model % self.n_heads:
+            _add(p, "n_heads", f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
+        if self.n_kv_heads < 0:
+            _add(p, "n_kv_heads", f"n_kv_heads={self.n_kv_heads} must be 0 (same as n_heads) or positive")
+        elif self.n_kv_heads and self.n_heads > 0 and self.n_heads % self.n_kv_heads:
+            _add(p, "n_kv_heads", f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
+        if self.ffn_hidden < 0:
+            _add(p, "ffn_hidden", f"ffn_hidden={self.ffn_hidden} must be 0 (4 × d_model) or positive")
+        if self.positions == "rope" and self.n_heads > 0 and self.d_model % self.n_heads == 0 and self.head_dim % 2:
+            _add(p, "positions", f"rotary positions need an even head_dim, got {self.head_dim}")
+        if not 0.0 <= self.dropout < 1.0:
+            _add(p, "dropout", f"dropout={self.dropout} must be in [0, 1)")
+        if self.n_experts < 0:
+            _add(p, "n_experts", f"n_experts={self.n_experts} must be 0 or more")
+        if self.is_moe:
+            if not 1 <= self.top_k <= min(2, self.n_experts):
+                _add(p, "top_k", f"top_k={self.top_k} must be 1 or 2 and at most n_experts={self.n_experts}")
+            if self.capacity_factor <= 0:
+                _add(p, "capacity_factor", f"capacity_factor={self.capacity_factor} must be positive")
+            if not 1 <= self.moe_every <= max(self.n_layers, 1):
+                _add(p, "moe_every", f"moe_every={self.moe_every} must be between 1 and n_layers={self.n_layers}")
+            if self.aux_loss_coef < 0:
+                _add(p, "aux_loss_coef", f"aux_loss_coef={self.aux_loss_coef} must not be negative")
+        return p
+
+
+@dataclass(frozen=True)
+class ParallelPlan(_Spec):
+    """How one step is spread over dp × tp × pp ranks.
+
+    gradient accumulation = global_batch / (micro_batch × dp); with pp > 1 those micro-batches feed the pipeline.
+    ``ep`` experts-parallel degree divides dp: experts are spread over the data-parallel ranks.
+    ``zero_stage``: deepspeed engine 0–3; native engine 0 (DDP) or 3 (FSDP2, fully sharded).
+    ``virtual_stages`` > 1 only with the interleaved schedule (v model chunks per pipeline rank).
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    sequence_parallel: bool = False
+    ep: int = 1
+    engine: Engine = "native"
+    zero_stage: int = 0
+    activation_checkpointing: Checkpointing = "none"
+    precision: Precision = "fp32"
+    pipeline_schedule: Schedule = "1f1b"
+    virtual_stages: int = 1
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def model_chunks(self) -> int:
+        """Model chunks each pipeline rank holds: v under the interleaved schedule, one otherwise."""
+        return self.virtual_stages if self.pipeline_schedule == "interleaved" else 1
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches each data-parallel rank runs per step (the pipeline's m when pp > 1)."""
+        return self.global_batch // (self.micro_batch * self.dp) if self.micro_batch * self.dp else 0
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        _positive(p, self, "dp", "tp", "pp", "micro_batch", "global_batch", "ep", "virtual_stages")
+        if p:
+            return p
+        if self.global_batch % (self.micro_batch * self.dp):
+            _add(p, "global_batch", f"global_batch={self.global_batch} is not divisible by "
+                                    f"micro_batch×dp={self.micro_batch}×{self.dp}={self.micro_batch * self.dp}")
+        if self.sequence_parallel and self.tp == 1:
+            _add(p, "sequence_parallel", "sequence parallel splits activations over the tensor-parallel group: "
+                                         "it needs tp > 1, got tp=1")
+        if self.dp % self.ep:
+            _add(p, "ep", f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
+        if self.zero_stage not in (0, 1, 2, 3):
+            _add(p, "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
+        if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved":
+            _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} needs pipeline_schedule='interleaved'")
+        if self.pipeline_schedule == "interleaved" and self.pp > 1 and self.virtual_stages < 2:
+            _add(p, "virtual_stages", "the interleaved schedule needs virtual_stages ≥ 2")
+        if self.pp > 1 and not p and self.grad_accum < self.pp and self.pipeline_schedule == "interleaved":
+            _add(p, "global_batch", f"the interleaved schedule needs at least pp={self.pp} micro-batches per step, "
+                                    f"got {self.grad_accum}")
+        p.update(engine_problems(self))
+        return p
+
+
+@dataclass(frozen=True)
+class GPUSpec(_Spec):
+    """One accelerator: memory in GB (10^9 bytes), dense bf16 peak in TFLOP/s, memory bandwidth in GB/s."""
+
+    name: str
+    memory_gb: float
+    peak_tflops: float
+    memory_bandwidth_gbs: float
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        _positive(p, self, "memory_gb", "peak_tflops", "memory_bandwidth_gbs")
+        return p
+
+
+@dataclass(frozen=True)
+class ClusterSpec(_Spec):
+    """Nodes of identical GPUs. Bandwidths are per GPU in GB/s: intra-node (NVLink) and inter-node (network)."""
+
+    gpu: GPUSpec
+    nodes: int = 1
+    gpus_per_node: int = 8
+    intra_node_bandwidth_gbs: float = 300.0
+    inter_node_bandwidth_gbs: float = 25.0
+    gpu_hour_cost: float = 0.0
+    name: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        _positive(p, self, "nodes", "gpus_per_node", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")
+        if self.gpu_hour_cost < 0:
+            _add(p, "gpu_hour_cost", f"gpu_hour_cost={self.gpu_hour_cost} must not be negative")
+        for key, messages in self.gpu.problems().items():
+            p[f"gpu.{key}"] = messages
+        return p
+
+
+@dataclass(frozen=True)
+class DatasetSpec(_Spec):
+    """A text file or folder of text files; prepared into token ids beside ``prepared_dir``."""
+
+    path: str
+    prepared_dir: str = ""
+    tokenizer_vocab: int = 0
+    val_fraction: float = 0.05
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        if not self.path:
+            _add(p, "path", "a dataset needs a path")
+        if self.tokenizer_vocab < 0:
+            _add(p, "tokenizer_vocab", f"tokenizer_vocab={self.tokenizer_vocab} must be 0 (the model's) or positive")
+        if not 0.0 < self.val_fraction < 0.5:
+            _add(p, "val_fraction", f"val_fraction={self.val_fraction} must be in (0, 0.5)")
+        return p
+
+
+@dataclass(frozen=True)
+class OptimizerSpec(_Spec):
+    """AdamW with linear warmup then the named decay down to min_lr; gradients clipped to grad_clip (0: off)."""
+
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    warmup_steps: int = 0
+    schedule: LRSchedule = "cosine"
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        _positive(p, self, "lr", "eps")
+        if self.min_lr < 0 or self.min_lr > self.lr:
+            _add(p, "min_lr", f"min_lr={self.min_lr} must be between 0 and lr={self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                _add(p, name, f"{name}={getattr(self, name)} must be in [0, 1)")
+        for name in ("weight_decay", "grad_clip", "warmup_steps"):
+            if getattr(self, name) < 0:
+                _add(p, name, f"{name}={getattr(self, name)} must not be negative")
+        return p
+
+
+@dataclass(frozen=True)
+class ProfileSpec(_Spec):
+    """torch.profiler over steps [start_step, start_step + steps) after ``warmup`` unrecorded steps."""
+
+    start_step: int = 5
+    steps: int = 3
+    warmup: int = 1
+    name: str = "default"
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        _positive(p, self, "steps")
+        if self.warmup < 0 or self.start_step < 0:
+            _add(p, "start_step", "start_step and warmup must not be negative")
+        if self.warmup > self.start_step:
+            _add(p, "warmup", f"warmup={self.warmup} steps must come before start_step={self.start_step}")
+        if not self.name or "/" in self.name or self.name.startswith("."):
+            _add(p, "name", f"profile name {self.name!r} must be a plain folder name")
+        return p
+
+
+@dataclass(frozen=True)
+class RunSpec(_Spec):
+    """Everything one training run needs; written once as spec.json in the run folder before launch."""
+
+    model: ModelSpec
+    plan: ParallelPlan
+    cluster: ClusterSpec
+    dataset: DatasetSpec
+    output_dir: str
+    steps: int = 100
+    optimizer: OptimizerSpec = field(default_factory=OptimizerSpec)
+    seed: int = 1234
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    eval_every: int = 0
+    eval_batches: int = 4
+    log_every: int = 1
+    profile: Optional[ProfileSpec] = None
+    name: str = ""
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        _positive(p, self, "steps", "eval_batches", "log_every")
+        for name in ("checkpoint_every", "eval_every", "seed"):
+            if getattr(self, name) < 0:
+                _add(p, name, f"{name}={getattr(self, name)} must not be negative")
+        if self.keep_checkpoints < 1:
+            _add(p, "keep_checkpoints", f"keep_checkpoints={self.keep_checkpoints} must be at least 1")
+        if not self.output_dir:
+            _add(p, "output_dir", "a run needs an output folder")
+        parts = {"model": self.model, "plan": self.plan, "cluster": self.cluster, "dataset": self.dataset,
+                 "optimizer": self.optimizer}
+        if self.profile is not None:
+            parts["profile"] = self.profile
+        for prefix, part in parts.items():
+            for key, messages in part.problems().items():
+                p[f"{prefix}.{key}" if key else prefix] = messages
+        if not any(p.get(k) for k in p if k.startswith(("model", "plan", "cluster"))):
+            for key, messages in check_plan(self.model, self.plan, self.cluster).items():
+                p.setdefault(f"plan.{key}" if key else "plan", []).extend(messages)
+        return p
+
+
+def check_run(spec: RunSpec) -> RunSpec:
+    """Validate a whole run (each part and the plan against model and cluster); return it or raise SpecError."""
+    return spec.validate()

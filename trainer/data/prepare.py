@@ -1,0 +1,320 @@
+"""Text → token ids on disk: ``prepare_dataset`` turns a text file, or a folder of text files, into:
+
+    <prepared dir>/
+      tokenizer.json   byte-level BPE (HF tokenizers), with one special token <|endoftext|> (the EOS/separator)
+      train.bin        token ids, flat, uint16 when the vocabulary fits in 16 bits, else uint32
+      val.bin          the last ``val_fraction`` of the token stream: contiguous, so no text leaks across the split
+      meta.json        source sha256, files, vocab sizes, dtype, token counts, val fraction; written last
+
+The prepared dir is ``DatasetSpec.prepared_dir`` when set (the files go straight into it), otherwise
+``<path>.prepared/vocab-<N>`` beside the file or folder, so that two vocabulary sizes never overwrite each other.
+Files of a folder are taken recursively in sorted order of their relative paths (hidden files skipped), each encoded
+on its own and joined with the EOS id.
+
+Preparation is idempotent: it is redone only when the text (sha256 of names and bytes; files whose size and mtime
+are unchanged are not read again) or the vocabulary changes, and a new val_fraction reuses the tokenizer. A read-only
+prepared folder that is up to date is used as it is. It is safe to call from every rank of a job at once: an
+exclusive ``fcntl`` lock on ``<prepared dir>/.lock`` lets one process do the work while the others wait and then find
+a matching meta.json. Each file is written under a temporary name and renamed into place, meta.json last, so a reader
+that sees meta.json sees complete files. (``flock`` is only as good as the file system's locking: local disks and
+most cluster file systems honour it; an NFS without lock support does not.)
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from trainer.data.errors import DataError
+from trainer.data.tokenizer import BYTE_ALPHABET, MIN_VOCAB, SPECIALS, TOKENIZER, load_tokenizer, train_tokenizer
+
+FORMAT_VERSION = 1
+TRAIN, VAL, META, LOCK = "train.bin", "val.bin", "meta.json", ".lock"
+# Text is fed to the tokenizer in pieces of about this many characters: bounded memory, and pieces the
+# tokenizer's own threads can encode in parallel. Pieces end at a line break so that words are not cut.
+_PIECE_CHARS = 1 << 20
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    train_path: Path
+    val_path: Path
+    tokenizer_path: Path
+    vocab_size: int  # the tokenizer's real vocabulary (≤ the model's embedding size)
+    dtype: str  # "uint16" or "uint32"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def eos_id(self) -> int:
+        return int(self.meta["eos_id"])
+
+    def train_tokens(self) -> np.memmap:
+        return load_tokens(self.train_path)
+
+    def val_tokens(self) -> np.memmap:
+        return load_tokens(self.val_path)
+
+
+# ---------------------------------------------------------------- source files
+
+
+def _source_files(path: Path, prepared_dir: Path) -> list[Path]:
+    if not path.exists():
+        raise DataError(f"dataset path {path} does not exist: set dataset.path to a text file or a folder of them")
+    if path.is_file():
+        return [path]
+    skip = prepared_dir.resolve()
+    files = []
+    for f in sorted(path.rglob("*"), key=lambda p: p.relative_to(path).as_posix()):
+        rel = f.relative_to(path)
+        if not f.is_file() or any(part.startswith(".") for part in rel.parts):
+            continue
+        if skip in f.resolve().parents:
+            continue  # a prepared dir placed inside the dataset folder is not data
+        files.append(f)
+    if not files:
+        raise DataError(f"dataset folder {path} holds no files: put text files in it or point dataset.path at a file")
+    return files
+
+
+def _source_hash(path: Path, files: list[Path]) -> str:
+    """sha256 over each file's relative name and bytes: renaming, reordering or editing a file changes it."""
+    h = hashlib.sha256()
+    for f in files:
+        rel = f.name if path.is_file() else f.relative_to(path).as_posix()
+        h.update(rel.encode() + b"\0")
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                h.update(block)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _read_text(f: Path) -> str:
+    try:
+        return f.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{f} is not UTF-8 text ({exc.reason} at byte {exc.start}): convert it or remove it "
+                        f"from the dataset") from None
+
+
+def _pieces(text: str) -> Iterator[str]:
+    start = 0
+    while start < len(text):
+        end = min(start + _PIECE_CHARS, len(text))
+        if end < len(text):
+            cut = text.rfind("\n", start, end)
+            end = cut + 1 if cut > start else end
+        yield text[start:end]
+        start = end
+
+
+def _all_pieces(files: list[Path]) -> Iterator[str]:
+    for f in files:
+        yield from _pieces(_read_text(f))
+
+
+# ---------------------------------------------------------------- preparation
+
+
+def default_prepared_dir(path: str | os.PathLike, vocab_size: int) -> Path:
+    """Where prepared files go when the spec does not say: ``<path>.prepared/vocab-<N>`` beside the source."""
+    path = Path(path)
+    return path.parent / f"{path.name}.prepared" / f"vocab-{vocab_size}"
+
+
+def _dtype_for(vocab_size: int) -> str:
+    return "uint16" if vocab_size <= np.iinfo(np.uint16).max + 1 else "uint32"
+
+
+def _tmp_path(target: Path) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _publish(tmp: Path, target: Path) -> None:
+    with open(tmp, "rb+") as f:
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)  # mkstemp makes files private; other users (web app, Triton) read these
+    os.replace(tmp, target)
+
+
+def _write_json(target: Path, data: Any) -> None:
+    tmp = _tmp_path(target)
+    tmp.write_text(json.dumps(data, indent=2))
+    _publish(tmp, target)
+
+
+def _read_meta(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / META).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _source_stat(path: Path, files: list[Path]) -> list[list]:
+    return [[f.name if path.is_file() else f.relative_to(path).as_posix(), st.st_size, st.st_mtime_ns]
+            for f in files for st in [f.stat()]]
+
+
+def _source_sha(path: str | Path, files: list[Path], stat: list[list], meta: dict | None) -> str:
+    """The source's sha256; taken from meta when no file changed size or mtime since, because every rank of every
+    launch asks, and hashing a large corpus each time would cost minutes."""
+    if meta and meta.get("source_stat") == stat and meta.get("source_sha256"):
+        return meta["source_sha256"]
+    return _source_hash(Path(path), files)
+
+
+def _reusable(out: Path, meta: dict | None, source_sha: str, vocab: int, val_fraction: float) -> str:
+    """What a previous preparation in ``out`` still serves: 'all', 'tokenizer' (same text and vocabulary, another
+    split) or 'nothing'."""
+    if not meta or meta.get("format_version") != FORMAT_VERSION:
+        return "nothing"
+    if meta.get("source_sha256") != source_sha or meta.get("requested_vocab") != vocab:
+        return "nothing"
+    if meta.get("val_fraction") != val_fraction or not all((out / n).is_file() for n in (TRAIN, VAL)):
+        return "tokenizer" if (out / TOKENIZER).is_file() else "nothing"
+    return "all" if (out / TOKENIZER).is_file() else "nothing"
+
+
+def prepare_dataset(spec, vocab_size: int) -> PreparedData:
+    """Tokenize ``spec.path`` into train/val token files (see the module docstring); reuse them when up to date.
+
+    ``vocab_size`` is the model's embedding size; the tokenizer is trained for ``spec.tokenizer_vocab`` tokens
+    when set, else for ``vocab_size``, and must not have more than ``vocab_size``.
+    """
+    requested = spec.tokenizer_vocab or vocab_size
+    if requested < MIN_VOCAB:
+        raise DataError(f"a byte-level BPE vocabulary needs at least {BYTE_ALPHABET} byte tokens + {len(SPECIALS)} "
+                        f"special = {MIN_VOCAB} tokens; got {requested}: raise "
+                        f"{'dataset.tokenizer_vocab' if spec.tokenizer_vocab else 'model.vocab_size'}")
+    if requested > vocab_size:
+        raise DataError(f"dataset.tokenizer_vocab={requested} is larger than model.vocab_size={vocab_size}: token ids "
+                        f"would not fit the embedding; lower tokenizer_vocab or raise model.vocab_size")
+    if not 0.0 < spec.val_fraction < 0.5:
+        raise DataError(f"dataset.val_fraction={spec.val_fraction} must be in (0, 0.5)")
+    path = Path(spec.path).expanduser()
+    out = Path(spec.prepared_dir).expanduser() if spec.prepared_dir else default_prepared_dir(path, requested)
+    files = _source_files(path, out)
+    stat = _source_stat(path, files)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / LOCK, "a+")
+    except OSError as exc:
+        # A read-only folder prepared elsewhere (a shared dataset copy) still serves if it is up to date.
+        meta = _read_meta(out)
+        if _reusable(out, meta, _source_sha(path, files, stat, meta), requested, spec.val_fraction) == "all":
+            return _prepared(out, meta, vocab_size)
+        raise DataError(f"cannot write in the prepared-data folder {out} ({exc.strerror}): set "
+                        f"dataset.prepared_dir to a writable folder") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+        meta = _read_meta(out)
+        source_sha = _source_sha(path, files, stat, meta)
+        reuse = _reusable(out, meta, source_sha, requested, spec.val_fraction)
+        if reuse != "all":
+            meta = _build(path, files, out, source_sha, stat, requested, spec.val_fraction,
+                          reuse_tokenizer=reuse == "tokenizer")
+        elif meta.get("source_stat") != stat:  # touched but unchanged: remember, so the next call needs no hash
+            meta = {**meta, "source_stat": stat}
+            _write_json(out / META, meta)
+    return _prepared(out, meta, vocab_size)
+
+
+def _prepared(out: Path, meta: dict[str, Any], vocab_size: int) -> PreparedData:
+    if meta["vocab_size"] > vocab_size:
+        raise DataError(f"the tokenizer in {out} has {meta['vocab_size']} tokens but model.vocab_size={vocab_size}: "
+                        f"raise model.vocab_size to at least {meta['vocab_size']}")
+    return PreparedData(train_path=out / TRAIN, val_path=out / VAL, tokenizer_path=out / TOKENIZER,
+                        vocab_size=meta["vocab_size"], dtype=meta["dtype"], meta=meta)
+
+
+def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list[list], requested: int,
+           val_fraction: float, reuse_tokenizer: bool) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    # A meta.json that no longer describes the files must go first: a crash half-way must not leave it vouching
+    # for a mix of old and new files.
+    (out / META).unlink(missing_ok=True)
+    if not any(_read_text(f).strip() for f in files):
+        raise DataError(f"dataset {path} has no text (only empty or blank files): nothing to train on")
+    if reuse_tokenizer:
+        tok = load_tokenizer(out / TOKENIZER)
+    else:
+        tmp = _tmp_path(out / TOKENIZER)
+        train_tokenizer(_all_pieces(files), requested).save(str(tmp))
+        _publish(tmp, out / TOKENIZER)
+        tok = load_tokenizer(out / TOKENIZER)
+    t_train = time.perf_counter() - t0
+    dtype = _dtype_for(tok.vocab_size)
+
+    # Stream all ids into one temporary file, then cut it: the split point needs the total count.
+    all_tmp = _tmp_path(out / "all.bin")
+    n_bytes = 0
+    try:
+        with open(all_tmp, "wb") as f:
+            for i, src in enumerate(files):
+                if i:
+                    np.array([tok.eos_id], dtype=dtype).tofile(f)
+                text = _read_text(src)
+                n_bytes += len(text.encode("utf-8"))
+                pieces = list(_pieces(text))
+                for j in range(0, len(pieces), 8):
+                    for ids in tok.encode_batch(pieces[j:j + 8]):
+                        np.asarray(ids, dtype=dtype).tofile(f)
+        all_ids = np.memmap(all_tmp, dtype=dtype, mode="r")
+        n = len(all_ids)
+        n_val = int(math.ceil(n * val_fraction))
+        if n - n_val < 2 or n_val < 2:
+            raise DataError(f"dataset {path} gives only {n} tokens: too few for a train/val split at "
+                            f"val_fraction={val_fraction}; add text")
+        for name, part in ((TRAIN, all_ids[:n - n_val]), (VAL, all_ids[n - n_val:])):
+            tmp = _tmp_path(out / name)
+            np.asarray(part).tofile(tmp)
+            _publish(tmp, out / name)
+        del all_ids
+    finally:
+        all_tmp.unlink(missing_ok=True)
+
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "source": str(path.resolve()),
+        "source_files": [f.name if path.is_file() else f.relative_to(path).as_posix() for f in files],
+        "source_sha256": source_sha,
+        "source_stat": stat,  # [name, size, mtime_ns] per file: unchanged files need no rehash
+        "source_bytes": n_bytes,
+        "requested_vocab": requested,
+        "vocab_size": tok.vocab_size,
+        "eos_id": tok.eos_id,
+        "dtype": dtype,
+        "tokens": n,
+        "train_tokens": n - n_val,
+        "val_tokens": n_val,
+        "val_fraction": val_fraction,
+        "bytes_per_token": n_bytes / n,
+        "tokenizer_reused": reuse_tokenizer,
+        "tokenizer_train_s": round(t_train, 3),
+        "prepare_s": round(time.perf_counter() - t0, 3),
+    }
+    _write_json(out / META, meta)
+    return meta
+
+
+def load_tokens(path: str | os.PathLike, dtype: str | None = None) -> np.memmap:
+    """A train.bin or val.bin as a read-only memmap; the dtype comes from the meta.json beside it."""
+    path = Path(path)
+    if dtype is None:
+        meta = _read_meta(path.parent)
+        if meta is None:
+            raise DataError(f"no {META} beside {path}: prepare the dataset first, or pass dtype")
+        dtype = meta["dtype"]
+    return np.memmap(path, dtype=dtype, mode="r")

@@ -1,0 +1,241 @@
+"""Memory per GPU: model states, activations, temporary buffers. Plain numbers; ``report`` attaches the formulas.
+
+Model states (docs/formulas.md, ZeRO §3.1), bytes per parameter (weights + gradients + optimizer):
+    DeepSpeed, 16-bit:  2 + 2 + 12  (fp32 master, momentum, variance)
+    fp32:               4 + 4 + 8   (AdamW exp_avg, exp_avg_sq); DeepSpeed ZeRO ≥ 1: 4 + 4 + 12 (its own fp32
+                                    master partition besides the fp32 weights)
+    native, 16-bit:     4 + 4 + 8   (FSDP2 / autocast keep fp32 parameters and gradients; 16-bit copies are
+                                     transient, counted under buffers)
+ZeRO stage ≥ 1 shards the optimizer over the N_d data-parallel ranks, ≥ 2 the gradients, 3 the weights:
+    ZeRO-1 4Ψ + 12Ψ/N_d, ZeRO-2 2Ψ + 14Ψ/N_d, ZeRO-3 16Ψ/N_d (mixed precision).
+The native engine's ZeRO-3 is FSDP2, which chunks dimension 0 of each tensor (exact per rank, see params.py);
+DeepSpeed partitions a flat buffer (ceil(Ψ/N_d) per rank); MoE experts in their own groups over the N_d/ep ranks
+that hold the same experts (``deepspeed_shard``).
+
+Activations of one layer for one micro-batch (Korthikanti et al. 2022, Table 2; docs/formulas.md), T = s·b tokens,
+e bytes per activation element, r = t with sequence parallel else 1:
+    layernorm inputs   2·T·h·e / r     layernorm outputs  2·T·h·e / r      (the 4 + 4 of the "10")
+    dropout masks      2·T·h·1 / r     (the 2 of the "10"; only with dropout)
+    qkv                T·(h + 2kv)·e / t   attention output (out-projection input) T·h·e / t
+    MLP                2·T·f·e / t     (up output, GELU output: 16 of the "24" with f = 4h)
+    attention core     math: T·a·s·e/t (softmax) + with dropout T·a·s·(1 + e)/t (mask, dropped scores)
+                       fused: T·a·4/t (log-sum-exp)
+With e = 2, f = 4h, kv = h and dropout these give s·b·h·(34 + 5as/h) at t = 1, s·b·h·(10 + 24/t + 5as/(ht)) with tensor
+parallel, everything / t with sequence parallel; selective recompute drops the attention core; full recompute keeps the
+layer input only (2·s·b·h at e = 2). Small terms Korthikanti leaves out (options.small_terms): LayerNorm mean and 1/σ
+(2 × 4 bytes per token per LayerNorm), the log-sum-exp of fused attention, the causal mask of math attention (s² bytes),
+index tensors (int64). These constants were checked against what autograd saves in a nanoGPT-style layer
+(tests/trainer/test_estimate_activations_torch.py). MoE layers replace the MLP terms with ``moe_activations``.
+"""
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from trainer.contract import ModelSpec
+
+LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32 (in the input's dtype on the CPU)
+# Under autocast the fp32 LayerNorm output is cast to 16 bits once per consuming matmul: q, k, v and the MLP's up.
+AUTOCAST_LN_CONSUMERS = 4
+INDEX_BYTES = 8     # int64 token ids, positions, targets
+
+
+def activation_bytes_per_element(precision: str) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def state_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer) bytes per parameter before sharding."""
+    if precision != "fp32" and engine == "deepspeed":
+        return 2, 2, 12
+    if engine == "deepspeed" and zero_stage >= 1:
+        # DeepSpeed's ZeRO optimizers keep their own fp32 master partition (a copy) even when the weights are fp32:
+        # measured 12 bytes per sharded parameter at stages 1, 2 and 3 (tests/trainer/test_estimate_trainer_runs.py)
+        return 4, 4, 12
+    return 4, 4, 8
+
+
+def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, precision: str, engine: str,
+                 offload_optimizer: bool = False, offload_params: bool = False, expert_params: int = 0,
+                 ep: int = 1) -> dict[str, int]:
+    """Bytes of weights, gradients, optimizer states on one GPU, and what offload keeps in host memory.
+
+    ``params`` are the rank's parameters before data-parallel sharding; ``params_sharded`` after ZeRO-3/FSDP sharding
+    (the native engine's exact per-tensor chunks; for DeepSpeed pass ``deepspeed_shard``).
+    ``expert_params`` of them are experts: DeepSpeed's ZeRO partitions them over the dp/ep ranks that hold the
+    same experts (its expert-data-parallel group), the rest over all dp ranks.
+    """
+    w, g, o = state_bytes_per_param(precision, engine, zero_stage)
+    flat_shard = deepspeed_shard(params, dp, expert_params, ep)
+    sharded = params_sharded if engine == "native" else flat_shard
+    weights = w * (sharded if zero_stage >= 3 else params)
+    grads = g * (sharded if zero_stage >= 3 else flat_shard if zero_stage == 2 else params)
+    optimizer = o * (sharded if zero_stage >= 3 else flat_shard if zero_stage >= 1 else params)
+    host = 0
+    if offload_optimizer:
+        host += optimizer
+        optimizer = 0
+    if offload_params:
+        host += weights
+        weights = 0
+    return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+
+
+def deepspeed_shard(params: int, dp: int, expert_params: int = 0, ep: int = 1) -> int:
+    """Parameters of one rank's ZeRO partition: ⌈(P − P_experts)/dp⌉ + ⌈P_experts/(dp/ep)⌉ (DeepSpeed splits the
+    MoE parameters into their own groups, reduced and partitioned over the expert-data-parallel ranks)."""
+    edp = max(1, dp // max(1, ep))
+    return -(-(params - expert_params) // dp) + -(-expert_params // edp)
+
+
+@lru_cache(maxsize=8192)
+def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, sp: bool, checkpointing: str,
+                      e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None,
+                      rope: bool = False, head_dim: int = 0, mask_bytes: int = 1, sp_gathered: bool = False,
+                      autocast: bool = False, stat_bytes: int = LN_STAT_BYTES, repeat_kv: bool = False
+                      ) -> tuple[tuple[str, float], ...]:
+    """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
+
+    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with ``moe_activations``. ``kv`` is
+    n_kv_heads·head_dim; ``repeat_kv``: grouped-query keys and values are repeated to h before the kernel (the
+    native trainer does), so the kernel saves h-wide copies — unless selective recompute reruns the kernel, which
+    then keeps only the kv-wide projections. ``rope``: rotary positions (measured: one extra T·h·e and the cos/sin
+    tables, none of which selective recompute keeps).
+    ``mask_bytes``: bytes per dropout-mask element (1 on GPUs; PyTorch's CPU dropout keeps a mask of the input's dtype).
+    ``sp_gathered``: with sequence parallel, the all-gathered LayerNorm outputs that feed the column-parallel
+    projections are what autograd keeps (PyTorch DTensor does; Megatron keeps the 1/t shard and gathers again in
+    backward): 2·T·h·e instead of 2·T·h·e/t.
+    ``autocast``: 16-bit autocast over fp32 weights (the native engine without FSDP): the residual stream and so the
+    LayerNorm inputs stay fp32, and each matmul reading a LayerNorm output saves its own 16-bit cast of it (3 for
+    q, k, v, 1 for the MLP). ``stat_bytes``: bytes of each LayerNorm mean and 1/σ element.
+    ``attention`` "sdpa_math": scaled_dot_product_attention falling back to its math path (dropout on the CPU) —
+    the scores as "math", but the causal mask is not saved.
+    """
+    T = s * b
+    r = t if sp else 1
+    stream = 4 if autocast else e  # bytes of the residual stream
+    if checkpointing == "full":
+        return (("layer_input", T * h * stream / r),)
+    ln_out_copies = AUTOCAST_LN_CONSUMERS if autocast else 2
+    terms = [("layernorm_inputs", 2 * T * h * stream / r),
+             ("layernorm_outputs", ln_out_copies * T * h * e / (1 if sp_gathered else r))]
+    if small_terms:
+        terms.append(("layernorm_stats", 2 * 2 * T * stat_bytes / r))
+    if dropout:
+        terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
+    selective = checkpointing == "selective"
+    kv_saved = h if (repeat_kv and not selective) else kv
+    terms += [("qkv", T * (h + 2 * kv_saved) * e / t), ("attention_output", T * h * e / t)]
+    if rope and not selective:
+        # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
+        terms.append(("rotary", T * h * e / t))
+        if small_terms:  # fp32 cos/sin buffers; a model running in 16 bits saves 16-bit casts of them
+            terms.append(("rotary_tables", 2 * s * (head_dim // 2) * (4.0 if autocast else e)))
+    if checkpointing != "selective":
+        if attention in ("math", "sdpa_math"):
+            terms.append(("attention_scores", T * a * s * e / t))
+            if dropout:
+                terms.append(("attention_dropout", T * a * s * (mask_bytes + e) / t))
+            if small_terms and attention == "math":
+                terms.append(("causal_mask", float(s * s)))
+        elif small_terms:
+            terms.append(("attention_logsumexp", T * a * 4 / t))
+    if moe:
+        terms += moe_activations(T, h, f, *moe, e, small_terms, stream)
+    else:
+        terms.append(("mlp", 2 * T * f * e / t))
+    return tuple(terms)
+
+
+def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Slots per expert for one micro-batch of ``tokens`` on one rank, as trainer/moe.py sizes them:
+    cap = max(1, ⌈capacity_factor · tokens · k / E⌉)."""
+    return max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
+
+
+def moe_kept(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
+    """Kept (token, choice) assignments M at most: min(T·k, E·min(cap, T)). Exact when capacity_factor ≥ E/k (no
+    expert can overflow); below that the drops depend on the routing, and this bound (every expert full) is what a
+    peak estimate needs."""
+    cap = expert_capacity(tokens, n_experts, top_k, capacity_factor)
+    return min(tokens * top_k, n_experts * min(cap, tokens))
+
+
+def moe_activations(T: int, h: int, f: int, n_experts: int, top_k: int, capacity_factor: float, e: int,
+                    small_terms: bool, stream: int | None = None) -> list[tuple[str, float]]:
+    """What one MoE layer of trainer/moe.py saves besides its attention half, for T tokens on one rank (measured with
+    saved-tensor hooks; tests/trainer/test_estimate_activations_torch.py). E experts, k = top_k, cap slots per expert,
+    M kept assignments (``moe_kept``); e bytes per activation element.
+
+        router_probs        T·E·4          softmax output, fp32 (the router's input is the LayerNorm output, counted)
+        dispatched_tokens   M·h·e_s        tokens[rows]: index_copy keeps its source for backward; e_s is the
+                                           LayerNorm output's dtype (fp32 under autocast, ``stream``)
+        expert_inputs       E·cap·h·e      the (E, cap, h) dispatch buffer, empty slots included (under expert
+                                           parallel, the received buffer of E/ep experts × ep·cap rows: same size;
+                                           under autocast each expert's 16-bit cast of its rows)
+        expert_mlp          2·E·cap·f·e    each expert's up-projection and GELU outputs on its cap rows
+        combine             2·M·h·e        expert outputs gathered back per assignment (out[slots], kept by the gate
+                                           multiply) and the gated outputs (index_add keeps its source)
+    small terms: top-k indices T·k·8; kept mask T·k·1; row and slot indices 2·M·8; gates M·e (cast to the
+    activation dtype before the multiply); with k > 1 the renormalisation keeps top-p T·k·4 and its sum T·4;
+    the aux loss keeps the first-choice fractions E·4.
+    Expert parallel does not change these per-rank sizes: every rank dispatches its own T tokens into E·cap
+    slots, and each of its E/ep experts runs on ep·cap received rows. Tensor parallel is refused for MoE models.
+    """
+    E, k = n_experts, top_k
+    cap = expert_capacity(T, E, k, capacity_factor)
+    M = moe_kept(T, E, k, capacity_factor)
+    terms = [("router_probs", T * E * 4.0), ("dispatched_tokens", M * h * (stream or e)), ("expert_inputs", E * cap * h * e),
+             ("expert_mlp", 2 * E * cap * f * e), ("combine", 2 * M * h * e)]
+    if small_terms:
+        routing = T * k * 8 + T * k + 2 * M * 8 + M * e + E * 4
+        if k > 1:
+            routing += T * k * 4 + T * 4
+        terms.append(("routing_small", float(routing)))
+    return terms
+
+
+@lru_cache(maxsize=8192)
+def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, sp: bool, e: int, loss_bytes: int,
+                     small_terms: bool, mask_bytes: int = 1, sp_gathered: bool = False, autocast: bool = False,
+                     stat_bytes: int = LN_STAT_BYTES) -> tuple[tuple[str, float], ...]:
+    """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch."""
+    s, h, V = model.seq_len, model.d_model, model.vocab_size
+    T = s * b
+    r = t if sp else 1
+    terms = []
+    if first:
+        if small_terms:
+            terms.append(("token_ids", T * INDEX_BYTES))
+            if model.positions == "learned":
+                terms.append(("position_ids", s * INDEX_BYTES))
+        if model.dropout > 0:
+            terms.append(("embedding_dropout_mask", T * h * mask_bytes / r))
+    if last:
+        terms += [("final_layernorm_input", T * h * (4 if autocast else e) / r),
+                  ("final_layernorm_output", T * h * e / (1 if sp_gathered else r)),
+                  ("log_probs", T * -(-V // t) * loss_bytes)]
+        if small_terms:
+            terms += [("final_layernorm_stats", 2 * T * stat_bytes / r), ("targets", T * INDEX_BYTES),
+                      ("loss_scalars", 4)]
+    return tuple(terms)
+
+
+def in_flight(schedule: str, pp: int, m: int, v: int, stage: int) -> float:
+    """Micro-batches whose activations a pipeline stage holds at its peak (docs/formulas.md, Pipeline bubble).
+
+    No pipeline: 1 (gradient accumulation frees each micro-batch after its backward). GPipe: all m.
+    1F1B: stage i holds min(m, p − i). Interleaved: stage 0 holds p·(1 + (p−1)/(p·v)) = p + (p−1)/v
+    (Korthikanti 2022); stage i is taken as (p − i) + (p − 1)/v.
+    """
+    if pp <= 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule == "interleaved":
+        return min(float(m), (pp - stage) + (pp - 1) / v)
+    return float(min(m, pp - stage))
+
+
+def layers_on_stage(model: ModelSpec, pp: int) -> int:
+    return model.n_layers // pp

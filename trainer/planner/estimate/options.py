@@ -1,0 +1,109 @@
+"""The planner's assumptions that are not part of the model, plan or cluster; calibration fits some of them."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainer.contract import SpecError
+
+AttentionKernel = Literal["fused", "math"]
+
+
+@dataclass(frozen=True)
+class EstimateOptions:
+    """Knobs of the estimate, with defaults that say why.
+
+    attention: "fused" (scaled_dot_product_attention / flash: saves its output and a log-sum-exp, no a·s² scores) or
+        "math" (materialised scores: the 5·a·s/h term of Korthikanti Table 2).
+    small_terms: count the tensors Korthikanti leaves out (LayerNorm mean and 1/σ, log-sum-exp, causal mask,
+        token/position/target index tensors). Off reproduces docs/formulas.md's table exactly.
+    compute_efficiency: fraction of dense peak a large matmul reaches (Narayanan 2021: 44–52 % on A100).
+    efficiency_half_work: b·s·h/t at which the achieved efficiency is half of ``compute_efficiency`` — small
+        micro-batches and thin tensor-parallel shards do not fill the GPU.
+    comm_efficiency: fraction of the link bandwidth a collective reaches.
+    collective_latency_s: α of the α–β model, fixed seconds each collective (each pipeline message) costs on top of
+        its bytes/β: launch, synchronisation and the first hop. ~5 µs on GPU clusters (NVLink a few µs, InfiniBand
+        5–10 µs per collective); far more through gloo on CPUs (fit it with ``calibrate``).
+    dp_overlap: fraction of data-parallel gradient communication hidden behind the backward pass.
+    step_overhead_s: fixed seconds per step (optimizer launch, host work, synchronisation).
+    overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
+    fragmentation: extra fraction of the dynamic part (activations + buffers) lost to allocator fragmentation.
+    host_memory_bandwidth_gbs: host memory bandwidth one rank's CPU optimizer step gets (offloaded Adam).
+    dropout_mask_bytes: bytes per dropout-mask element; None: 1 on GPUs (Korthikanti), the activation dtype on the
+        CPU device (PyTorch's CPU dropout multiplies by a noise tensor of the input's dtype).
+    sp_gathered: with sequence parallel, autograd keeps the all-gathered (full-sequence) LayerNorm outputs that feed
+        the column-parallel projections (PyTorch DTensor, the native trainer); False keeps the 1/t shard (Megatron,
+        Korthikanti's table).
+    repeat_kv: grouped-query keys/values are repeated to n_heads before attention, so autograd saves 3·h per token
+        for q, k, v (the native trainer does; selective recompute keeps h + 2·kv instead); False saves
+        h + 2·n_kv_heads·head_dim (kernels with native GQA).
+    pcie_bandwidth_gbs: host link used by CPU offload.
+    loss_bytes: bytes per element of the logits the loss works on (fp32, as autocast and Megatron do).
+    """
+
+    attention: AttentionKernel = "fused"
+    small_terms: bool = True
+    compute_efficiency: float = 0.5
+    efficiency_half_work: float = 2.0 ** 18
+    comm_efficiency: float = 0.8
+    collective_latency_s: float = 5e-6
+    dp_overlap: float = 0.0
+    step_overhead_s: float = 0.0
+    overhead_bytes: float | None = None
+    fragmentation: float = 0.0
+    pcie_bandwidth_gbs: float = 25.0
+    host_memory_bandwidth_gbs: float = 10.0
+    repeat_kv: bool = True
+    dropout_mask_bytes: int | None = None
+    sp_gathered: bool = True
+    loss_bytes: int = 4
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        if self.attention not in ("fused", "math"):
+            p["attention"] = [f"attention={self.attention!r} must be 'fused' or 'math'"]
+        for name in ("compute_efficiency", "comm_efficiency"):
+            if not 0.0 < getattr(self, name) <= 1.0:
+                p[name] = [f"{name}={getattr(self, name)} must be in (0, 1]"]
+        if not 0.0 <= self.dp_overlap <= 1.0:
+            p["dp_overlap"] = [f"dp_overlap={self.dp_overlap} must be in [0, 1]"]
+        for name in ("efficiency_half_work", "step_overhead_s", "fragmentation", "collective_latency_s"):
+            if getattr(self, name) < 0:
+                p[name] = [f"{name}={getattr(self, name)} must not be negative"]
+        if self.overhead_bytes is not None and self.overhead_bytes < 0:
+            p["overhead_bytes"] = [f"overhead_bytes={self.overhead_bytes} must not be negative"]
+        for name in ("pcie_bandwidth_gbs", "host_memory_bandwidth_gbs"):
+            if getattr(self, name) <= 0:
+                p[name] = [f"{name}={getattr(self, name)} must be positive"]
+        if self.dropout_mask_bytes is not None and self.dropout_mask_bytes not in (1, 2, 4):
+            p["dropout_mask_bytes"] = [f"dropout_mask_bytes={self.dropout_mask_bytes} must be 1, 2, 4 or None"]
+        if self.loss_bytes not in (2, 4):
+            p["loss_bytes"] = [f"loss_bytes={self.loss_bytes} must be 2 or 4"]
+        return p
+
+    def validate(self) -> "EstimateOptions":
+        problems = self.problems()
+        if problems:
+            raise SpecError({f"options.{k}": v for k, v in problems.items()})
+        return self
+
+    def replace(self, **changes) -> "EstimateOptions":
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> "EstimateOptions":
+        data = dict(data or {})
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise SpecError.single("options", f"unknown option(s) {unknown}; known: {sorted(names)}")
+        return cls(**data).validate()
+
+    def overhead_for(self, gpu_name: str) -> float:
+        if self.overhead_bytes is not None:
+            return self.overhead_bytes
+        return 0.0 if gpu_name == "cpu" else 1.0e9  # ~1 GB: CUDA context, NCCL and cuBLAS workspaces

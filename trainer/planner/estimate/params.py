@@ -1,0 +1,181 @@
+"""Exact parameter counts: the whole model, per token (MoE active), and on one rank.
+
+A GPT block (docs/formulas.md, Parameters) holds, with kv = n_kv_heads·head_dim and f the FFN width:
+    ln1, ln2              2·(h + h)                 (weight + bias; weight only without biases)
+    attention  q, k, v    h·(h + 2kv) + (h + 2kv)   column-parallel (rows split by t)
+               out        h·h + h                   row-parallel (columns split by t, bias replicated)
+    MLP        up         f·h + f                   column-parallel
+               down       h·f + h                   row-parallel
+= 12h² + 13h for kv = h, f = 4h. A mixture-of-experts block swaps the MLP for E experts (2hf + f + h each) and a
+router h·E. Outside the blocks: token embedding V·h (vocabulary split by t), learned positions s·h, final LayerNorm
+2h and, when untied, an LM head V·h.
+
+Placement on ranks: a pipeline's first stage holds the embeddings, its last the final LayerNorm and the head. A tied
+head on the last stage of a pipeline (pp > 1) is a copy of the embedding: counted on both stages, once in the total.
+Tensor parallel splits a dimension as torch.chunk does (ceil(d/t) on the first ranks); FSDP / ZeRO-3 then chunks
+dimension 0 of each local tensor over the data-parallel ranks the same way, which is what the native trainer stores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from trainer.contract import ModelSpec
+
+
+@dataclass(frozen=True)
+class ParamTensor:
+    """One parameter tensor kind: shape (rows, cols) (cols 1 for vectors), split dimension under tensor parallel."""
+
+    name: str
+    rows: int
+    cols: int = 1
+    tp_dim: int | None = None  # 0 column-parallel rows, 1 row-parallel columns, None replicated
+    expert: bool = False       # spread over expert-parallel ranks
+
+    @property
+    def numel(self) -> int:
+        return self.rows * self.cols
+
+
+def chunk(size: int, parts: int, index: int) -> int:
+    """Length of part ``index`` when torch.chunk splits ``size`` into ``parts``: ceil-sized chunks, last ones short."""
+    if parts <= 1:
+        return size
+    step = -(-size // parts)
+    return max(0, min(step, size - index * step))
+
+
+def _layernorm(name: str, h: int, bias: bool) -> list[ParamTensor]:
+    return [ParamTensor(f"{name}.weight", h)] + ([ParamTensor(f"{name}.bias", h)] if bias else [])
+
+
+def _linear(name: str, out: int, inp: int, bias: bool, tp_dim: int | None, expert: bool = False) -> list[ParamTensor]:
+    tensors = [ParamTensor(f"{name}.weight", out, inp, tp_dim, expert)]
+    if bias:  # a row-parallel layer adds its bias once, after the reduction: replicated
+        tensors.append(ParamTensor(f"{name}.bias", out, 1, 0 if tp_dim == 0 else None, expert))
+    return tensors
+
+
+def block_tensors(model: ModelSpec, moe: bool) -> list[ParamTensor]:
+    """The tensors of one block, named as the native trainer names them (q, k, v are separate tensors, which
+    matters for FSDP's per-tensor chunks); a MoE block lists one expert's tensors (× n_experts in the counts)."""
+    h, f, kv, bias = model.d_model, model.ffn, model.kv_heads * model.head_dim, model.bias
+    tensors = _layernorm("ln1", h, bias) + _linear("attn.q", h, h, bias, 0) + _linear("attn.k", kv, h, bias, 0) \
+        + _linear("attn.v", kv, h, bias, 0) + _linear("attn.out", h, h, bias, 1) + _layernorm("ln2", h, bias)
+    if moe:
+        tensors += [ParamTensor("moe.router.weight", model.n_experts, h)]
+        tensors += _linear("moe.expert.up", f, h, bias, 0, True) + _linear("moe.expert.down", h, f, bias, 1, True)
+    else:
+        tensors += _linear("mlp.up", f, h, bias, 0) + _linear("mlp.down", h, f, bias, 1)
+    return tensors
+
+
+def embedding_tensors(model: ModelSpec) -> list[ParamTensor]:
+    tensors = [ParamTensor("embed.tokens.weight", model.vocab_size, model.d_model, 0)]
+    if model.positions == "learned":
+        tensors.append(ParamTensor("embed.positions.weight", model.seq_len, model.d_model))
+    return tensors
+
+
+def final_tensors(model: ModelSpec, pipelined: bool) -> list[ParamTensor]:
+    """Final LayerNorm and the head; a tied head is a separate copy only when the last stage is not the first."""
+    tensors = _layernorm("norm", model.d_model, model.bias)
+    if not model.tied_embeddings or pipelined:
+        tensors.append(ParamTensor("head.weight", model.vocab_size, model.d_model, 0))
+    return tensors
+
+
+def _sum(tensors, experts: int = 1) -> int:
+    return sum(t.numel * (experts if t.expert else 1) for t in tensors)
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int            # distinct parameters (a tied head once)
+    active: int           # per token: k of E experts
+    embedding: int        # V·h (+ s·h)
+    non_embedding: int    # blocks + final LayerNorm (+ untied head)
+    per_dense_block: int
+    per_moe_block: int    # 0 for dense models
+    head: int             # V·h when untied, else 0
+    matmul_per_token: int  # parameters a token multiplies by: active blocks' weights + the head (tied or not)
+
+
+@lru_cache(maxsize=256)
+def count(model: ModelSpec) -> ParamCounts:
+    dense = _sum(block_tensors(model, False))
+    moe = _sum(block_tensors(model, True), model.n_experts) if model.is_moe else 0
+    moe_active = _sum(block_tensors(model, True), model.top_k) if model.is_moe else 0
+    n_moe = len(model.moe_layers)
+    n_dense = model.n_layers - n_moe
+    embedding = _sum(embedding_tensors(model))
+    final = _sum(final_tensors(model, False))
+    head = 0 if model.tied_embeddings else model.vocab_size * model.d_model
+    blocks = n_dense * dense + n_moe * moe
+    active_blocks = n_dense * dense + n_moe * moe_active
+    # matmul parameters: every block weight matrix a token passes through, plus the V·h head (tied or not); not
+    # the embedding lookups, biases or LayerNorms (they cost O(h) per token, not O(h²)).
+    weights = [t for t in block_tensors(model, False) if t.cols > 1]
+    dense_mm = sum(t.numel for t in weights)
+    moe_mm = sum(t.numel * (model.top_k if t.expert else 1) for t in block_tensors(model, True) if t.cols > 1) \
+        if model.is_moe else 0
+    matmul = n_dense * dense_mm + n_moe * moe_mm + model.vocab_size * model.d_model
+    return ParamCounts(total=embedding + blocks + final, active=embedding + active_blocks + final,
+                       embedding=embedding, non_embedding=blocks + final, per_dense_block=dense,
+                       per_moe_block=moe, head=head, matmul_per_token=matmul)
+
+
+def stage_layers(model: ModelSpec, pp: int, virtual_stages: int, stage: int) -> list[int]:
+    """Layer indices on pipeline rank ``stage``: contiguous L/p, or v chunks of L/(p·v) at j·p + stage."""
+    v = max(1, virtual_stages) if pp > 1 else 1
+    per_chunk = model.n_layers // (pp * v)
+    layers: list[int] = []
+    for j in range(v):
+        start = (j * pp + stage) * per_chunk
+        layers.extend(range(start, start + per_chunk))
+    return layers
+
+
+def local_numel(t: ParamTensor, tp: int, tp_rank: int, shard: int, shard_rank: int) -> int:
+    """Elements of tensor ``t`` on one rank: tensor-parallel chunk, then dim-0 chunk over ``shard`` ranks."""
+    rows, cols = t.rows, t.cols
+    if t.tp_dim == 0:
+        rows = chunk(rows, tp, tp_rank)
+    elif t.tp_dim == 1:
+        cols = chunk(cols, tp, tp_rank)
+    return chunk(rows, shard, shard_rank) * cols
+
+
+@lru_cache(maxsize=65536)
+def rank_params(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: int, ep: int = 1,
+                shard: int = 1, tp_rank: int = 0, shard_rank: int = 0) -> int:
+    """Parameters stored on one rank (pipeline ``stage``, tensor rank, dim-0 shard of ``shard`` ranks).
+
+    Experts: n_experts/ep per rank. ``shard`` > 1 is FSDP / ZeRO-3 style per-tensor sharding (native engine).
+    """
+    layers = stage_layers(model, pp, virtual_stages, stage)
+    n_moe = sum(1 for i in layers if model.is_moe_layer(i))
+    n_dense = len(layers) - n_moe
+    experts_local = model.n_experts // ep if model.is_moe else 0
+
+    def size(tensors, expert_copies=1):
+        return sum(local_numel(t, tp, tp_rank, shard, shard_rank) * (expert_copies if t.expert else 1)
+                   for t in tensors)
+
+    total = n_dense * size(block_tensors(model, False))
+    if n_moe:
+        total += n_moe * size(block_tensors(model, True), experts_local)
+    if stage == 0:
+        total += size(embedding_tensors(model))
+    if stage == pp - 1:
+        total += size(final_tensors(model, pp > 1))
+    return total
+
+
+def rank_expert_params(model: ModelSpec, pp: int, virtual_stages: int, stage: int, ep: int = 1) -> int:
+    """Of ``rank_params``, the expert parameters (tp = 1: MoE models are not tensor-parallel): n_moe·(E/ep)·expert."""
+    if not model.is_moe:
+        return 0
+    n_moe = sum(1 for i in stage_layers(model, pp, virtual_stages, stage) if model.is_moe_layer(i))
+    return n_moe * (model.n_experts // ep) * _sum(t for t in block_tensors(model, True) if t.expert)

@@ -1,0 +1,169 @@
+"""Search: enumerate valid plans, drop those that do not fit, rank the rest, find the memory/time Pareto front.
+
+Ranking key: estimated seconds per token (step time / (B·s)); for one global batch that is the step-time order.
+Plans are evaluated with ``estimate.core.Planner`` (plain numbers); the explained breakdown (``estimate``) is built
+only for the plans shown.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from trainer.planner.estimate.core import GB, Planner, rank_of
+from trainer.planner.estimate.explain import estimate
+from trainer.planner.estimate.options import EstimateOptions
+from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
+from trainer.planner.estimate.calibrate import ideal_options, time_features
+from trainer.planner.tune.space import SearchSpace, enumerate_plans
+from trainer.planner.tune.trials import run_trials
+
+Progress = Callable[[dict], None]
+
+
+@dataclass
+class Candidate:
+    plan: ParallelPlan
+    step_time_s: float
+    peak_memory_bytes: float
+    peak_rank: int
+    mfu: float
+    tokens_per_s: float
+    measured_step_time_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "step_time_s": self.step_time_s,
+                "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_gb": self.peak_memory_bytes / GB,
+                "peak_rank": self.peak_rank, "mfu": self.mfu, "tokens_per_s": self.tokens_per_s,
+                "measured_step_time_s": self.measured_step_time_s}
+
+
+@dataclass
+class TuneResult:
+    model: ModelSpec
+    cluster: ClusterSpec
+    global_batches: tuple[int, ...]
+    evaluated: int                      # valid plans estimated
+    fitting: int
+    rejected: dict[str, int]            # reason → count (rule violations pruned early, and memory)
+    ranked: list[Candidate]             # fitting plans, fastest first (all of them)
+    pareto: list[Candidate]             # no other plan is both faster and lighter
+    elapsed_s: float
+    top_k: int = 10
+    details: list[dict] = field(default_factory=list)   # explained estimates of the top plans
+    trials: Any = None                  # TrialResult when trials ran
+
+    @property
+    def best(self) -> Candidate | None:
+        if self.trials is not None and self.trials.best is not None:
+            return self.trials.best
+        return self.ranked[0] if self.ranked else None
+
+    def to_dict(self, explain: bool = False) -> dict[str, Any]:
+        out = {"model": self.model.to_dict(), "cluster": self.cluster.to_dict(),
+               "global_batches": list(self.global_batches), "evaluated": self.evaluated, "fitting": self.fitting,
+               "rejected": dict(sorted(self.rejected.items(), key=lambda kv: -kv[1])),
+               "top": [c.to_dict() for c in self.ranked[:self.top_k]],
+               "pareto": [c.to_dict() for c in self.pareto], "elapsed_s": self.elapsed_s,
+               "best": self.best.to_dict() if self.best else None,
+               "trials": self.trials.to_dict() if self.trials is not None else None}
+        if explain:
+            out["details"] = self.details
+        return out
+
+
+def memory_reason(states: float, activations: float, capacity: float) -> str:
+    """Why a plan does not fit, by the first part of the peak stage's memory that crosses the capacity."""
+    if states > capacity:
+        return "out of memory: model states alone exceed GPU memory"
+    if states + activations > capacity:
+        return "out of memory: activations exceed what model states leave"
+    return "out of memory: buffers and overhead exceed what is left"
+
+
+def pareto_front(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Plans for which no other is at least as fast and strictly lighter, or strictly faster and as light."""
+    front: list[Candidate] = []
+    best_memory = float("inf")
+    for c in sorted(candidates, key=lambda c: (c.step_time_s, c.peak_memory_bytes)):
+        if c.peak_memory_bytes < best_memory:
+            front.append(c)
+            best_memory = c.peak_memory_bytes
+    return front
+
+
+def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[int],
+               space: SearchSpace | None = None, options: EstimateOptions | None = None,
+               progress: Progress | None = None) -> tuple[list[Candidate], dict[str, int], int]:
+    """All fitting plans, fastest per token first; the rejection counts; how many plans were estimated."""
+    batches = (global_batch,) if isinstance(global_batch, int) else tuple(global_batch)
+    planner = Planner(model, cluster, options)
+    rejected: dict[str, int] = {}
+    fitting: list[Candidate] = []
+    evaluated = 0
+    cap = planner.capacity_bytes
+    for batch in batches:
+        tokens = batch * model.seq_len
+        for plan in enumerate_plans(model, cluster, batch, space, rejected):
+            step_s, peak, stage, model_flops, states, activations = planner.quick(plan)
+            evaluated += 1
+            if peak > cap:
+                reason = memory_reason(states, activations, cap)
+                rejected[reason] = rejected.get(reason, 0) + 1
+                continue
+            fitting.append(Candidate(plan, step_s, peak, rank_of(plan, stage),
+                                     model_flops / (step_s * plan.world_size * planner.peak_flops), tokens / step_s))
+            if progress and evaluated % 20000 == 0:
+                progress({"phase": "rank", "evaluated": evaluated, "fitting": len(fitting)})
+    fitting.sort(key=lambda c: (c.step_time_s / (c.plan.global_batch * model.seq_len), c.peak_memory_bytes))
+    return fitting, rejected, evaluated
+
+
+def trial_features(model: ModelSpec, cluster: ClusterSpec, options: EstimateOptions | None,
+                   plans: Sequence[ParallelPlan]) -> list[tuple[float, float]]:
+    """(compute, communication) seconds of each plan at ideal efficiency: what trials refit on."""
+    planner = Planner(model, cluster, ideal_options(options or EstimateOptions()))
+    return [time_features(planner, p) for p in plans]
+
+
+def _check_inputs(model, cluster, global_batch, top_k):
+    problems = {}
+    for prefix, obj in (("model", model), ("cluster", cluster)):
+        for key, messages in obj.problems().items():
+            if messages:
+                problems[f"{prefix}.{key}" if key else prefix] = messages
+    batches = (global_batch,) if isinstance(global_batch, int) else tuple(global_batch)
+    if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
+        problems["global_batch"] = [f"global_batch={global_batch!r} must be a positive integer (or a list of them)"]
+    if not isinstance(top_k, int) or top_k < 1:
+        problems["top_k"] = [f"top_k={top_k!r} must be a positive integer"]
+    if problems:
+        raise SpecError(problems)
+
+
+def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[int], space: SearchSpace | None = None,
+         options: EstimateOptions | None = None, top_k: int = 10, explain_top: int = 0,
+         measure: Callable[[ParallelPlan], float] | None = None, trial_pool: int = 30, max_fraction: float = 1 / 3,
+         tolerance: float = 0.05, progress: Progress | None = None) -> TuneResult:
+    """Rank every valid plan by estimated step time and, given ``measure``, re-rank the best by short real trials.
+
+    ``measure(plan) -> seconds per step`` runs a short trial (supplied by the launcher). Trials draw from the
+    ``trial_pool`` best estimates and measure at most ``max_fraction`` of them (see trials.run_trials).
+    """
+    _check_inputs(model, cluster, global_batch, top_k)
+    options = (options or EstimateOptions()).validate()
+    started = time.perf_counter()
+    if progress:
+        progress({"phase": "enumerate", "message": "enumerating and estimating plans"})
+    ranked, rejected, evaluated = rank_plans(model, cluster, global_batch, space, options, progress)
+    result = TuneResult(model, cluster, (global_batch,) if isinstance(global_batch, int) else tuple(global_batch),
+                        evaluated, len(ranked), rejected, ranked, pareto_front(ranked), 0.0, top_k)
+    result.details = [estimate(model, c.plan, cluster, options).to_dict() for c in ranked[:explain_top]]
+    if measure is not None and ranked:
+        pool = ranked[:trial_pool]
+        result.trials = run_trials(pool, measure, max_fraction, tolerance, progress,
+                                   features=trial_features(model, cluster, options, [c.plan for c in pool]))
+    result.elapsed_s = time.perf_counter() - started
+    if progress:
+        progress({"phase": "done", "evaluated": evaluated, "fitting": len(ranked), "elapsed_s": result.elapsed_s})
+    return result

@@ -1,0 +1,141 @@
+"""Every valid plan for a model, cluster and global batch, with counts of why the others are not.
+
+The loops walk the choices in order (tp, pp, dp, micro-batch, sequence parallel, ep, engine/ZeRO/offload,
+checkpointing, schedule/virtual stages) and apply, at the first level where they can fail, the same rules as
+``ParallelPlan.problems()`` and ``spec.check_plan`` — inline, because building and checking a spec object per raw
+combination would dominate the search. tests/trainer/test_tune_space.py checks that the two agree on whole grids.
+
+Two choices are not enumerated because they change nothing: the pipeline schedule when pp = 1 (one plan with the
+default '1f1b'), and ep > 1 for a dense model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator
+
+from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """Which values each plan field may take. None: every value the model, cluster and batch allow."""
+
+    precisions: tuple[str, ...] = ("bf16",)
+    engines: tuple[str, ...] = ("native", "deepspeed")
+    checkpointing: tuple[str, ...] = ("none", "selective", "full")
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+    micro_batches: tuple[int, ...] | None = None
+    max_micro_batch: int = 64
+    max_virtual_stages: int = 8
+    offload: bool = True
+    sequence_parallel: tuple[bool, ...] = (False, True)
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> "SearchSpace":
+        data = dict(data or {})
+        for key in ("precisions", "engines", "checkpointing", "schedules", "micro_batches", "sequence_parallel"):
+            if data.get(key) is not None:
+                data[key] = tuple(data[key])
+        return cls(**data)
+
+
+def _engine_choices(space: SearchSpace, tp: int, sp: bool, pp: int, precision: str, moe: bool):
+    """(engine, zero_stage, offload_optimizer, offload_params) allowed for this tp, sp, pp (spec._engine_problems)."""
+    out = []
+    if moe and tp > 1:  # experts are spread over dp (ep), not split by tensor parallel
+        return out
+    if "native" in space.engines:
+        out.append(("native", 0, False, False))
+        if not (precision == "fp16") and not moe:  # native MoE is not sharded with FSDP2
+            out.append(("native", 3, False, False))
+    if "deepspeed" in space.engines and tp == 1 and not sp:
+        for zero in (1,) if pp > 1 else (0, 1, 2, 3):  # DeepSpeed's pipeline: ZeRO-1 only
+            if moe and zero == 3:
+                continue
+            out.append(("deepspeed", zero, False, False))
+            if space.offload and zero >= 1:
+                out.append(("deepspeed", zero, True, False))
+            if space.offload and zero == 3:
+                out.append(("deepspeed", zero, True, True))
+                out.append(("deepspeed", zero, False, True))
+    return out
+
+
+def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, space: SearchSpace | None = None,
+                    rejected: dict[str, int] | None = None) -> Iterator[ParallelPlan]:
+    """Yield each valid plan once; add to ``rejected`` (reason → pruned choices) what the rules cut away."""
+    space = space or SearchSpace()
+    rejected = rejected if rejected is not None else {}
+
+    def reject(reason: str, n: int = 1):
+        rejected[reason] = rejected.get(reason, 0) + n
+
+    world, gpn = cluster.world_size, cluster.gpus_per_node
+    moe = model.is_moe
+    for tp in divisors(world):
+        if tp > gpn:
+            reject("tp spans nodes (tp > gpus_per_node)")
+            continue
+        if tp > 1 and (model.n_heads % tp or model.ffn % tp or
+                       (model.kv_heads != model.n_heads and model.kv_heads % tp)):
+            reject("tp does not divide heads or FFN width")
+            continue
+        for pp in divisors(world // tp):
+            if pp > 1 and moe:
+                reject("mixture-of-experts models are not pipelined")
+                continue
+            if pp > 1 and model.n_layers % pp:
+                reject("pp does not divide n_layers")
+                continue
+            dp = world // (tp * pp)
+            if global_batch % dp:
+                reject("global batch not divisible by dp")
+                continue
+            per_rank = global_batch // dp
+            mbs = space.micro_batches or tuple(d for d in divisors(per_rank) if d <= space.max_micro_batch)
+            for b in mbs:
+                if per_rank % b:
+                    reject("global batch not divisible by micro_batch × dp")
+                    continue
+                m = per_rank // b
+                for sp in space.sequence_parallel:
+                    if sp and (tp == 1 or model.seq_len % tp):
+                        if tp > 1:
+                            reject("sequence parallel: tp does not divide seq_len")
+                        continue
+                    for ep in (divisors(dp) if moe else (1,)):
+                        if moe and model.n_experts % ep:
+                            reject("ep does not divide n_experts")
+                            continue
+                        for precision in space.precisions:
+                            for engine, zero, off_opt, off_par in _engine_choices(space, tp, sp, pp, precision, moe):
+                                for ckpt in space.checkpointing:
+                                    yield from _schedules(space, model, pp, m, reject, dict(
+                                        dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
+                                        sequence_parallel=sp, ep=ep, engine=engine, zero_stage=zero,
+                                        activation_checkpointing=ckpt, precision=precision,
+                                        offload_optimizer=off_opt, offload_params=off_par))
+
+
+def _schedules(space: SearchSpace, model: ModelSpec, pp: int, m: int, reject, fields: dict):
+    if pp == 1:
+        yield ParallelPlan(**fields)
+        return
+    for schedule in space.schedules:
+        if fields["engine"] == "deepspeed" and schedule != "1f1b":
+            continue
+        if schedule != "interleaved":
+            yield ParallelPlan(pipeline_schedule=schedule, **fields)
+            continue
+        if m < pp:
+            reject("interleaved schedule needs at least pp micro-batches")
+            continue
+        for v in range(2, space.max_virtual_stages + 1):
+            if model.n_layers % (pp * v):
+                continue
+            yield ParallelPlan(pipeline_schedule="interleaved", virtual_stages=v, **fields)

@@ -1,0 +1,151 @@
+"""Short real trials of the best-estimated plans, and when to stop measuring.
+
+Strategy (measure-and-recalibrate, then a stopping bound):
+1. Measure the plan with the lowest current prediction. At first the prediction is the planner's estimate; the
+   second and third trials go to the better half's plans whose communication share differs most from those measured.
+2. Once three plans are measured, refit the time model on them — step ≈ x_c·C + x_n·N, with C and N a plan's compute
+   and communication seconds at ideal efficiency (the same split as estimate.calibrate) — and re-predict every
+   unmeasured plan. A plan the planner flattered (say, communication-heavy on a slower network than assumed) drops
+   down the order; one it underrated moves up. Without the split (``features`` None) predictions are the
+   estimates scaled by the median measured/estimated ratio.
+3. Bound: δ = the largest leave-one-out relative error of the refit on the measured plans (or the spread of their
+   ratios before the refit; never below ``error_bound``). No unmeasured plan j can run faster than
+   prediction_j·(1 − δ). When even the lowest of those is ≥ best_measured / (1 + tolerance), no unmeasured plan
+   can beat the best measured by more than the tolerance, and the trials stop.
+   The bound is only trusted after half the budget (and at least ``min_trials``) has been measured.
+4. They also stop at the budget, ⌊max_fraction · pool⌋ measurements. The pick is the best measured plan.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+from trainer.planner.estimate.calibrate import solve_least_squares
+from trainer.contract import ParallelPlan, SpecError
+
+
+# A handful of residuals understates how far the noise of unmeasured plans can reach: the bound widens them.
+SAFETY = 2.0
+
+
+@dataclass
+class TrialResult:
+    pool: int
+    budget: int
+    measured: list = field(default_factory=list)   # Candidates with measured_step_time_s, in measuring order
+    best: Any = None
+    stopped: str = ""                                # "bound", "budget" or "pool"
+    error_bound: float = 0.0                         # δ when the trials stopped
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"pool": self.pool, "budget": self.budget, "measured": [c.to_dict() for c in self.measured],
+                "best": self.best.to_dict() if self.best else None, "stopped": self.stopped,
+                "error_bound": self.error_bound, "note": self.note}
+
+
+def _fit(points: list[tuple[float, float]], times: list[float]) -> tuple[float, float] | None:
+    """(x_c, x_n) ≥ 0 minimising Σ (x_c·C + x_n·N − t)²; one term alone when the other does not fit."""
+    try:
+        xc, xn = solve_least_squares([(c, n) for c, n in points], times)
+        if xc > 0 and xn >= 0:
+            return xc, xn
+    except ValueError:
+        pass
+    total = [c + n for c, n in points]
+    scale = sum(t * s for t, s in zip(times, total)) / sum(s * s for s in total)
+    return scale, scale
+
+
+def _predict(x: tuple[float, float], point: tuple[float, float]) -> float:
+    return x[0] * point[0] + x[1] * point[1]
+
+
+def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fraction: float = 1 / 3,
+               tolerance: float = 0.05, progress: Callable[[dict], None] | None = None, error_bound: float = 0.0,
+               min_trials: int = 3, features: Sequence[tuple[float, float]] | None = None) -> TrialResult:
+    """Measure plans of ``pool`` (Candidates) until the bound or the budget says stop; see the module docstring.
+
+    ``features``: (compute seconds, communication seconds) at ideal efficiency for each pool entry, same order.
+    """
+    if not 0 < max_fraction <= 1:
+        raise SpecError.single("max_fraction", f"max_fraction={max_fraction} must be in (0, 1]")
+    if tolerance < 0 or error_bound < 0:
+        raise SpecError.single("tolerance", "tolerance and error_bound must not be negative")
+    if features is not None and len(features) != len(pool):
+        raise SpecError.single("features", f"{len(features)} feature pairs for a pool of {len(pool)} plans")
+    pool = list(pool)
+    n = len(pool)
+    budget = max(1, math.floor(n * max_fraction))
+    # a bound fitted on very few residuals is overconfident: trust it only after half the budget
+    settle = max(min_trials, math.ceil(budget / 2))
+    result = TrialResult(pool=n, budget=budget)
+    predicted = [c.step_time_s for c in pool]
+    done: dict[int, float] = {}
+    while True:
+        if len(done) == n:
+            result.stopped = "pool"
+            break
+        if len(done) >= budget:
+            result.stopped = "budget"
+            break
+        # exploring costs trials that could go to the best predictions: only worth it with room for both
+        i = _next(predicted, done, features, len(done) < min_trials and budget >= 2 * min_trials)
+        seconds = float(measure(pool[i].plan))
+        if not seconds > 0 or math.isinf(seconds):
+            raise ValueError(f"measure() returned {seconds!r} for a plan; expected a positive step time in seconds")
+        done[i] = seconds
+        measured = replace(pool[i], measured_step_time_s=seconds)
+        result.measured.append(measured)
+        if result.best is None or seconds < result.best.measured_step_time_s:
+            result.best = measured
+        predicted, delta = _recalibrate(pool, features, done, min_trials)
+        result.error_bound = max(delta, error_bound)
+        if progress:
+            progress({"phase": "trial", "done": len(done), "budget": budget, "pool": n,
+                      "measured_step_time_s": seconds, "estimated_step_time_s": pool[i].step_time_s,
+                      "best_measured_s": result.best.measured_step_time_s, "error_bound": result.error_bound})
+        rest = [j for j in range(n) if j not in done]
+        if rest and len(done) >= min(settle, budget):
+            floor = min(predicted[j] for j in rest) * (1 - result.error_bound)
+            if floor >= result.best.measured_step_time_s / (1 + tolerance):
+                result.stopped = "bound"
+                break
+    result.note = (f"measured {len(done)} of {n} plans (budget {budget}); stopped by {result.stopped}" +
+                   (f": no unmeasured plan can beat the best measured by more than {tolerance:.0%} "
+                    f"(prediction error bound {result.error_bound:.3f})" if result.stopped == "bound" else
+                    "; the pick is the best measured plan"))
+    return result
+
+
+def _next(predicted: list[float], done: dict, features, exploring: bool) -> int:
+    """The unmeasured plan with the lowest prediction — except while exploring: then the first plans measured are
+    the best-predicted one and, among the better half, the most and the least communication-bound, so that the
+    refit can tell compute from communication."""
+    rest = [j for j in range(len(predicted)) if j not in done]
+    best = min(rest, key=lambda j: predicted[j])
+    if not exploring or features is None or not done:
+        return best
+    half = sorted(rest, key=lambda j: predicted[j])[:max(1, len(predicted) // 2)]
+    share = {j: features[j][1] / (features[j][0] + features[j][1] or 1.0) for j in half}
+    measured_shares = [features[j][1] / (features[j][0] + features[j][1] or 1.0) for j in done]
+    # the candidate whose communication share is farthest from every measured one
+    return max(half, key=lambda j: (min(abs(share[j] - m) for m in measured_shares), -predicted[j]))
+
+
+def _recalibrate(pool, features, done: dict[int, float], min_trials: int) -> tuple[list[float], float]:
+    """Predictions for every pool entry from the measured ones, and the error bound δ of those predictions."""
+    idx = list(done)
+    if features is not None and len(idx) >= min_trials:
+        points, times = [features[i] for i in idx], [done[i] for i in idx]
+        x = _fit(points, times)
+        errors = []
+        for k in range(len(idx)):  # leave-one-out: how wrong the refit is on a plan it did not see
+            xk = _fit(points[:k] + points[k + 1:], times[:k] + times[k + 1:])
+            errors.append(abs(_predict(xk, points[k]) - times[k]) / times[k])
+        return [_predict(x, f) for f in features], SAFETY * max(errors)
+    ratios = sorted(done[i] / pool[i].step_time_s for i in idx)
+    median = ratios[len(ratios) // 2]
+    spread = (ratios[-1] - ratios[0]) / ratios[-1]
+    return [c.step_time_s * median for c in pool], SAFETY * spread
