@@ -9,11 +9,11 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
-from trainer.contract.runfolder import EVENTS, append_jsonl
 from trainer.contract import RunSpec, SpecError
+from trainer.contract.records import Event, event
+from trainer.contract.runfolder import EVENTS, append_jsonl
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,22 +27,15 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         text = Path(args.spec).read_text()
-        spec = RunSpec.from_json(text)
+        spec = RunSpec.from_json(text)  # the contract's checks, engine refusals included: the only ones
     except (OSError, SpecError) as exc:
         return _refuse([str(exc)], _output_dir_of(args, locals().get("text")))
-    # Refuse what this engine cannot do before starting any process group or touching data.
-    from trainer.parallel.parallelize import unsupported
-
-    run_dir = Path(args.output_dir or spec.output_dir)
-    reasons = unsupported(spec.model, spec.plan)
-    if reasons:
-        return _refuse(reasons, run_dir)
-
-    from trainer.train import run
-
-    run(spec, run_dir, resume=args.resume, stop_at=args.until_step)
+    # torch and the training program load only for a run that will happen: a refusal answers in a fraction of that
     import torch.distributed as dist
 
+    from trainer.engine.loop import run
+
+    run(spec, Path(args.output_dir or spec.output_dir), resume=args.resume, stop_at=args.until_step)
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
@@ -53,8 +46,7 @@ def _refuse(reasons: list[str], run_dir: Path | None) -> int:
         print(f"error: {reason}", file=sys.stderr)
     if run_dir is not None and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
         # The run folder is how the web app learns why: one event, nothing else written.
-        append_jsonl(run_dir / EVENTS, {"event": "failed", "time": time.time(), "rank": 0,
-                                        "error": "; ".join(reasons), "refused": True})
+        append_jsonl(run_dir / EVENTS, event(Event.FAILED, 0, error="; ".join(reasons), refused=True))
     return 2
 
 

@@ -2,8 +2,8 @@
 
     python -m trainer.generate --checkpoint runs/<id>/checkpoints/step-<n> --prompt "ROMEO:" --max-new-tokens 50
 
-``load_model_from_checkpoint`` reads any plan's DCP checkpoint into one unsharded model (DCP reshards), and a
-DeepSpeed checkpoint through its consolidated weights (trainer.consolidated);
+``load_model_from_checkpoint`` reads a checkpoint of any plan and either engine into one unsharded model
+(trainer.checkpoint.consolidated);
 ``generate`` and ``generate_stream`` are what a serving backend calls. Each new token costs one forward over
 one position: the keys and values of earlier positions are kept per block (``KVCache``).
 """
@@ -11,50 +11,29 @@ from __future__ import annotations
 
 import argparse
 import sys
-import warnings
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
 import torch
 
-from trainer.consolidated import CONSOLIDATED, consolidate, load_consolidated
-from trainer.model import GPT, KVCache, Rotary, tie_weights
-from trainer.contract.runfolder import MANIFEST, read_json
-from trainer.contract import ModelSpec
+from trainer.checkpoint.consolidated import checkpoint_state, empty_model
+from trainer.contract.manifest import read_manifest
+from trainer.data.tokenizer import load_tokenizer
+from trainer.model import GPT, KVCache
 
 
 def load_model_from_checkpoint(path: str | Path, device: str | torch.device = "cpu",
                                dtype: torch.dtype = torch.float32):
-    """(model in eval mode, tokenizer or None) from a checkpoint folder ``checkpoints/step-<n>``."""
-    import torch.distributed.checkpoint as dcp
-
+    """(model in eval mode, tokenizer or None) from a checkpoint folder ``checkpoints/step-<n>`` of any plan."""
     folder = Path(path)
-    manifest = read_json(folder / MANIFEST)
+    manifest = read_manifest(folder)
     if manifest is None:
-        raise FileNotFoundError(f"{folder} has no {MANIFEST}: not a complete checkpoint")
-    spec = ModelSpec.from_dict(manifest["model"])
-    with torch.device("meta"):  # no time spent on random weights that the checkpoint replaces
-        model = GPT(spec)
-    model.to_empty(device="cpu")
-    tie_weights(model)
-    for module in model.modules():
-        if isinstance(module, Rotary):
-            module.reset_buffers()
-    if manifest.get("format") == "torch.distributed.checkpoint" and not (folder / CONSOLIDATED).is_file():
-        state = {"model": model.state_dict()}
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
-            dcp.load(state, checkpoint_id=str(folder), no_dist=True)  # one process reads every rank's shards
-        model.load_state_dict(state["model"])
-    else:  # DeepSpeed's ZeRO shards (or any engine's consolidated file): the one consolidated reader
-        model.load_state_dict(load_consolidated(consolidate(folder)))
+        raise FileNotFoundError(f"{folder} has no manifest.json: not a complete checkpoint")
+    model = empty_model(manifest.model_spec())  # no time spent on random weights that the checkpoint replaces
+    model.load_state_dict(checkpoint_state(folder))
     model.to(device=device, dtype=dtype).eval()
-    tokenizer = None
-    tok_path = manifest.get("tokenizer")
-    if tok_path and Path(tok_path).is_file():
-        from trainer.data import load_tokenizer
-
-        tokenizer = load_tokenizer(tok_path)
+    tokenizer = load_tokenizer(manifest.tokenizer) if manifest.tokenizer and Path(manifest.tokenizer).is_file() \
+        else None
     return model, tokenizer
 
 

@@ -8,12 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainer.contract.command import trainer_command
 from trainer.contract.presets import MODELS, local_cpu_cluster
 from trainer.contract import DatasetSpec, OptimizerSpec, ParallelPlan, RunSpec
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
-MULTIRUN = Path(__file__).with_name("multirun.py")
+JOBS = ("-m", "trainer.engine.jobs")  # several jobs one after another in one launch
 _PLAN_FIELDS = set(ParallelPlan.__dataclass_fields__)
 
 
@@ -48,11 +49,8 @@ def launch(nproc: int, jobs: list[dict], workdir: Path, timeout: float = 600) ->
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / f"jobs-{nproc}-{len(list(workdir.iterdir()))}.json"
     path.write_text(json.dumps([{**j, "spec": j["spec"].to_dict(), "run_dir": str(j["run_dir"])} for j in jobs]))
-    if nproc == 1:
-        cmd = [PYTHON, str(MULTIRUN), str(path)]
-    else:
-        cmd = [PYTHON, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-               "--master_addr=127.0.0.1", str(MULTIRUN), str(path)]
+    cmd = trainer_command([str(path)], nproc_per_node=nproc, endpoint=f"127.0.0.1:{free_port()}",
+                          launcher_for_one=False, program=JOBS, python=PYTHON)
     done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-4000:]}\n"

@@ -1,5 +1,5 @@
 """The benchmark's measurements work (its timings are printed by python -m trainer.bench, not asserted)."""
-from trainer.bench import saved_activations
+from trainer.bench.activations import saved_activations
 
 
 def test_it_measures_saved_activations_per_checkpointing_mode():

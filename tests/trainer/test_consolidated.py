@@ -4,7 +4,8 @@ import shutil
 import pytest
 import torch
 
-from trainer.consolidated import CONSOLIDATED, consolidate, load_consolidated, write_consolidated
+from trainer.checkpoint.consolidated import consolidate, load_consolidated, write_consolidated
+from trainer.contract.manifest import CONSOLIDATED
 from trainer.model import GPT, build_model
 from trainer.contract.presets import MODELS
 

@@ -3,7 +3,7 @@ import json
 import subprocess
 
 from tests.trainer.launch import PYTHON, REPO, _env, tiny_spec
-from trainer.ds.config import deepspeed_config
+from trainer.engine.deepspeed.config import deepspeed_config
 from trainer.contract import DatasetSpec, SpecError, check_plan
 
 

@@ -31,10 +31,9 @@ def test_it_resumes_a_deepspeed_run_exactly(engine_runs):
 
 
 def test_it_consolidates_zero3_shards_into_the_single_process_model(engine_runs):
-    from trainer.consolidated import load_consolidated
-    from trainer.data import load_tokens, prepare_dataset
+    from trainer.checkpoint.consolidated import load_consolidated
+    from trainer.data import load_tokens, prepare_dataset, validation_batches
     from trainer.model import GPT, loss_fn
-    from trainer.train import _eval_batches
 
     run = engine_runs / "ds-zero3-consolidate"
     spec = _run_spec_of(run)
@@ -47,7 +46,7 @@ def test_it_consolidates_zero3_shards_into_the_single_process_model(engine_runs)
     model.load_state_dict(load_consolidated(folder))  # strict: every native name, nothing else
     model.eval()
     data = prepare_dataset(spec.dataset, spec.model.vocab_size)
-    batches = _eval_batches(spec, load_tokens(data.val_path))
+    batches = validation_batches(spec, load_tokens(data.val_path))
     with torch.no_grad():
         mine = sum(float(loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y))) for x, y in batches) / len(batches)
     val_loss = [r["val_loss"] for r in records(run) if "val_loss" in r][-1]
@@ -64,7 +63,7 @@ def _run_spec_of(run):
 
 
 def test_it_saves_the_config_it_made_from_the_plan(engine_runs):
-    from trainer.ds.config import deepspeed_config
+    from trainer.engine.deepspeed.config import deepspeed_config
 
     run = engine_runs / "ds-zero3-offload"
     saved = json.loads((run / "deepspeed_config.json").read_text())
@@ -86,7 +85,7 @@ def test_it_cross_checks_its_flops_formula_with_the_profiler(engine_runs):
 
 
 def test_it_generates_from_a_deepspeed_checkpoint_like_from_its_consolidated_weights(engine_runs):
-    from trainer.consolidated import load_consolidated
+    from trainer.checkpoint.consolidated import load_consolidated
     from trainer.generate import generate, load_model_from_checkpoint
 
     folder = engine_runs / "ds-zero3-consolidate" / "checkpoints" / "step-6"
@@ -98,7 +97,7 @@ def test_it_generates_from_a_deepspeed_checkpoint_like_from_its_consolidated_wei
 
 
 def test_it_pipelines_with_deepspeed_like_one_native_process(engine_runs):
-    from trainer.consolidated import load_consolidated
+    from trainer.checkpoint.consolidated import load_consolidated
     from trainer.model import GPT
 
     run = engine_runs / "ds-pp2-zero1"

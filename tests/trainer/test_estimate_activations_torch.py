@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 model_mod = pytest.importorskip("trainer.model")
-memory_mod = pytest.importorskip("trainer.memory")
+memory_mod = pytest.importorskip("trainer.profiling.memory")
 ac_mod = pytest.importorskip("trainer.parallel.ac")
 pipeline_mod = pytest.importorskip("trainer.parallel.pipeline")
 

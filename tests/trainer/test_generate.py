@@ -51,7 +51,7 @@ def test_it_keeps_only_the_top_k():
 
 @pytest.mark.slow
 def test_it_loads_a_checkpoint_written_by_two_fsdp_ranks(two_rank_runs, single_rank_runs):
-    from trainer.checkpoint import complete_checkpoints
+    from trainer.contract.manifest import complete_checkpoints
 
     step, folder = complete_checkpoints(two_rank_runs / "resume-fsdp2-to-dp1")[0]
     assert step == 5  # written by the two FSDP ranks when they stopped
@@ -72,7 +72,7 @@ def test_it_generates_from_the_command_line(single_rank_runs):
     import subprocess
 
     from tests.trainer.launch import PYTHON, REPO, _env
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.contract.manifest import latest_checkpoint
 
     folder = latest_checkpoint(single_rank_runs / "resume-split")
     done = subprocess.run([PYTHON, "-m", "trainer.generate", "--checkpoint", str(folder), "--prompt", "ROMEO:",

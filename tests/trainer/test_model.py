@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from trainer.flops import flops_per_token, matmul_params
-from trainer.memory import SavedActivations
+from trainer.profiling.memory import SavedActivations
 from trainer.model import GPT, build_model, count_parameters, loss_fn
 from trainer.parallel.ac import apply_ac
 from trainer.contract.presets import MODELS

@@ -8,7 +8,7 @@ import torch
 from tests.trainer.conftest import MOE_STEPS, PARITY_STEPS, moe_model
 from tests.trainer.launch import losses, max_rel_error, records
 from trainer.model import build_model
-from trainer.moe import MoE, aux_loss, capacity, moe_layers
+from trainer.model.moe import MoE, aux_loss, capacity, moe_layers
 
 
 def test_it_sizes_capacity_as_capacity_factor_tokens_k_over_experts():
@@ -80,17 +80,16 @@ def test_it_trains_moe_with_deepspeed_experts(engine_runs):
 @pytest.mark.slow
 def test_it_consolidates_deepspeed_experts_under_native_names(engine_runs):
     from tests.trainer.test_deepspeed_engine import _run_spec_of
-    from trainer.consolidated import load_consolidated
-    from trainer.data import load_tokens, prepare_dataset
+    from trainer.checkpoint.consolidated import load_consolidated
+    from trainer.data import load_tokens, prepare_dataset, validation_batches
     from trainer.model import GPT, loss_fn
-    from trainer.train import _eval_batches
 
     run = engine_runs / "ds-moe-ep2"
     spec = _run_spec_of(run)
     model = GPT(spec.model)
     model.load_state_dict(load_consolidated(run / "checkpoints" / f"step-{PARITY_STEPS}"))
     model.eval()
-    batches = _eval_batches(spec, load_tokens(prepare_dataset(spec.dataset, spec.model.vocab_size).val_path))
+    batches = validation_batches(spec, load_tokens(prepare_dataset(spec.dataset, spec.model.vocab_size).val_path))
     with torch.no_grad():
         mine = sum(float(loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y))) for x, y in batches) / len(batches)
     # The native router places, drops and weights tokens as DeepSpeed's gate does (top-2, first choices first).

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.profiling import (StepProfiler, intersect, is_communication, subtract, summarize_trace, summarize_traces,
-                               total, union, write_summary)
+from trainer.profiling.digest import is_communication, summarize_trace, summarize_traces, write_summary
+from trainer.profiling.intervals import intersect, subtract, total, union
+from trainer.profiling.profiler import StepProfiler
 from trainer.contract import ProfileSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,7 +23,8 @@ JOB = textwrap.dedent("""
     from pathlib import Path
     import torch
     import torch.distributed as dist
-    from trainer.profiling import StepProfiler, write_summary
+    from trainer.profiling.digest import write_summary
+    from trainer.profiling.profiler import StepProfiler
     from trainer.contract import ProfileSpec
 
     dist.init_process_group("gloo")

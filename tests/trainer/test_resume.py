@@ -5,7 +5,7 @@ import pytest
 
 from tests.trainer.conftest import RESUME_AT, RESUME_STEPS
 from tests.trainer.launch import losses, max_rel_error, records
-from trainer.checkpoint import complete_checkpoints
+from trainer.contract.manifest import complete_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def test_it_writes_metrics_for_every_step(single_rank_runs):
 
 
 def test_it_ignores_an_incomplete_checkpoint(tmp_path):
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.contract.manifest import latest_checkpoint
 
     (tmp_path / "checkpoints" / "step-4").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step-4" / "manifest.json").write_text("{}")

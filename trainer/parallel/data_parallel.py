@@ -37,6 +37,21 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, param_dtype: torch.dtype, reshar
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
 
 
+def average_gradients(grads: list[torch.Tensor], group, divide: int) -> None:
+    """Sum ``grads`` over ``group`` in one all-reduce of their flattened concatenation, then divide."""
+    if not grads:
+        return
+    flat = torch.cat([_local(g).reshape(-1) for g in grads])
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(flat, group=group)
+    flat /= divide
+    offset = 0
+    for g in grads:
+        g = _local(g)
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
 class ReplicatedGradSync:
     """Average the gradients of replicated (non-FSDP) parameters over the dp group after backward."""
 
@@ -44,16 +59,8 @@ class ReplicatedGradSync:
         self.params, self.group, self.dp = params, dp_group, dp
 
     def __call__(self) -> None:
-        grads = [_local(p.grad) for p in self.params if p.grad is not None]
-        if not grads or self.dp == 1:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.group)
-        flat /= self.dp
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        if self.dp > 1:
+            average_gradients([p.grad for p in self.params if p.grad is not None], self.group, self.dp)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

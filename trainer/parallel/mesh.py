@@ -1,7 +1,8 @@
 """The device mesh and its process groups, as one explicit object (never module globals).
 
 Ranks are laid out as a (pp, dp, tp) grid with tp innermost: tensor-parallel partners are neighbouring ranks,
-which on a GPU cluster means the same node (NVLink), where its per-layer all-reduces belong.
+which on a GPU cluster means the same node (NVLink), where its per-layer all-reduces belong. Every group a rank
+talks to is a dimension of this mesh, or of a view of it: expert parallel splits dp into (edp, ep).
 """
 from __future__ import annotations
 
@@ -37,16 +38,8 @@ class Topology:
         return self.mesh["tp"]
 
     @property
-    def dp_tp_mesh(self) -> DeviceMesh:
-        return self.mesh["dp", "tp"]
-
-    @property
     def dp_group(self):
         return self.mesh.get_group("dp")
-
-    @property
-    def tp_group(self):
-        return self.mesh.get_group("tp")
 
     @property
     def pp_group(self):
@@ -57,20 +50,12 @@ class Topology:
         return self.mesh.get_local_rank("dp")
 
     @property
-    def tp_rank(self) -> int:
-        return self.mesh.get_local_rank("tp")
-
-    @property
     def pp_rank(self) -> int:
         return self.mesh.get_local_rank("pp")
 
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
-
-    @property
-    def device_type(self) -> str:
-        return self.device.type
+    def expert_mesh(self, ep: int) -> DeviceMesh:
+        """The same ranks as (pp, edp, ep, tp): dp rank d = edp_rank · ep + ep_rank."""
+        return self.mesh._unflatten("dp", (self.dp // ep, ep), ("edp", "ep"))
 
 
 def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, torch.device]:

@@ -1,35 +1,33 @@
-"""Turn the full, seeded model into this rank's part of the plan, as an ordered list of apply_… steps:
+"""A validated plan becomes this rank's part of the model, as an ordered list of apply_… steps on one device mesh:
 
-    split into pipeline stages → tensor/sequence parallel → activation checkpointing → FSDP2 or DDP
+    device mesh (pp, dp, tp) → pipeline stages → tensor/sequence parallel → activation checkpointing
+      → expert parallel → FSDP2 or DDP (or a gradient sync after backward) → weights → pipeline schedule
 
 The order matters: FSDP2 shards the DTensors that tensor parallel made (2-D: Shard over dp, then over tp), and
 wraps modules whose forward already recomputes where asked; pipeline stages are cut first so that each stage is
-sharded on its own.
+sharded on its own; weights are filled last, each rank only its own shards. The plan was checked by the contract
+(``trainer.contract.rules``) before any process started; nothing here refuses a plan.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
+from trainer.contract import ModelSpec, ParallelPlan
 from trainer.model import GPT, tie_weights
-from trainer.moe import ExpertParallel, MoEGradSync, apply_ep
 from trainer.parallel.ac import apply_ac
 from trainer.parallel.clip import global_grad_norm
-from trainer.parallel.expert import build_expert_parallel
 from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_fsdp
-from trainer.parallel.mesh import Topology
+from trainer.parallel.expert import ExpertParallel, MoEGradSync, apply_ep, expert_groups
+from trainer.parallel.mesh import Topology, build_topology
 from trainer.parallel.pipeline import TiedEmbeddingSync, build_schedule, split_stage, stage_ids, tied_embedding_sync
 from trainer.parallel.tensor import apply_tp
-from trainer.contract import ModelSpec, ParallelPlan
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class PlanNotSupported(ValueError):
-    """A plan this engine cannot run; raised before any work."""
 
 
 @dataclass
@@ -41,12 +39,13 @@ class ParallelModel:
     when pp > 1. ``grad_sync``: a dp gradient average to run after backward when neither DDP nor FSDP does it.
     """
 
+    topo: Topology
     modules: list[GPT]
     callables: list[nn.Module]
     schedule: Optional[object] = None
     stage_ids: list[int] = field(default_factory=lambda: [0])
     n_stages: int = 1
-    grad_sync: Optional[ReplicatedGradSync] = None
+    grad_sync: Optional[ReplicatedGradSync | MoEGradSync] = None
     tied_sync: Optional[TiedEmbeddingSync] = None  # embedding ↔ head across pipeline stages
     fsdp: bool = False
     loss_parallel: bool = False
@@ -68,8 +67,19 @@ class ParallelModel:
         skip = self.tied_sync.param if self.tied_sync is not None and self.tied_sync.is_duplicate else None
         return [p for p in self.parameters() if p is not skip]
 
-    def grad_norm(self, dp_tp: int, device: torch.device) -> torch.Tensor:
+    def gradient_sync(self, last: bool):
+        """Around one micro-batch's backward: DDP and FSDP2 reduce gradients only on the last micro-batch of a step
+        (one reduction per step, not per micro-batch)."""
+        if self.fsdp and self.topo.dp > 1:
+            self.modules[0].set_requires_gradient_sync(last)
+        model = self.callables[0]
+        if not last and self.topo.dp > 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            return model.no_sync()
+        return contextlib.nullcontext()
+
+    def grad_norm(self, device: torch.device) -> torch.Tensor:
         """‖g‖₂ over the whole model. Expert weights under expert parallel are held by dp/ep ranks, not dp."""
+        dp_tp = self.topo.dp * self.topo.tp
         if isinstance(self.grad_sync, MoEGradSync):
             parts = [global_grad_norm(ps, replicas, device) for ps, replicas in self.grad_sync.norm_groups(dp_tp)]
             return torch.stack(parts).pow(2).sum().sqrt()
@@ -83,25 +93,9 @@ class ParallelModel:
             self.tied_sync()
 
 
-def unsupported(model: ModelSpec, plan: ParallelPlan) -> list[str]:
-    """What the chosen engine cannot do with this model and plan (beyond spec.py's checks)."""
-    if plan.engine == "deepspeed":
-        from trainer.ds.support import unsupported as deepspeed_unsupported
-
-        return deepspeed_unsupported(model, plan)
-    reasons = []
-    if plan.engine != "native":
-        reasons.append(f"engine={plan.engine!r} is not an engine of this trainer; use 'native' or 'deepspeed'")
-    if plan.precision == "fp16" and plan.zero_stage == 3:
-        reasons.append("fp16 loss scaling with FSDP2 is not supported; use bf16 or fp32")
-    return reasons
-
-
-def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
+def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed: int,
                 loss_fn: Callable) -> ParallelModel:
-    reasons = unsupported(spec, plan)
-    if reasons:
-        raise PlanNotSupported("; ".join(reasons))
+    topo = build_topology(plan, device)
     # Shapes only (meta device): no rank ever holds more than its own part of the weights.
     with torch.device("meta"):
         full = GPT(spec)
@@ -113,7 +107,7 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
         if plan.tp > 1:
             apply_tp(m, topo.tp_mesh, plan.sequence_parallel, loss_parallel)
         apply_ac(m, plan.activation_checkpointing)
-    experts = build_expert_parallel(plan, topo.device) if spec.is_moe and plan.ep > 1 else None
+    experts = expert_groups(topo, plan.ep) if spec.is_moe and plan.ep > 1 else None
     if experts is not None:
         apply_ep(modules, experts)
     fsdp = plan.zero_stage == 3
@@ -123,25 +117,25 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, topo: Topology, seed: int,
             apply_fsdp(m, topo.dp_mesh, DTYPES[plan.precision] if plan.precision == "bf16" else torch.float32,
                        reshard_after_forward=plan.pp == 1)
     for m in modules:
-        m.to_empty(device=topo.device)
+        m.to_empty(device=device)
         tie_weights(m)
         m.init_weights(seed)  # each rank fills its shards of the same seeded full tensors
     callables: list[nn.Module] = list(modules)
     grad_sync = None
     if fsdp:
-        pass
+        pass  # FSDP2 reduce-scatters gradients itself
     elif spec.is_moe and plan.dp > 1:  # DDP would average expert gradients over ranks holding other experts
         grad_sync = MoEGradSync(modules, topo.dp_group, plan.dp, experts)
     elif plan.dp > 1 and plan.tp == 1 and plan.pp == 1:
-        callables = [apply_ddp(m, topo.dp_group, topo.device) for m in modules]
+        callables = [apply_ddp(m, topo.dp_group, device) for m in modules]
     elif plan.dp > 1:
         grad_sync = ReplicatedGradSync(list({id(p): p for m in modules for p in m.parameters()}.values()),
                                        topo.dp_group, plan.dp)
-    pm = ParallelModel(modules=modules, callables=callables, stage_ids=ids, n_stages=n_stages,
+    pm = ParallelModel(topo=topo, modules=modules, callables=callables, stage_ids=ids, n_stages=n_stages,
                        grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel, experts=experts)
     if plan.pp > 1 and spec.tied_embeddings:
         pm.tied_sync = tied_embedding_sync(modules, topo.mesh, plan.pp)
     if plan.pp > 1:
-        pm.schedule, _ = build_schedule(plan.pipeline_schedule, callables, ids, n_stages, plan.grad_accum,
-                                        loss_fn, topo.pp_group, topo.device)
+        pm.schedule = build_schedule(plan.pipeline_schedule, callables, ids, n_stages, plan.grad_accum, loss_fn,
+                                     topo.pp_group, device)
     return pm

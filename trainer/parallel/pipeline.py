@@ -16,8 +16,10 @@ import copy
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.tensor import DTensor
 
 from trainer.model import GPT
 
@@ -49,9 +51,9 @@ def build_schedule(kind: str, stage_modules: list[nn.Module], ids: list[int], n_
     stages = [PipelineStage(module, stage_index=i, num_stages=n_stages, device=device, group=pp_group)
               for module, i in zip(stage_modules, ids)]
     cls = SCHEDULES[kind]
-    if kind == "interleaved":
-        return cls(stages, n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True), stages
-    return cls(stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn, scale_grads=True), stages
+    # Multi-stage schedules take every stage of the rank; the single-stage ones its one stage.
+    return cls(stages if kind == "interleaved" else stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn,
+               scale_grads=True)
 
 
 class TiedEmbeddingSync:
@@ -68,9 +70,6 @@ class TiedEmbeddingSync:
         self.param, self.group, self.is_duplicate = param, group, is_duplicate
 
     def __call__(self) -> None:
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
-
         if self.param is None or self.param.grad is None:
             return
         grad = self.param.grad
@@ -83,9 +82,8 @@ class TiedEmbeddingSync:
 
 
 def tied_embedding_sync(modules: list[GPT], mesh, pp: int) -> TiedEmbeddingSync:
-    """Create the first/last-stage groups (every rank must take part in creating every group)."""
-    import torch.distributed as dist
-
+    """Create the first/last-stage groups: for each (dp, tp) position of the mesh, the ranks at both ends of its pp
+    dimension (every rank must take part in creating every group)."""
     grid = mesh.mesh  # (pp, dp, tp) tensor of global ranks
     me = dist.get_rank()
     mine = None

@@ -1,6 +1,6 @@
 """The native GPT adapted to DeepSpeed: its activation checkpointing, its MoE layer, its optimizer groups.
 
-MoE: each native ``trainer.moe.MoE`` becomes ``DeepSpeedMoE`` around ``deepspeed.moe.layer.MoE`` with the same
+MoE: each native ``trainer.model.moe.MoE`` becomes ``DeepSpeedMoE`` around ``deepspeed.moe.layer.MoE`` with the same
 router weight and the same experts (this rank's E/ep of them, copied from the seeded native model), so both engines
 start from one model. DeepSpeed's gate has its own conventions: capacity ⌈capacity_factor · N / E⌉ per expert for
 top-1 and twice that for top-2 (at least ``min_capacity``), and aux = E · Σ_e f_e · P_e for top-1 (E² · mean for
@@ -14,12 +14,16 @@ import math
 from typing import Optional
 
 import torch
+import torch.distributed as dist
+from deepspeed.moe.layer import MoE
+from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint, non_reentrant_checkpoint
 from torch import nn
 
-from trainer.model import GPT, MLP
-from trainer.moe import MoE as NativeMoE
-from trainer.parallel.ac import apply_ac
 from trainer.contract import RunSpec
+from trainer.model import GPT, MLP
+from trainer.model.moe import MoE as NativeMoE
+from trainer.parallel.ac import apply_ac
 
 
 class DeepSpeedMoE(nn.Module):
@@ -27,8 +31,6 @@ class DeepSpeedMoE(nn.Module):
 
     def __init__(self, native: NativeMoE, spec: RunSpec):
         super().__init__()
-        from deepspeed.moe.layer import MoE
-
         m, ep = spec.model, spec.plan.ep
         self.n_experts, self.top_k, self.capacity_factor = m.n_experts, m.top_k, m.capacity_factor
         self.moe = MoE(hidden_size=m.d_model, expert=MLP(m), num_experts=m.n_experts, ep_size=ep, k=m.top_k,
@@ -42,8 +44,6 @@ class DeepSpeedMoE(nn.Module):
     def _copy_from(self, native: NativeMoE) -> None:
         """Router → gate.wg; global expert ep_rank·E/ep + i → local expert i (DeepSpeed's expert groups are set
         up by deepspeed.initialize, so the rank is read from the data-parallel rank: ep is innermost)."""
-        import torch.distributed as dist
-
         inner = self.moe.deepspeed_moe
         per = self.moe.num_local_experts
         ep_rank = (dist.get_rank() % self.moe.ep_size) if dist.is_initialized() else 0
@@ -77,7 +77,7 @@ def aux_loss(module: nn.Module) -> Optional[torch.Tensor]:
 
 
 def routing_stats(module: nn.Module, acc: Optional[dict]) -> Optional[dict]:
-    """Accumulate per-layer counts in the form trainer.moe.stats_metrics reads."""
+    """Accumulate per-layer counts in the form trainer.parallel.expert.routing_metrics reads."""
     layers = _layers(module)
     if not layers:
         return None
@@ -100,25 +100,20 @@ def optimizer_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay, "name": "decay"},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0, "name": "no_decay"}]
     if _layers(model):
-        from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
-
         groups = split_params_into_different_moe_groups_for_optimizer(groups)
     return groups
 
 
-def _block_checkpoint(fn, x, cache=None):
-    from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint, non_reentrant_checkpoint
-
-    if isinstance(getattr(fn, "mlp", None), DeepSpeedMoE):
+def _block_checkpoint(forward, x):
+    """``forward`` is a block's own bound forward (trainer.parallel.ac)."""
+    if isinstance(getattr(forward.__self__, "mlp", None), DeepSpeedMoE):
         # Reentrant recompute runs the first forward without autograd: the aux loss a MoE block leaves beside its
         # output would carry no gradient to the router (measured: losses drift 1.9e-4 from the native run).
-        return non_reentrant_checkpoint(fn, x)
-    return checkpoint(fn, x)
+        return non_reentrant_checkpoint(forward, x)
+    return checkpoint(forward, x)
 
 
 def _core_checkpoint(fn, *tensors):
-    from deepspeed.runtime.activation_checkpointing.checkpointing import checkpoint
-
     return checkpoint(fn, *tensors)
 
 

@@ -5,19 +5,18 @@ gives each of the pp stages L/pp blocks; the embedding rides on the first stage 
 A tied head is DeepSpeed's TiedLayerSpec: both ends build the embedding, and DeepSpeed all-reduces the tied
 weight's gradient between the two stages after backward (the sum of the lookup's and the head's gradients).
 Each layer initialises its parameters with ``trainer.model.initial_value`` under the native names, so the pipeline
-starts from the very model the native engine starts from; ``native_name`` maps DeepSpeed's per-layer checkpoint
-names back for consolidation.
+starts from the very model the native engine starts from; trainer.checkpoint.deepspeed_format maps DeepSpeed's
+per-layer checkpoint names back for consolidation.
 """
 from __future__ import annotations
 
-import re
-
 import torch
 import torch.nn.functional as F
+from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from torch import nn
 
-from trainer.model import Block, Embedding, initial_value
 from trainer.contract import ModelSpec
+from trainer.model import Block, Embedding, initial_value
 
 
 def _init(module: nn.Module, spec: ModelSpec, prefix: str, seed: int) -> None:
@@ -58,8 +57,6 @@ def _tied_head(embed: PipeEmbed, x: torch.Tensor) -> torch.Tensor:
 
 
 def build_pipeline(spec: ModelSpec, pp: int, seed: int, loss_fn, activation_checkpointing: str):
-    from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
-
     layers: list = []
     if spec.tied_embeddings:
         layers.append(TiedLayerSpec("embed", PipeEmbed, spec, seed, tied_weight_attr="tokens.weight"))
@@ -76,31 +73,3 @@ def build_pipeline(spec: ModelSpec, pp: int, seed: int, loss_fn, activation_chec
     interval = 1 if activation_checkpointing == "full" else 0
     return PipelineModule(layers=layers, num_stages=pp, loss_fn=loss_fn, partition_method="type:PipeBlock",
                           activation_checkpoint_interval=interval, checkpointable_layers=["PipeBlock"])
-
-
-_LAYER_FILE = re.compile(r"^layer_(\d+)-model_states\.pt$")
-
-
-def native_name(spec: ModelSpec, layer: int, name: str) -> str:
-    """Pipeline layer ``layer``'s parameter ``name`` → the native GPT's name."""
-    if layer == 0:
-        return "embed." + name
-    if layer <= spec.n_layers:
-        return f"layers.{layer - 1}.{name}"
-    if layer == spec.n_layers + 1:
-        return "norm." + name
-    return ("embed." if spec.tied_embeddings else "head.") + name  # a tied head is a second copy of the embedding
-
-
-def consolidated_pipeline_state(folder, spec: ModelSpec) -> dict[str, torch.Tensor]:
-    """The whole state dict from DeepSpeed's per-layer files (each layer is saved whole by the stage holding it)."""
-    state: dict[str, torch.Tensor] = {}
-    for path in sorted(folder.iterdir()):
-        m = _LAYER_FILE.match(path.name)
-        if m:
-            layer = int(m.group(1))
-            for name, tensor in torch.load(path, map_location="cpu", weights_only=False).items():
-                state[native_name(spec, layer, name)] = tensor.float()
-    if spec.tied_embeddings:
-        state["head.weight"] = state["embed.tokens.weight"]
-    return state

@@ -18,14 +18,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from trainer.flops import flops_per_token
+from deepspeed.profiling.flops_profiler import get_model_profile
+
 from trainer.contract import ModelSpec
+from trainer.flops import flops_per_token
 
 
 def profile_forward_flops(model: nn.Module, spec: ModelSpec, batch: int = 1) -> dict[str, float]:
     """Profiler's and formula's FLOPs of one training step on ``batch`` sequences, and their ratio."""
-    from deepspeed.profiling.flops_profiler import get_model_profile
-
     x = torch.zeros(batch, spec.seq_len, dtype=torch.long, device=next(model.parameters()).device)
     was_training = model.training
     model.eval()

@@ -6,29 +6,31 @@ safetensors stores each tensor once, so a tied LM head (the same matrix as the t
 the embedding's name only and recorded in the file's metadata; ``load_consolidated`` puts the alias back so the
 result loads into ``trainer.model.GPT`` with ``load_state_dict``. Deploy and generation read this one format.
 
-    python -m trainer.consolidated --checkpoint runs/<id>/checkpoints/step-<n>
+    python -m trainer.checkpoint --checkpoint runs/<id>/checkpoints/step-<n>
 
-writes it for a checkpoint of either engine (native DCP shards or DeepSpeed ZeRO shards).
+writes it for a checkpoint of either engine (native DCP shards or DeepSpeed ZeRO shards); ``checkpoint_state`` reads
+either into one state dict without writing anything.
 """
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed.checkpoint as dcp
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
-from trainer.contract.runfolder import MANIFEST, read_json
+from trainer.checkpoint.deepspeed_format import consolidated_state
+from trainer.contract import ModelSpec
+from trainer.contract.manifest import CONSOLIDATED, FORMAT_DEEPSPEED, CheckpointManifest, read_manifest
+from trainer.model import GPT, Rotary, tie_weights
 
-CONSOLIDATED = "consolidated.safetensors"
 _TIED_KEY = "tied"
 
 
 def write_consolidated(state: dict[str, torch.Tensor], path: str | Path) -> Path:
-    from safetensors.torch import save_file
-
     tied: dict[str, str] = {}
     seen: dict[int, str] = {}
     out: dict[str, torch.Tensor] = {}
@@ -54,9 +56,6 @@ def write_consolidated(state: dict[str, torch.Tensor], path: str | Path) -> Path
 
 def load_consolidated(path: str | Path) -> dict[str, torch.Tensor]:
     """The state dict in ``path`` (a consolidated.safetensors file, or a checkpoint folder holding one)."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
     path = Path(path)
     if path.is_dir():
         path = path / CONSOLIDATED
@@ -68,48 +67,51 @@ def load_consolidated(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
+def _manifest(folder: Path) -> CheckpointManifest:
+    manifest = read_manifest(folder)
+    if manifest is None:
+        raise FileNotFoundError(f"{folder} has no manifest.json: not a complete checkpoint")
+    return manifest
+
+
+def checkpoint_state(folder: str | Path) -> dict[str, torch.Tensor]:
+    """Every rank's weights of a checkpoint of either engine, as one unsharded state dict by native names."""
+    folder = Path(folder)
+    if (folder / CONSOLIDATED).is_file():
+        return load_consolidated(folder)
+    manifest = _manifest(folder)
+    if manifest.format == FORMAT_DEEPSPEED:
+        return consolidated_state(folder, int(manifest.zero_stage or 0))
+    return dcp_state(folder, manifest.model_spec())
+
+
 def consolidate(folder: str | Path) -> Path:
     """Write (once) and return the consolidated file of checkpoint ``folder``, from either engine's format."""
     folder = Path(folder)
     target = folder / CONSOLIDATED
     if target.is_file():
         return target
-    manifest = read_json(folder / MANIFEST)
-    if manifest is None:
-        raise FileNotFoundError(f"{folder} has no {MANIFEST}: not a complete checkpoint")
-    if manifest.get("format") == "deepspeed":
-        from trainer.ds.checkpoint import consolidated_state
-
-        state = consolidated_state(folder, int(manifest.get("zero_stage", 0)))
-    else:
-        state = _dcp_state(folder, manifest)
-    return write_consolidated(state, target)
+    _manifest(folder)
+    return write_consolidated(checkpoint_state(folder), target)
 
 
-def _dcp_state(folder: Path, manifest: dict) -> dict[str, torch.Tensor]:
-    """Every rank's DCP shards read into one unsharded model's state dict (DCP reshards)."""
-    import torch.distributed.checkpoint as dcp
-
-    from trainer.model import GPT, tie_weights
-    from trainer.contract import ModelSpec
-
+def empty_model(spec: ModelSpec) -> GPT:
+    """The whole model on the CPU, its weights uninitialised (cheaper than drawing the values a load replaces); the
+    rotary tables, derived and never saved, computed."""
     with torch.device("meta"):
-        model = GPT(ModelSpec.from_dict(manifest["model"]))
+        model = GPT(spec)
     model.to_empty(device="cpu")
     tie_weights(model)
-    state = {"model": model.state_dict()}
+    for module in model.modules():
+        if isinstance(module, Rotary):
+            module.reset_buffers()
+    return model
+
+
+def dcp_state(folder: Path, spec: ModelSpec) -> dict[str, torch.Tensor]:
+    """Every rank's DCP shards read into one unsharded model's state dict, in this one process (DCP reshards)."""
+    state = {"model": empty_model(spec).state_dict()}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
         dcp.load(state, checkpoint_id=str(folder), no_dist=True)
     return state["model"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.consolidated", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="a checkpoints/step-<n> folder")
-    print(consolidate(parser.parse_args(argv).checkpoint))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
 """A GPT: token embedding (+ learned or rotary positions), pre-LayerNorm blocks, final LayerNorm, LM head.
 
 Shapes: B batch, T sequence, C = d_model, H heads, K key/value heads (H % K == 0), D = C / H head size, V vocabulary.
-The model knows nothing about parallelism. Three choices let the parallel code work on it unchanged:
+The model knows nothing about parallelism or recomputation. Three choices let that code work on it unchanged:
 - blocks live in a ModuleDict keyed "0", "1", …, so a pipeline stage can drop the blocks it does not own and
   parameter names (and so checkpoints) stay the same under every plan;
 - ``embed``, ``norm`` and ``head`` may be None on a pipeline stage that does not hold them;
@@ -14,21 +14,14 @@ from __future__ import annotations
 
 import math
 import zlib
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.moe import MoE
 from trainer.contract import ModelSpec
-
-# A callable wrapping part of a forward pass, e.g. activation recompute: wrap(fn, *tensors) -> fn(*tensors).
-Wrapper = Callable[..., torch.Tensor]
-
-
-def _call(fn, *args):
-    return fn(*args)
+from trainer.model.moe import MoE
 
 
 class Rotary(nn.Module):
@@ -96,7 +89,6 @@ class Attention(nn.Module):
         self.rotary = Rotary(D, spec.seq_len) if spec.positions == "rope" else None
         self.dropout = spec.dropout
         self.resid_drop = nn.Dropout(spec.dropout)
-        self.wrap_core: Wrapper = _call  # set by selective activation checkpointing to recompute ``attend``
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0,
                cache: Optional[KVCache] = None) -> torch.Tensor:
@@ -120,7 +112,7 @@ class Attention(nn.Module):
         k = self.k(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         if cache is None:
-            y = self.wrap_core(self.attend, q, k, v)  # (B, H, T, D)
+            y = self.attend(q, k, v)  # (B, H, T, D)
         else:
             y = self.attend(q, k, v, cache.length(), cache)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C)
@@ -148,7 +140,7 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(spec.d_model, bias=spec.bias)
         self.attn = Attention(spec, layer)
         self.ln2 = nn.LayerNorm(spec.d_model, bias=spec.bias)
-        # Every moe_every-th block routes tokens to experts (trainer.moe); the others keep one dense MLP.
+        # Every moe_every-th block routes tokens to experts (trainer.model.moe); the others keep one dense MLP.
         self.mlp = MoE(spec, lambda: MLP(spec)) if spec.is_moe_layer(layer) else MLP(spec)
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
@@ -183,14 +175,13 @@ class GPT(nn.Module):
         self.head: Optional[nn.Linear] = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.head.weight = self.embed.tokens.weight  # one V × C matrix reads tokens in and scores them out
-        self.wrap_block: Wrapper = _call  # set by activation checkpointing to recompute whole blocks
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
         """Token ids (B, T) → logits (B, T, V); on a pipeline stage, whatever its first and last parts make of it."""
         if self.embed is not None:
             x = self.embed(x, cache.length() if cache is not None else 0)  # (B, T, C)
         for block in self.layers.values():
-            x = self.wrap_block(block, x, cache) if cache is None else block(x, cache)
+            x = block(x) if cache is None else block(x, cache)
         if cache is not None:
             cache.offset += x.size(1)
         if self.norm is not None:

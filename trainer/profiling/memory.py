@@ -42,9 +42,8 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 
 class SavedActivations:
-    """Context manager: bytes of distinct non-parameter storages saved for backward while it is active.
-
-    ``pause()``/``resume()`` let a caller enter and leave it from module hooks (pipeline stages)."""
+    """Context manager: bytes of distinct non-parameter storages saved for backward while it is active (a caller may
+    enter and leave it from module hooks, as pipeline stages do)."""
 
     def __init__(self, params: Iterable[torch.Tensor] = ()):
         self.exclude = {_storage_key(_local(p)) for p in params}
@@ -77,7 +76,7 @@ class SavedActivations:
         return sum(self.storages.values())
 
 
-def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
     seen: dict[tuple[str, int], int] = {}
     for t in tensors:
         local = _local(t)
@@ -92,14 +91,14 @@ def model_state_bytes(modules: list[nn.Module], optimizers: list[torch.optim.Opt
     state = [v for opt in optimizers for s in opt.state.values() for v in s.values()
              if isinstance(v, torch.Tensor) and v.dim() > 0]
     return {
-        "params_bytes": _tensor_bytes(params),
+        "params_bytes": tensor_bytes(params),
         "grads_bytes": gradient_bytes(modules),
-        "optimizer_bytes": _tensor_bytes(state),
+        "optimizer_bytes": tensor_bytes(state),
     }
 
 
 def gradient_bytes(modules: list[nn.Module]) -> int:
-    return _tensor_bytes(p.grad for m in modules for p in m.parameters() if p.grad is not None)
+    return tensor_bytes(p.grad for m in modules for p in m.parameters() if p.grad is not None)
 
 
 def max_allocated_bytes(device: torch.device) -> int | None:

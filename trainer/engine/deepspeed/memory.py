@@ -11,20 +11,20 @@ from __future__ import annotations
 
 import torch
 
-from trainer.memory import _tensor_bytes
+from trainer.profiling.memory import tensor_bytes
 
 
 def engine_state_bytes(engine) -> dict[str, int]:
     module, opt = engine.module, engine.optimizer
     params = [getattr(p, "ds_tensor", p) for p in module.parameters()]
-    params_bytes = _tensor_bytes(params)
+    params_bytes = tensor_bytes(params)
     base = getattr(opt, "optimizer", opt)
     state = [v for s in base.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.dim() > 0]
     masters = []
     for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat"):
         masters += [t for t in getattr(opt, name, []) or [] if isinstance(t, torch.Tensor)]
     # In fp32 the master partition may be the very storage of the weights (counted once by storage).
-    optimizer_bytes = _tensor_bytes(state + masters)
+    optimizer_bytes = tensor_bytes(state + masters)
     stage = engine.zero_optimization_stage()
     world = engine.dp_world_size if hasattr(engine, "dp_world_size") else 1
     numel = sum(getattr(p, "ds_numel", p.numel()) for p in {id(p): p for p in module.parameters()}.values())

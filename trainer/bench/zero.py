@@ -4,28 +4,33 @@ the model-state bytes each rank holds (against docs/formulas.md's 16Ψ, 4Ψ + 12
 mixed precision; in fp32 the weights are fp32 too, so stage 1 keeps 4Ψ weights + 4Ψ grads + 8Ψ/N_d moments)."""
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
+
+from trainer.bench.common import bench_spec, launch
+from trainer.contract import DatasetSpec
+from trainer.contract.records import step_times
+from trainer.contract.runfolder import METRICS, read_jsonl
 
 ROWS = (("deepspeed", 0), ("deepspeed", 1), ("deepspeed", 2), ("deepspeed", 3), ("native", 0), ("native", 3))
 
 
-def zero_step_times(out: Path, dataset, steps: int, spec_for, torchrun) -> list[dict]:
-    """``spec_for(name, **plan)`` makes the run spec; ``torchrun(nproc, jobs, out)`` runs the jobs in one launch."""
+def zero_step_times(out: Path, dataset: DatasetSpec, steps: int) -> list[dict]:
+    """Every row in one launch of two ranks; each row's median step after two warm-up steps, and its bytes."""
     jobs, names = [], {}
     for engine, stage in ROWS:
         name = f"zero-{engine}-{stage}"
-        spec = spec_for(name, engine=engine, zero_stage=stage, dp=2, micro_batch=4, global_batch=8)
+        spec = bench_spec(out, name, dataset, steps, engine=engine, zero_stage=stage, dp=2, micro_batch=4,
+                          global_batch=8)
         names[(engine, stage)] = Path(spec.output_dir)
         jobs.append({"spec": spec.to_dict(), "run_dir": spec.output_dir})
-    torchrun(2, jobs, out)
+    launch(2, jobs, out)
     rows = []
     for (engine, stage), run_dir in names.items():
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        times = [r["step_time_s"] for r in records if "step_time_s" in r][2:]
+        records = [r for _, r in read_jsonl(run_dir / METRICS)]
         memory = records[0]["memory"]
-        rows.append({"engine": engine, "zero_stage": stage, "median_ms": statistics.median(times) * 1e3,
+        rows.append({"engine": engine, "zero_stage": stage,
+                     "median_ms": statistics.median(step_times(records, after_step=2)) * 1e3,
                      **{k: memory[k] for k in ("params_bytes", "grads_bytes", "optimizer_bytes")}})
     return rows
 

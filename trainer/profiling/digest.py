@@ -1,4 +1,4 @@
-"""Profile a few training steps per rank and digest the traces into compute / communication / idle shares.
+"""Digest torch.profiler traces into compute / communication / idle shares per rank, and merge the ranks.
 
 Files, under ``<run>/profiles/<name>/``:
 
@@ -41,8 +41,7 @@ Top operators: by self time (duration minus that of operators nested in it on th
 duration), over the timeline's operators and communication events, with counts. MFU is computed elsewhere (it
 needs the model's FLOPs).
 
-Only ``StepProfiler`` imports torch (when it is created with a spec): the digest functions use the standard library,
-so an ingesting worker can call them.
+Standard library only, so an ingesting worker can digest traces; ``profiler.StepProfiler`` records them.
 """
 from __future__ import annotations
 
@@ -50,18 +49,14 @@ import gzip
 import json
 import os
 import re
-import shutil
-import sys
-import tempfile
-import warnings
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
-from trainer.contract.runfolder import PROFILES, read_json, write_json_atomic
+from trainer.contract.runfolder import read_json, write_json_atomic
+from trainer.profiling.intervals import Interval, intersect, subtract, total, union
 
-__all__ = ["StepProfiler", "summarize_trace", "summarize_traces", "write_summary", "is_communication",
-           "union", "intersect", "subtract", "total"]
+__all__ = ["summarize_trace", "summarize_traces", "write_summary", "is_communication", "TOP_OPS"]
 
 TOP_OPS = 15
 _COMM = re.compile(r"^(gloo:|nccl:|c10d::|c10d:|_c10d_functional::|c10d_functional::|record_param_comms"
@@ -71,63 +66,9 @@ _STEP = re.compile(r"^ProfilerStep#\d+$")
 _TRACE_RE = re.compile(r"^rank-(\d+)\.trace\.json(\.gz)?$")
 _SUMMARY_RE = re.compile(r"^summary-rank-(\d+)\.json$")
 
-Interval = tuple[float, float]
-
 
 def is_communication(name: str) -> bool:
     return bool(_COMM.match(name))
-
-
-# ---------------------------------------------------------------- interval arithmetic on sorted, disjoint lists
-
-
-def union(intervals: Iterable[Interval]) -> list[Interval]:
-    """Merge intervals into a sorted list of disjoint ones; empty intervals vanish."""
-    merged: list[list[float]] = []
-    for start, end in sorted(i for i in intervals if i[1] > i[0]):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(s, e) for s, e in merged]
-
-
-def intersect(a: list[Interval], b: list[Interval]) -> list[Interval]:
-    """a ∩ b for two unions."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
-def subtract(a: list[Interval], b: list[Interval]) -> list[Interval]:
-    """a − b for two unions."""
-    out, j = [], 0
-    for start, end in a:
-        while j < len(b) and b[j][1] <= start:
-            j += 1
-        k, cur = j, start
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
-            k += 1
-        if cur < end:
-            out.append((cur, end))
-    return out
-
-
-def total(a: list[Interval]) -> float:
-    return sum(e - s for s, e in a)
-
-
-# ---------------------------------------------------------------- one trace
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -320,91 +261,3 @@ def write_summary(folder: str | os.PathLike) -> dict[str, Any]:
     merged = _merge(folder.name, list(ranks.values()))
     write_json_atomic(folder / "summary.json", merged)
     return merged
-
-
-# ---------------------------------------------------------------- the profiler the training loop drives
-
-
-class StepProfiler:
-    """torch.profiler over the steps a ProfileSpec names; a no-op without one.
-
-    Call ``step()`` after every training step and ``close()`` at the end (or use it as a context manager).
-    ``first_step`` is the step the loop starts from, so a resumed run profiles the same absolute steps; a run
-    resumed past ``start_step`` does not profile.
-    """
-
-    def __init__(self, profile_spec, out_dir: str | os.PathLike, rank: int, first_step: int = 0):
-        self.spec, self.rank = profile_spec, rank
-        self.folder = Path(out_dir) / PROFILES / profile_spec.name if profile_spec else None
-        self.trace_path = self.folder / f"rank-{rank}.trace.json.gz" if self.folder else None
-        self.summary_path = self.folder / f"summary-rank-{rank}.json" if self.folder else None
-        self.summary: dict[str, Any] | None = None
-        self._prof = None
-        self._calls = 0  # step() calls so far
-        if profile_spec is None or first_step > profile_spec.start_step:
-            return
-        import torch
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        self._lead = profile_spec.start_step - first_step  # unrecorded steps before the first profiled one
-        warmup = min(profile_spec.warmup, self._lead)
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*warmup.*")  # warmup=0 is the spec's choice, not a mistake
-            when = schedule(wait=self._lead - warmup, warmup=warmup, active=profile_spec.steps, repeat=1)
-        self._prof = profile(activities=activities, schedule=when, on_trace_ready=self._write,
-                             record_shapes=False, with_stack=False)
-        self._prof.start()
-
-    @property
-    def enabled(self) -> bool:
-        """True until the profile is written (or closed): the loop can stop calling step() once it turns False."""
-        return self._prof is not None
-
-    @property
-    def written(self) -> bool:
-        return self.summary is not None
-
-    def step(self) -> None:
-        if self._prof is not None:
-            self._calls += 1
-            self._prof.step()
-            if self.summary is not None:  # the window is over and written: stop paying for step markers
-                self.close()
-
-    def close(self) -> None:
-        if self._prof is not None:
-            prof, self._prof = self._prof, None
-            prof.stop()  # inside the active window this still writes what was recorded
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _write(self, prof) -> None:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        fd, raw = tempfile.mkstemp(prefix=f".rank-{self.rank}.", suffix=".json", dir=self.folder)
-        os.close(fd)
-        packed = raw + ".gz"
-        try:
-            prof.export_chrome_trace(raw)
-            with open(raw, "rb") as src, gzip.open(packed, "wb", compresslevel=6) as dst:
-                shutil.copyfileobj(src, dst)
-            os.chmod(packed, 0o644)
-            os.replace(packed, self.trace_path)
-        finally:
-            Path(raw).unlink(missing_ok=True)
-            Path(packed).unlink(missing_ok=True)
-        try:
-            done = min(self.spec.steps, max(0, self._calls - self._lead))  # profiled steps that finished
-            summary = {"rank": self.rank, "profile": self.spec.name, **summarize_trace(self.trace_path, steps=done)}
-        except Exception as exc:  # a digest that fails must not fail the training run; the trace is kept
-            print(f"profiling: could not summarize {self.trace_path}: {exc!r}", file=sys.stderr)
-            summary = {"rank": self.rank, "profile": self.spec.name, "trace": self.trace_path.name,
-                       "error": repr(exc)}
-        write_json_atomic(self.summary_path, summary)
-        self.summary = summary

@@ -1,0 +1,200 @@
+"""The DeepSpeed engine: ZeRO 1–3 (optional CPU offload), DeepSpeed's pipeline, activation checkpointing and MoE.
+
+A step: the learning rate from ``trainer.optim.lr_at`` on the client AdamW → this rank's micro-batches (the loop's
+sampler, so both engines see the same data) → per micro-batch forward, ``engine.backward`` (which divides by the
+accumulation steps) and ``engine.step`` (DeepSpeed reduces, clips and steps only at the accumulation boundary), or
+``train_batch`` through the pipeline schedule. The model is the native GPT (MoE layers swapped for DeepSpeed's), so
+parameter names, initial weights and the consolidated checkpoint match the native engine's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import deepspeed
+import deepspeed.ops
+import torch
+import torch.distributed as dist
+from deepspeed.utils import groups
+
+from trainer.contract import RunSpec
+from trainer.contract.manifest import FORMAT_DEEPSPEED, CheckpointManifest
+from trainer.contract.records import Event
+from trainer.contract.runfolder import write_json_atomic
+from trainer.engine.base import MicroBatches, StepOutcome
+from trainer.engine.runfiles import RunFiles
+from trainer.engine.deepspeed import checkpoint
+from trainer.engine.deepspeed.config import CONFIG_FILE, deepspeed_config
+from trainer.engine.deepspeed.flops_check import profile_forward_flops
+from trainer.engine.deepspeed.layers import (apply_deepspeed_ac, apply_deepspeed_moe, aux_loss,
+                                             optimizer_param_groups, routing_stats)
+from trainer.engine.deepspeed.memory import engine_state_bytes
+from trainer.engine.deepspeed.pipeline import build_pipeline
+from trainer.model import build_model, loss_fn
+from trainer.parallel.expert import routing_metrics
+from trainer.parallel.mesh import init_distributed
+from trainer.profiling.memory import SavedActivations
+
+
+def _tensors(micro: MicroBatches, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for x, y in micro]
+
+
+class DeepSpeedEngine:
+    checkpoint_format = FORMAT_DEEPSPEED
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.rank, self.world_size, self.device = _join()
+        self.dp_rank = self.rank % spec.plan.dp  # dp innermost
+        self.engine = None
+        self.routing: Optional[dict] = None
+        self.activations = 0
+        self.flops_check: Optional[dict] = None
+
+    def build(self) -> None:
+        """The seeded native model (DeepSpeed layers swapped in), the client AdamW, the config from the plan."""
+        spec, plan = self.spec, self.spec.plan
+        if self.world_size != plan.world_size:
+            raise RuntimeError(f"the plan needs dp×pp={plan.dp}×{plan.pp}={plan.world_size} processes but this "
+                               f"job has {self.world_size}: launch with --nproc_per_node={plan.world_size}")
+        self.config = config = deepspeed_config(spec)
+        groups.mpu = None  # an earlier engine in this process (tests, benchmarks) leaves its pipeline topology here
+        if plan.pp > 1:
+            model = build_pipeline(spec.model, plan.pp, spec.seed, loss_fn, plan.activation_checkpointing)
+        else:
+            model = build_model(spec.model, spec.seed, self.device)
+            if self.rank == 0:  # on the plain module: inside a ZeRO-3 engine the profiler counts Linear MACs twice
+                self.flops_check = profile_forward_flops(model, spec.model)
+            if spec.model.is_moe:
+                apply_deepspeed_moe(model, spec)
+            if plan.activation_checkpointing != "none":
+                apply_deepspeed_ac(model, plan.activation_checkpointing)
+        if plan.activation_checkpointing != "none":
+            _configure_checkpointing(config)
+        opt = spec.optimizer
+        optimizer = torch.optim.AdamW(optimizer_param_groups(model, opt.weight_decay), lr=opt.lr,
+                                      betas=(opt.beta1, opt.beta2), eps=opt.eps)
+        self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
+                                                    dist_init_required=False)
+
+    def describe(self) -> tuple[dict[str, Any], str]:
+        plan = self.spec.plan
+        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+        return ({"engine": "deepspeed", "plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp,
+                                                 "zero_stage": plan.zero_stage}, "device": str(self.device)},
+                f"deepspeed ZeRO-{plan.zero_stage} dp={plan.dp}; {n_params:,} parameters; config {CONFIG_FILE}")
+
+    def announce(self, files: RunFiles) -> None:
+        """What only this engine records once built: the config it made, the flops profiler against the formula."""
+        if self.rank != 0:
+            return
+        write_json_atomic(files.run_dir / CONFIG_FILE, self.config)
+        if self.flops_check is not None:
+            f = self.flops_check
+            files.event(Event.FLOPS_CHECK, **f)
+            files.log(f"flops profiler {f['profiler_flops']:.4g} vs formula {f['formula_flops']:.4g} per "
+                      f"{f['tokens']} tokens (ratio {f['ratio']:.3f})")
+
+    def seed(self, step: int) -> None:
+        torch.manual_seed(hash((self.spec.seed, self.rank, step)) % (2 ** 63))
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+
+    def forward_backward(self, micro: MicroBatches, measure: bool) -> torch.Tensor:
+        engine, coef = self.engine, self.spec.model.aux_loss_coef
+        self.routing = None
+        if self.spec.plan.pp > 1:  # DeepSpeed's 1F1B schedule runs all micro-batches; first and last stages read them
+            # The probe sees every micro-batch this stage runs in the step, not one as in the native engine: the
+            # schedule cannot be entered per micro-batch from outside.
+            probe = SavedActivations(engine.module.parameters()) if measure else None
+            with probe if probe is not None else contextlib.nullcontext():
+                total = float(engine.train_batch(iter(_tensors(micro, self.device)))) * len(micro)
+            self.activations = probe.bytes if probe is not None else 0
+            return torch.tensor(total / len(micro), dtype=torch.float64)
+        total = 0.0
+        for i, (x, y) in enumerate(_tensors(micro, self.device)):
+            probe = SavedActivations(engine.module.parameters()) if measure and i == 0 else None
+            with probe if probe is not None else contextlib.nullcontext():
+                loss = loss_fn(engine(x), y)
+                aux = aux_loss(engine.module)
+                objective = loss if aux is None else loss + coef * aux
+            self.routing = routing_stats(engine.module, self.routing)
+            engine.backward(objective)
+            engine.step()
+            total += float(loss.detach())
+            if probe is not None:
+                self.activations = probe.bytes
+        return torch.tensor(total / len(micro), dtype=torch.float64)
+
+    def step(self, measure: bool) -> StepOutcome:
+        """DeepSpeed stepped at the accumulation boundary inside ``forward_backward``; read what it did."""
+        engine = self.engine
+        state = {**engine_state_bytes(engine), "activations_bytes": self.activations} if measure else None
+        return StepOutcome(grad_norm=float(engine.get_global_grad_norm() or 0.0), applied=engine.was_step_applied(),
+                           loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)), state_bytes=state)
+
+    def mean_loss(self, local: torch.Tensor) -> float:
+        if self.world_size > 1 and self.spec.plan.pp == 1:  # the pipeline engine already averaged and broadcast it
+            local = local.clone()
+            dist.all_reduce(local)
+            local /= self.world_size
+        return float(local)
+
+    def routing_metrics(self) -> dict[str, Any]:
+        return routing_metrics(self.routing)
+
+    def evaluate(self, batches: MicroBatches) -> float:
+        """Mean validation loss; every rank evaluates every batch (ZeRO-3 gathers weights as it goes). A pipeline
+        evaluates grad_accum micro-batches at a time (its schedule's unit)."""
+        engine, tensors = self.engine, _tensors(batches, self.device)
+        if self.spec.plan.pp > 1:
+            group = self.spec.plan.grad_accum
+            losses = [float(engine.eval_batch(iter(tensors[i:i + group]))) for i in range(0, len(tensors), group)]
+            return sum(losses) / len(losses)
+        engine.eval()
+        try:
+            with torch.no_grad():
+                total = sum(float(loss_fn(engine(x), y)) for x, y in tensors)
+        finally:
+            engine.train()
+        return total / len(tensors)
+
+    def save(self, run_dir: Path, manifest: CheckpointManifest, keep: int) -> Path:
+        return checkpoint.save(self.engine, run_dir, manifest, self.spec, keep)
+
+    def load(self, folder: Path) -> CheckpointManifest:
+        return checkpoint.load(self.engine, folder, self.rank, self.spec.plan, self.spec.model.to_dict())
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.destroy()
+
+
+def _join() -> tuple[int, int, torch.device]:
+    """Join the process group (the native helper: gloo on the CPU), then hand it to deepspeed.comm.
+
+    On the CPU, DeepSpeed's torch backend JIT-compiles a shared-memory all-reduce kernel (30–70 s) the first time it
+    starts. Training on gloo never needs it, so the op is marked unavailable before DeepSpeed looks."""
+    rank, world, device = init_distributed()
+    if device.type == "cpu":
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("RANK", str(rank))
+    os.environ.setdefault("WORLD_SIZE", str(world))
+    deepspeed.init_distributed(dist_backend="gloo" if device.type == "cpu" else "nccl", dist_init_required=False)
+    return rank, world, device
+
+
+def _configure_checkpointing(config: dict) -> None:
+    """The config's activation_checkpointing section, handed over field by field: given the whole config,
+    DeepSpeed re-checks its batch sizes against the world size, which is wrong under a pipeline (dp = world/pp)."""
+    ac = config["activation_checkpointing"]
+    deepspeed.checkpointing.configure(None, partition_activations=ac["partition_activations"],
+                                      contiguous_checkpointing=ac["contiguous_memory_optimization"],
+                                      checkpoint_in_cpu=ac["cpu_checkpointing"],
+                                      synchronize=ac["synchronize_checkpoint_boundary"], profile=ac["profile"])

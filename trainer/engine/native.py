@@ -1,0 +1,240 @@
+"""The native engine: torch.distributed on one device mesh, the plan applied by ``trainer.parallel.parallelize``.
+
+A step: this rank's micro-batches forward and backward (through the pipeline schedule when pp > 1; DDP's and FSDP2's
+reductions skipped on all but the last micro-batch) → the dp gradient average where DDP and FSDP2 do not do it →
+unscale (fp16) → global gradient norm over every shard and stage, clip → AdamW → clear the gradients.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from trainer.checkpoint.dcp import load_checkpoint, save_checkpoint
+from trainer.contract import RunSpec
+from trainer.contract.manifest import FORMAT_DCP, CheckpointManifest
+from trainer.engine.base import MicroBatches, StepOutcome
+from trainer.engine.runfiles import RunFiles
+from trainer.model import loss_fn
+from trainer.model.moe import aux_loss, step_stats
+from trainer.optim import LossScaler, build_optimizer, set_lr
+from trainer.parallel.clip import clip_grads_
+from trainer.parallel.expert import routing_metrics
+from trainer.parallel.mesh import init_distributed
+from trainer.parallel.parallelize import DTYPES, ParallelModel, parallelize
+from trainer.profiling.memory import SavedActivations, gradient_bytes, model_state_bytes
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A loss computed under loss_parallel is a replicated DTensor; the value itself is its local tensor."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _tensor(batch, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(batch).to(device, non_blocking=True)
+
+
+class NativeEngine:
+    checkpoint_format = FORMAT_DCP
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.rank, self.world_size, self.device = init_distributed()
+        self.scaler = LossScaler(spec.plan.precision == "fp16")
+        self.pm: Optional[ParallelModel] = None
+        self.probe: Optional[SavedActivations] = None  # measuring saved activations of the next micro-batch
+        self.probe_loss = False    # the pipeline's loss function still has to be measured once
+        self.routing: Optional[dict] = None  # mixture-of-experts stats of this step's micro-batches
+        self.grads_bytes = 0
+
+    # ---- build ---------------------------------------------------------------------------------------------
+    def build(self) -> None:
+        spec = self.spec
+        self.pm = parallelize(spec.model, spec.plan, self.device, spec.seed, self._pipeline_loss)
+        self.topo = self.pm.topo
+        self.dp_rank = self.topo.dp_rank
+        self.optimizers = [build_optimizer(m, spec.optimizer) for m in self.pm.modules]
+        self.params = self.pm.parameters()
+
+    def describe(self) -> tuple[dict[str, Any], str]:
+        plan, pm = self.spec.plan, self.pm
+        n_params = sum(p.numel() for p in self.params)
+        return ({"plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}, "device": str(self.device)},
+                f"mesh pp={plan.pp} dp={plan.dp} tp={plan.tp}; stages {pm.stage_ids}; {n_params:,} local parameters")
+
+    def announce(self, files: RunFiles) -> None:
+        """Nothing beyond the loop's own "started" event."""
+
+    def seed(self, step: int) -> None:
+        """Dropout streams: equal across tensor-parallel partners (they hold the same activations), distinct across
+        dp replicas and pipeline stages, moved on per step so that a resumed run without saved RNG still differs."""
+        torch.manual_seed(hash((self.spec.seed, self.topo.dp_rank, self.topo.pp_rank, step)) % (2 ** 63))
+
+    def set_lr(self, lr: float) -> None:
+        set_lr(self.optimizers, lr)
+
+    # ---- one step ------------------------------------------------------------------------------------------
+    def _autocast(self):
+        precision = self.spec.plan.precision
+        enabled = precision != "fp32" and not self.pm.fsdp  # FSDP2 casts parameters itself
+        return torch.autocast(self.device.type, dtype=DTYPES[precision], enabled=enabled)
+
+    def _loss_context(self):
+        # Cross-entropy on vocabulary-sharded logits (and its backward) must run inside loss_parallel().
+        return loss_parallel() if self.pm.loss_parallel else contextlib.nullcontext()
+
+    def forward_backward(self, micro: MicroBatches, measure: bool) -> torch.Tensor:
+        self.routing = None
+        if measure:
+            self.probe = SavedActivations(self.params)
+        if self.pm.schedule is not None:
+            loss = self._pipeline_forward_backward(micro, measure)
+        else:
+            loss = self._accumulate(micro)
+        # Gradients as backward leaves them (their peak): later syncs may reshard some (tied pipeline embedding).
+        self.grads_bytes = gradient_bytes(self.pm.modules) if measure else 0
+        return loss
+
+    def _accumulate(self, micro: MicroBatches) -> torch.Tensor:
+        """Gradient accumulation over the micro-batches; one dp reduction, on the last of them."""
+        model, pm, spec = self.pm.callables[0], self.pm, self.spec
+        total = torch.zeros((), device=self.device)
+        n = len(micro)
+        for i, (x, y) in enumerate(micro):
+            x, y = _tensor(x, self.device), _tensor(y, self.device)
+            last = i == n - 1
+            probe = self.probe if i == 0 else None
+            with pm.gradient_sync(last), self._loss_context():
+                with probe if probe is not None else contextlib.nullcontext():
+                    with self._autocast():
+                        loss = loss_fn(model(x), y)
+                aux = aux_loss(pm.modules)  # None for a dense model
+                objective = loss if aux is None else loss + spec.model.aux_loss_coef * aux
+                self.routing = step_stats(pm.modules, self.routing)
+                (objective * (self.scaler.scale / n)).backward()
+            total += _plain(loss.detach()).float()
+        return total / n
+
+    def _pipeline_forward_backward(self, micro: MicroBatches, measure: bool) -> torch.Tensor:
+        pm = self.pm
+        if measure:  # stages run their forwards inside the schedule: probe the first one of each
+            self.probe_loss = True
+            for m in pm.modules:
+                self._probe_first_forward(m)
+        x = torch.cat([_tensor(a, self.device) for a, _ in micro])
+        y = torch.cat([_tensor(b, self.device) for _, b in micro])
+        losses: list[torch.Tensor] = []
+        args = (x,) if pm.has_first_stage else ()
+        kwargs = {"target": y, "losses": losses} if pm.has_last_stage else {}
+        with self._loss_context(), self._autocast():
+            pm.schedule.step(*args, **kwargs)
+        if not losses:
+            return torch.zeros((), device=self.device)
+        # The loss function returned scale × loss; report the loss itself.
+        return torch.stack([_plain(l.detach()).float() for l in losses]).mean() / self.scaler.scale
+
+    def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss a pipeline schedule calls on the last stage, once per micro-batch (built before the engine
+        finished building: the schedule takes it at construction)."""
+        probe = self.probe if self.probe_loss else None
+        with probe if probe is not None else contextlib.nullcontext():
+            loss = loss_fn(logits, targets)
+        if probe is not None:
+            self.probe_loss = False  # only the first micro-batch is measured
+        return loss * self.scaler.scale
+
+    def _probe_first_forward(self, module: torch.nn.Module) -> None:
+        """Enter the probe around ``module``'s next forward only."""
+
+        def pre(mod, args):
+            if self.probe is not None:
+                self.probe.__enter__()
+
+        def post(mod, args, out):
+            if self.probe is not None:
+                self.probe.__exit__(None, None, None)
+            handles[0].remove()
+            handles[1].remove()
+
+        handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+
+    def step(self, measure: bool) -> StepOutcome:
+        pm = self.pm
+        pm.sync_gradients()
+        finite = self.scaler.unscale_and_check(self.params, self.device)
+        norm = pm.grad_norm(self.device)
+        if finite:
+            clip_grads_(self.params, self.spec.optimizer.grad_clip, norm)
+            for opt in self.optimizers:
+                opt.step()
+        self.scaler.update(finite)
+        state = None
+        if measure:
+            probe, self.probe = self.probe, None
+            state = {**model_state_bytes(pm.modules, self.optimizers), "grads_bytes": self.grads_bytes,
+                     "activations_bytes": probe.bytes}
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+        return StepOutcome(grad_norm=float(norm), applied=finite, loss_scale=self.scaler.scale, state_bytes=state)
+
+    def mean_loss(self, local: torch.Tensor) -> float:
+        """Sum over the world of what the last stages saw, over the dp·tp replicas that each saw it."""
+        value = local.detach().double().clone()
+        if self.world_size > 1:
+            dist.all_reduce(value)
+        return float(value) / (self.topo.dp * self.topo.tp)
+
+    def routing_metrics(self) -> dict[str, Any]:
+        return routing_metrics(self.routing, self.topo.dp_group)
+
+    # ---- evaluation and checkpoints ------------------------------------------------------------------------
+    def evaluate(self, batches: MicroBatches) -> float:
+        pm, device = self.pm, self.device
+        for m in pm.modules:
+            m.eval()
+        try:
+            with torch.no_grad(), self._loss_context(), self._autocast():
+                if pm.schedule is None:
+                    total = torch.zeros((), device=device, dtype=torch.float64)
+                    for x, y in batches:
+                        total += _plain(loss_fn(pm.callables[0](_tensor(x, device)), _tensor(y, device))).double()
+                    value = total / len(batches)
+                else:
+                    value = self._pipeline_evaluate(batches)
+        finally:
+            for m in pm.modules:
+                m.train()
+        # Every dp·tp replica of the last stage holds the same value; the others contribute 0.
+        return self.mean_loss(value)
+
+    def _pipeline_evaluate(self, batches: MicroBatches) -> torch.Tensor:
+        pm, device, m = self.pm, self.device, self.spec.plan.grad_accum
+        losses: list[torch.Tensor] = []
+        for start in range(0, len(batches), m):  # the schedule's unit: grad_accum micro-batches
+            group = batches[start:start + m]
+            x = torch.cat([_tensor(a, device) for a, _ in group])
+            y = torch.cat([_tensor(b, device) for _, b in group])
+            args = (x,) if pm.has_first_stage else ()
+            kwargs = {"target": y, "losses": losses} if pm.has_last_stage else {}
+            pm.schedule.eval(*args, **kwargs)
+        if not losses:
+            return torch.zeros((), device=device, dtype=torch.float64)
+        return torch.stack([_plain(l).double() for l in losses]).mean() / self.scaler.scale
+
+    def save(self, run_dir: Path, manifest: CheckpointManifest, keep: int) -> Path:
+        manifest = replace(manifest, loss_scaler=self.scaler.state_dict())
+        return save_checkpoint(run_dir, manifest, self.pm.modules, self.optimizers, self.rank, keep)
+
+    def load(self, folder: Path) -> CheckpointManifest:
+        manifest = load_checkpoint(folder, self.pm.modules, self.optimizers, self.rank, self.spec.plan)
+        self.scaler.load_state_dict(manifest.loss_scaler or {})
+        return manifest
+
+    def close(self) -> None:
+        pass

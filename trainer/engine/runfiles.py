@@ -1,0 +1,100 @@
+"""What the loop writes and listens to: the run's files, the stop request, and the merged profile report."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.contract.records import Event, EvalMetrics, StepMetrics, event
+from trainer.contract.runfolder import EVENTS, LOGS, METRICS, append_jsonl
+from trainer.profiling.digest import write_summary
+from trainer.profiling.profiler import StepProfiler
+
+
+class RunFiles:
+    """Events and metrics (rank 0, or any rank for failures) and this rank's own log file."""
+
+    def __init__(self, run_dir: Path, rank: int):
+        self.run_dir, self.rank = Path(run_dir), rank
+        self.log_path = self.run_dir / LOGS / f"rank-{rank}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # When the launcher already sends stdout into our log file, printing too would write every line twice.
+        try:
+            self._echo = os.fstat(1).st_ino != os.stat(self.log_path).st_ino
+        except OSError:
+            self._echo = True
+
+    def log(self, message: str) -> None:
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} rank {self.rank}: {message}"
+        with open(self.log_path, "a") as f:
+            f.write(line + "\n")
+        if self._echo and self.rank == 0:
+            print(line, flush=True)
+
+    def event(self, kind: str, any_rank: bool = False, **fields: Any) -> None:
+        if self.rank == 0 or any_rank:
+            append_jsonl(self.run_dir / EVENTS, event(kind, self.rank, **fields))
+
+    @contextlib.contextmanager
+    def failure_recorded(self):
+        """Any exception inside is logged and written as a "failed" event with its traceback, then re-raised."""
+        try:
+            yield
+        except Exception as exc:
+            self.log(f"failed: {exc!r}")
+            self.event(Event.FAILED, any_rank=True, error=repr(exc), traceback=traceback.format_exc())
+            raise
+
+    def metric(self, record: StepMetrics | EvalMetrics) -> None:
+        if self.rank == 0:
+            append_jsonl(self.run_dir / METRICS, record.to_dict())
+
+
+class StopRequest:
+    """SIGTERM (scheduler pre-emption, scancel, the web app's stop): finish the step, save, exit cleanly."""
+
+    def __init__(self):
+        self.requested = False
+        self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether any rank was asked to stop: all ranks must stop at the same step."""
+        flag = torch.tensor(float(self.requested), device=device)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+class ProfileReport:
+    """Once every rank has written its trace: rank 0 merges the summaries and records a profile_written event."""
+
+    def __init__(self, profiler: StepProfiler, files: RunFiles, world_size: int):
+        self.profiler, self.files, self.world_size = profiler, files, world_size
+        self.done = False
+
+    def once(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        if self.world_size > 1:
+            dist.barrier()
+        if self.files.rank == 0:
+            folder = self.profiler.folder
+            summary = write_summary(folder)
+            scalars = {k: v for k, v in summary.items() if not isinstance(v, (list, dict))} \
+                if isinstance(summary, dict) else None
+            self.files.event(Event.PROFILE_WRITTEN, name=self.profiler.spec.name,
+                             path=str(folder.relative_to(self.files.run_dir)), summary=scalars)
