@@ -1,21 +1,66 @@
-"""docs/architecture.md's import rules (the contracts in pyproject.toml) hold, and the checker really sees imports."""
+"""The import rules of docs/architecture.md (the contracts in pyproject.toml) hold, no two modules import each other
+through any chain, and the checkers really see imports."""
 import subprocess
 import sys
 from pathlib import Path
 
+import grimp
+
 REPO = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
+PACKAGES = ("trainer", "webapp", "workers", "deploy")
 
 
-def _lint(config: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(config), "--no-cache"], cwd=REPO,
+def _lint(config: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    return subprocess.run([str(LINT_IMPORTS), "--config", str(config), "--no-cache"], cwd=cwd,
                           capture_output=True, text=True, timeout=300)
+
+
+def import_cycles(*packages: str) -> list[list[str]]:
+    """Every set of modules that import one another through some chain (strongly connected components of the
+    import graph with more than one module), imports inside functions included, annotation-only imports not."""
+    graph = grimp.build_graph(*packages, exclude_type_checking_imports=True)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(module: str) -> None:  # Tarjan's algorithm
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in graph.find_modules_directly_imported_by(module):
+            if imported not in index:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], index[imported])
+        if low[module] == index[module]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == module:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return cycles
 
 
 def test_it_keeps_every_import_rule_of_the_design():
     result = _lint(REPO / "pyproject.toml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
+
+
+def test_it_finds_no_import_cycle_between_the_projects_modules():
+    assert import_cycles(*PACKAGES) == []
 
 
 def test_it_would_catch_a_module_that_breaks_a_rule(tmp_path):
@@ -25,4 +70,21 @@ def test_it_would_catch_a_module_that_breaks_a_rule(tmp_path):
                       "[importlinter:contract:model-without-torch]\nname = model without torch\ntype = forbidden\n"
                       "source_modules =\n    trainer.model\nforbidden_modules =\n    torch\n")
     result = _lint(config)
+    assert result.returncode != 0 and "BROKEN" in result.stdout
+
+
+def test_it_would_catch_a_circle_between_layers(tmp_path, monkeypatch):
+    """A lower layer importing a higher one (here inside a function, where an arrow is easy to miss) breaks the
+    layers contract and shows up as a cycle."""
+    package = tmp_path / "house"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "loop.py").write_text("from house import model\n")
+    (package / "model.py").write_text("def build():\n    from house import loop\n    return loop\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_cycles("house") == [["house.loop", "house.model"]]
+    config = tmp_path / "rules.ini"
+    config.write_text("[importlinter]\nroot_packages =\n    house\n\n[importlinter:contract:layers]\nname = layers\n"
+                      "type = layers\nlayers =\n    house.loop\n    house.model\n")
+    result = _lint(config, cwd=tmp_path)
     assert result.returncode != 0 and "BROKEN" in result.stdout

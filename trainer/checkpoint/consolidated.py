@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 from trainer.checkpoint.deepspeed_format import consolidated_state
 from trainer.contract import ModelSpec
 from trainer.contract.manifest import CONSOLIDATED, FORMAT_DEEPSPEED, CheckpointManifest, read_manifest
-from trainer.model import GPT, Rotary, tie_weights
+from trainer.model import GPT, tie_weights
 
 _TIED_KEY = "tied"
 
@@ -102,9 +102,7 @@ def empty_model(spec: ModelSpec) -> GPT:
         model = GPT(spec)
     model.to_empty(device="cpu")
     tie_weights(model)
-    for module in model.modules():
-        if isinstance(module, Rotary):
-            module.reset_buffers()
+    model.reset_buffers()
     return model
 
 

@@ -36,6 +36,7 @@ def consolidated_state(folder: Path, zero_stage: int, model: ModelSpec | None = 
     if zero_stage == 0:
         states = torch.load(folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
         return {k: v.float() for k, v in states["module"].items()}
+    # DeepSpeed is needed only here, to stitch its own ZeRO partitions: reading any other checkpoint needs none
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     return get_fp32_state_dict_from_zero_checkpoint(str(folder.parent), tag=folder.name)

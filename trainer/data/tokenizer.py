@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from tokenizers import ByteLevelBPETokenizer, Tokenizer
+
 from trainer.data.errors import DataError
 
 EOS = "<|endoftext|>"
@@ -38,8 +40,6 @@ class TextTokenizer:
 
 def load_tokenizer(path: str | os.PathLike) -> TextTokenizer:
     """The tokenizer.json of a prepared dataset (or a checkpoint) as a TextTokenizer."""
-    from tokenizers import Tokenizer
-
     path = Path(path)
     if path.is_dir():
         path = path / TOKENIZER
@@ -49,8 +49,6 @@ def load_tokenizer(path: str | os.PathLike) -> TextTokenizer:
 
 
 def train_tokenizer(pieces: Iterator[str], vocab_size: int):
-    from tokenizers import ByteLevelBPETokenizer
-
     # add_prefix_space=False keeps decoding exact; all 256 bytes are in the initial alphabet, so any text encodes.
     tok = ByteLevelBPETokenizer(add_prefix_space=False)
     tok.train_from_iterator(pieces, vocab_size=vocab_size, min_frequency=2, special_tokens=list(SPECIALS),

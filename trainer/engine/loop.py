@@ -19,6 +19,7 @@ from trainer.contract.manifest import CheckpointManifest, latest_checkpoint
 from trainer.contract.records import Event, EvalMetrics, StepMetrics
 from trainer.data import BatchSampler, load_tokens, prepare_dataset, validation_batches
 from trainer.engine.base import Engine
+from trainer.engine.native import NativeEngine
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
 from trainer.optim import lr_at
 from trainer.flops import flops_per_step as model_flops_per_step, mfu
@@ -33,8 +34,6 @@ def build_engine(spec: RunSpec) -> Engine:
         from trainer.engine.deepspeed.engine import DeepSpeedEngine
 
         return DeepSpeedEngine(spec)
-    from trainer.engine.native import NativeEngine
-
     return NativeEngine(spec)
 
 

@@ -7,14 +7,14 @@ The model knows nothing about parallelism or recomputation. Three choices let th
 - ``embed``, ``norm`` and ``head`` may be None on a pipeline stage that does not hold them;
 - attention reshapes with -1 for the head count, so a tensor-parallel rank holding H/t heads runs the same code.
 Initialisation is a pure function of the seed and each parameter's name (``initial_value``): parallel plans build
-the model on the meta device, shard or split it, then each rank fills only the shards it holds (``init_weights``),
-so every plan starts from the same weights.
+the model on the meta device, shard or split it, then each rank fills only the shards it holds of the same full
+tensors (``initial_tensors``; trainer.parallel.init), so every plan starts from the same weights.
 """
 from __future__ import annotations
 
 import math
 import zlib
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 import torch.nn.functional as F
@@ -190,29 +190,30 @@ class GPT(nn.Module):
             x = self.head(x)  # (B, T, V)
         return x
 
-    def init_weights(self, seed: int) -> None:
-        """Give every parameter its ``initial_value``; with a sharded or split model, each rank fills only the
-        shards it holds of the same full tensors, so every plan starts from the same model."""
-        from torch.distributed.tensor import DTensor, distribute_tensor
-
+    def initial_tensors(self, seed: int) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
+        """Each distinct parameter this model (or pipeline stage) holds, with the full initial tensor of its name.
+        A sharded model fills each parameter's shards from these (trainer.parallel.init); a whole one copies them."""
         seen: set[int] = set()
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                if id(p) in seen:
-                    continue
-                seen.add(id(p))
-                if name == "head.weight" and self.spec.tied_embeddings:
-                    name = "embed.tokens.weight"  # a pipeline's last stage holds the tied matrix as the head
-                full = initial_value(self.spec, name, tuple(p.shape), seed)
-                if isinstance(p, DTensor):
-                    # src_data_rank=None: every rank cuts its own shard from its own copy, no communication
-                    local = distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
-                    p.to_local().copy_(local.to_local())
-                else:
-                    p.copy_(full)
-            for module in self.modules():
-                if isinstance(module, Rotary):
-                    module.reset_buffers()
+        for name, p in self.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if name == "head.weight" and self.spec.tied_embeddings:
+                name = "embed.tokens.weight"  # a pipeline's last stage holds the tied matrix as the head
+            yield p, initial_value(self.spec, name, tuple(p.shape), seed)
+
+    def reset_buffers(self) -> None:
+        """Recompute the derived buffers (rotary tables) after the model was given memory."""
+        for module in self.modules():
+            if isinstance(module, Rotary):
+                module.reset_buffers()
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Give every parameter of this whole (unsharded) model its ``initial_value``."""
+        for p, full in self.initial_tensors(seed):
+            p.copy_(full)
+        self.reset_buffers()
 
 
 def initial_value(spec: ModelSpec, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -231,7 +232,7 @@ def initial_value(spec: ModelSpec, name: str, shape: tuple[int, ...], seed: int)
 
 def build_model(spec: ModelSpec, seed: int, device: torch.device | str = "cpu") -> GPT:
     """The whole model, initialised from ``seed`` (parallel plans build on the meta device instead, shard, then
-    call ``init_weights``)."""
+    fill their shards: trainer.parallel.init)."""
     with torch.device(device):
         model = GPT(spec)
     model.init_weights(seed)

@@ -23,6 +23,7 @@ from trainer.parallel.ac import apply_ac
 from trainer.parallel.clip import global_grad_norm
 from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_fsdp
 from trainer.parallel.expert import ExpertParallel, MoEGradSync, apply_ep, expert_groups
+from trainer.parallel.init import init_sharded_weights
 from trainer.parallel.mesh import Topology, build_topology
 from trainer.parallel.pipeline import TiedEmbeddingSync, build_schedule, split_stage, stage_ids, tied_embedding_sync
 from trainer.parallel.tensor import apply_tp
@@ -119,7 +120,7 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
     for m in modules:
         m.to_empty(device=device)
         tie_weights(m)
-        m.init_weights(seed)  # each rank fills its shards of the same seeded full tensors
+        init_sharded_weights(m, seed)
     callables: list[nn.Module] = list(modules)
     grad_sync = None
     if fsdp:
