@@ -14,7 +14,7 @@ from trainer.profiling.intervals import intersect, subtract, total, union
 from trainer.profiling.profiler import StepProfiler
 from trainer.contract import ProfileSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 # A 2-rank gloo job: each step computes, all-reduces a gradient-sized tensor asynchronously while it computes more
 # (overlapped communication), then all-reduces synchronously (exposed), as a data-parallel step does.

@@ -79,7 +79,7 @@ def test_it_trains_moe_with_deepspeed_experts(engine_runs):
 
 @pytest.mark.slow
 def test_it_consolidates_deepspeed_experts_under_native_names(engine_runs):
-    from tests.trainer.test_deepspeed_engine import _run_spec_of
+    from tests.trainer.engine.test_deepspeed_engine import _run_spec_of
     from trainer.checkpoint.consolidated import load_consolidated
     from trainer.data import load_tokens, prepare_dataset, validation_batches
     from trainer.model import GPT, loss_fn
