@@ -1,7 +1,9 @@
-"""The repository stands on its own: no tracked file points outside it, and every Markdown document it cites exists.
+"""The repository stands on its own: no tracked file points outside it, and every document and source file it cites
+exists.
 
 A clone has nothing beside the repository, so a reference to a folder next to the checkout (``../shared`` and what
-lies in it) is a dead end for its reader, and so is a cited ``something.md`` that is not in the repository.
+lies in it) is a dead end for its reader, and so is a cited ``something.md`` that is not in the repository, or a
+comment pointing at ``trainer/old_module.py`` after the code moved.
 Standard library only: no Django needed.
 """
 from __future__ import annotations
@@ -18,6 +20,8 @@ THIS_FILE = Path(__file__).resolve()
 OUTSIDE = re.compile(r"\.\./shared\b|(?<![\w-])shared/(?:data|DESIGN|RECIPES|REFERENCE)\b")
 # A cited Markdown document: a bare name (README.md) or a path (docs/x.md, ../x.md); not a glob such as *.md.
 MARKDOWN = re.compile(r"[\w./-]*[\w-]\.md\b")
+# A cited file of the project's own folders: trainer/engine/loop.py, tests/trainer/conftest.py (globs are not citations).
+SOURCE = re.compile(r"(?<![\w./-])(?:trainer|webapp|workers|deploy|tests|scripts|docs)/[\w./-]*\.(?:py|sh|json|toml|txt)\b")
 URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\bwww\.\S+")
 
 
@@ -72,7 +76,8 @@ def problems(root: Path, files: list[str]) -> list[str]:
         for number, line in enumerate(text.splitlines(), start=1):
             for match in OUTSIDE.finditer(line):
                 found.append(f"{name}:{number}: refers to {match.group(0)!r}, outside the repository")
-            cited = dict.fromkeys(match.group(0) for match in MARKDOWN.finditer(URL.sub(" ", line)))
+            plain = URL.sub(" ", line)
+            cited = dict.fromkeys(m.group(0) for pattern in (MARKDOWN, SOURCE) for m in pattern.finditer(plain))
             for token in cited:  # each document once a line (a Markdown link often names it twice)
                 if not _in_repository(token, name, present):
                     found.append(f"{name}:{number}: cites {token!r}, which is not in the repository")
@@ -84,7 +89,7 @@ def test_it_finds_no_outside_references_or_missing_documents_in_the_repository()
     assert not found, "\n".join(["tracked files point outside the repository or at missing documents:", *found])
 
 
-def test_it_reports_outside_references_and_missing_documents(tmp_path):
+def test_it_reports_outside_references_and_missing_documents_and_files(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "guide.md").write_text("# Guide\n")
     (tmp_path / "data.py").write_text('"""Reads text."""\nPATH = "../shared/data/x.txt"\n# from shared/RECIPES\n')
@@ -95,7 +100,10 @@ def test_it_reports_outside_references_and_missing_documents(tmp_path):
         "A link is not a citation: https://example.org/README.md. Nor is a glob: *.md\n")
     (tmp_path / "docs" / "index.md").write_text("The guide: guide.md; the notes: ../notes.md.\n")
     (tmp_path / "blob.bin").write_bytes(b"\0\x01../shared/data MISSING.md")
-    files = ["docs/guide.md", "docs/index.md", "data.py", "notes.md", "elsewhere.md", "fine.md", "blob.bin"]
+    (tmp_path / "trainer").mkdir()
+    (tmp_path / "trainer" / "loop.py").write_text('"""Moved from trainer/train.py; see trainer/loop.py, trainer/*.py."""\n')
+    files = ["docs/guide.md", "docs/index.md", "data.py", "notes.md", "elsewhere.md", "fine.md", "blob.bin",
+             "trainer/loop.py"]
 
     found = problems(tmp_path, files)
 
@@ -104,6 +112,7 @@ def test_it_reports_outside_references_and_missing_documents(tmp_path):
         "data.py:3: refers to 'shared/RECIPES', outside the repository",
         "notes.md:3: cites 'MISSING.md', which is not in the repository",
         "elsewhere.md:1: cites 'guide.md', which is not in the repository",
+        "trainer/loop.py:1: cites 'trainer/train.py', which is not in the repository",
     ]
 
 

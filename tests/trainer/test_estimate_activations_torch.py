@@ -3,11 +3,11 @@
 Compared cases (all dp = tp = 1, fp32 on the CPU, one process): whole models (pp = 1) with every checkpointing mode,
 micro-batch sizes, untied heads, no biases, grouped-query attention, rotary positions, a non-4h FFN, dropout, one
 layer; and single pipeline stages (first, middle, last of pp = 2 and pp = 4) cut with the trainer's split_stage.
-For each: saved activations of one micro-batch (trainer.memory.SavedActivations) must be within 3 % of the
+For each: saved activations of one micro-batch (trainer.profiling.memory.SavedActivations) must be within 3 % of the
 planner's activations_per_microbatch (they come out exact), and params/grads/optimizer bytes after one AdamW step
-(trainer.memory.model_state_bytes) must equal the planner's model states exactly.
+(trainer.profiling.memory.model_state_bytes) must equal the planner's model states exactly.
 
-Mixture-of-experts cases (trainer/moe.py): top-1 and top-2, 4 or 8 experts, experts on every or every second layer,
+Mixture-of-experts cases (trainer/model/moe.py): top-1 and top-2, 4 or 8 experts, experts on every or every second layer,
 capacity factors that cannot drop (c ≥ E/k), that may and that must drop, every checkpointing mode, bf16 autocast.
 Where no expert can overflow the prediction is exact; where tokens may be dropped, what is saved depends on the
 routing, and the planner's bound (every expert full) must be at or above the measurement and within 3 %.

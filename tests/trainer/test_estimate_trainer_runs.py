@@ -83,7 +83,7 @@ def test_it_matches_native_moe_runs(engine_runs, dataset, name):
 
 # DeepSpeed runs of the engine launch (dp = 2, fp32): model states exactly — ZeRO's own fp32 master partition, and
 # expert parameters partitioned over the dp/ep ranks that hold them. DeepSpeed's MoE layer is its own (not
-# trainer/moe.py), so its activations are not compared.
+# trainer/model/moe.py), so its activations are not compared.
 DS_RUNS = {**{name: (dict(engine="deepspeed", dp=2, **kw), True) for name, kw in DS_STAGES.items()
               if not kw.get("offload_optimizer")},
            "ds-moe-ep2": (dict(engine="deepspeed", dp=2, zero_stage=1, ep=2, model=moe_model(capacity_factor=1.25)),
