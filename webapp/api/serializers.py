@@ -6,7 +6,8 @@ from trainer.contract import presets
 from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, SpecError, check_plan
 
 from .. import models, services
-from .specfields import spec_error_detail, spec_field
+from ..spec_errors import spec_field_errors
+from .specfields import api_field, spec_field
 
 
 def _django_errors(exc: DjangoValidationError) -> serializers.ValidationError:
@@ -112,7 +113,7 @@ class ParallelismPlanSerializer(OwnedSerializer):
         plan = ParallelPlan.from_dict(attrs.get("spec") or self.instance.spec)
         problems = check_plan(model_config.model_spec(), plan, cluster.cluster_spec())
         if problems:
-            raise serializers.ValidationError({"spec": spec_error_detail(SpecError(problems))})
+            raise serializers.ValidationError({"spec": spec_field_errors(SpecError(problems), api_field)})
         return attrs
 
 

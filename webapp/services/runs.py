@@ -8,6 +8,7 @@ from django.db import transaction
 from trainer.contract import OptimizerSpec, ProfileSpec, RunSpec, SpecError
 
 from ..models import Run, RunStatus
+from ..spec_errors import spec_field_errors
 from .tasks import enqueue
 
 LAUNCH_TASK = "workbench.runs.launch"
@@ -37,6 +38,11 @@ def run_spec(run: Run) -> RunSpec:
     ).validate()
 
 
+def _run_part(path: str) -> str:
+    """A run's spec error lands on the part its path starts with (plan.tp → plan)."""
+    return path.split(".")[0] or "plan"
+
+
 @transaction.atomic
 def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     """Create a draft run of ``plan`` on ``dataset`` (model and cluster come from the plan); queue it if asked."""
@@ -45,10 +51,7 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     try:
         run_spec(run)
     except SpecError as exc:
-        errors: dict[str, list[str]] = {}
-        for path, messages in exc.errors.items():
-            errors.setdefault(path.split(".")[0] or "plan", []).extend(f"{path}: {m}" for m in messages)
-        raise ValidationError(errors) from None
+        raise ValidationError(spec_field_errors(exc, _run_part, with_path=True)) from None
     run.save()
     run.run_dir = str(run_folder(run))
     run.save(update_fields=["run_dir"])
