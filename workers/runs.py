@@ -41,7 +41,7 @@ def run_launch(run_id: int) -> str:
         if run.status != RunStatus.QUEUED:
             return f"skipped: run is {run.status}"
         try:
-            spec = services.run_spec(run)
+            spec = run.run_spec()
             run_dir = Path(spec.output_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             _write_spec_once(run_dir, spec.to_json())

@@ -3,7 +3,8 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from trainer.contract import presets
-from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, SpecError, check_plan
+from trainer.contract import (ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec, SpecError,
+                              check_plan)
 
 from .. import models, services
 from ..spec_errors import spec_field_errors
@@ -144,13 +145,15 @@ class RunSerializer(OwnedSerializer):
     dataset = VisibleRelatedField(queryset=models.Dataset.objects.all())
     optimizer = spec_field(OptimizerSpec)(required=False)
     profile = spec_field(ProfileSpec)(required=False, allow_null=True)
+    spec = spec_field(RunSpec)(read_only=True, help_text="What every attempt launches with: checked and fixed when "
+                                                         "the run is created")
     launch = serializers.BooleanField(write_only=True, default=False,
                                       help_text="Queue the run for launch right away instead of keeping a draft")
 
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
-                  "eval_every", "optimizer", "profile", "launch", "shared", "owner", "status", "attempts",
+                  "eval_every", "optimizer", "profile", "spec", "launch", "shared", "owner", "status", "attempts",
                   "max_attempts", "run_dir", "job_id", "status_message", "last_step", "created_at", "queued_at",
                   "started_at", "finished_at"]
         read_only_fields = ["status", "attempts", "run_dir", "job_id", "status_message", "last_step", "created_at",
