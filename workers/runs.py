@@ -1,23 +1,21 @@
 """Launching, watching and stopping runs. The database and the run folder hold all state; any worker can pick up
 where another stopped, and every step is safe to repeat."""
 import json
-import time
 from datetime import timedelta
 from pathlib import Path
 
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.contract.runfolder import CHECKPOINTS, LAUNCH, MANIFEST, SPEC, write_json_atomic
 from trainer.contract import SpecError
+from trainer.contract.records import LaunchRecord
+from trainer.contract.runfolder import CHECKPOINTS, MANIFEST, SPEC, write_json_atomic
 from webapp import services
 from webapp.models import Run, RunStatus
 from webapp.services.ingest import run_ingest
 from webapp.services.runs import LAUNCH_TASK
 
 from .launchers import LaunchError, launcher_for
-from .launchers.local import trainer_command
-
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -46,20 +44,19 @@ def run_launch(run_id: int) -> str:
             run_dir.mkdir(parents=True, exist_ok=True)
             _write_spec_once(run_dir, spec.to_json())
             resume = _has_checkpoint(run_dir)
-            job_id = launcher_for(run.cluster.kind).start(run_dir, spec.plan.world_size, resume,
-                                                          run.cluster.env_setup)
+            started = launcher_for(run.cluster.kind).start(run_dir, spec.plan.world_size, resume,
+                                                           run.cluster.env_setup)
         except (SpecError, LaunchError, OSError) as exc:
             run.transition(RunStatus.FAILED, f"could not launch: {exc}")
             run.save()
             return "failed"
         run.attempts += 1
-        run.job_id = job_id
+        run.job_id = started.job_id
         run.ingest_state = {**run.ingest_state, "job_ended": False}
         run.transition(RunStatus.SUBMITTED, f"attempt {run.attempts} started" + (" from a checkpoint" if resume else ""))
         run.save()
-        write_json_atomic(run_dir / LAUNCH, {
-            "backend": run.cluster.kind, "job_id": job_id, "attempt": run.attempts, "resume": resume,
-            "command": trainer_command(run_dir, spec.plan.world_size, resume), "time": time.time()})
+        LaunchRecord(backend=run.cluster.kind, job_id=started.job_id, attempt=run.attempts, resume=resume,
+                     command=started.command).write(run_dir)
         return "submitted"
 
 

@@ -12,6 +12,7 @@ from django.contrib.auth.models import User
 from trainer.contract.presets import DEMO_TEXT
 from trainer.contract import presets
 from trainer.contract import ParallelPlan
+from trainer.contract.records import LaunchRecord
 from webapp import models, services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -66,7 +67,8 @@ def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, 
     assert run.attempts == 1 and run.last_step == 6 and run.started_at and run.finished_at
     folder = Path(run.run_dir)
     assert json.loads((folder / "spec.json").read_text()) == run.spec
-    assert json.loads((folder / "launch.json").read_text())["job_id"] == run.job_id
+    launch = LaunchRecord.read(folder)
+    assert launch.job_id == run.job_id and launch.attempt == 1 and not launch.resume
     train = list(run.metrics.filter(kind="train").order_by("step").values_list("step", flat=True))
     assert train == [1, 2, 3, 4, 5, 6]
     assert run.metrics.filter(kind="val").count() == 2
