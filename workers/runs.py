@@ -8,18 +8,15 @@ from django.db import transaction
 from django.utils import timezone
 
 from trainer.contract import SpecError
-from trainer.contract.records import LaunchRecord
-from trainer.contract.runfolder import CHECKPOINTS, MANIFEST, SPEC, write_json_atomic
+from trainer.contract.manifest import latest_checkpoint
+from trainer.contract.records import Event, LaunchRecord
+from trainer.contract.runfolder import SPEC, write_json_atomic
 from webapp import services
 from webapp.models import Run, RunStatus
 from webapp.services.ingest import run_ingest
 from webapp.services.runs import LAUNCH_TASK
 
 from .launchers import LaunchError, launcher_for
-
-
-def _has_checkpoint(run_dir: Path) -> bool:
-    return any((run_dir / CHECKPOINTS).glob(f"step-*/{MANIFEST}"))
 
 
 def _write_spec_once(run_dir: Path, spec_json: str) -> None:
@@ -43,7 +40,7 @@ def run_launch(run_id: int) -> str:
             run_dir = Path(spec.output_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
             _write_spec_once(run_dir, spec.to_json())
-            resume = _has_checkpoint(run_dir)
+            resume = latest_checkpoint(run_dir) is not None
             started = launcher_for(run.cluster.kind).start(run_dir, spec.plan.world_size, resume,
                                                            run.cluster.env_setup)
         except (SpecError, LaunchError, OSError) as exc:
@@ -83,7 +80,7 @@ def run_reconcile(run_id: int) -> Run:
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
             if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
-                if run.ingest_state.get("last_event") == "stopped":
+                if run.ingest_state.get("last_event") == Event.STOPPED:
                     run.transition(RunStatus.QUEUED, "stopped by a signal; resuming from its checkpoint")
                 else:
                     run.transition(RunStatus.FAILED, f"attempt {run.attempts}: the job ended (exit code "
