@@ -92,7 +92,7 @@ class RunAdmin(OwnedAdmin):
     add_fields = ("name", "owner", "shared", "plan", "dataset", "steps", "seed", "checkpoint_every", "eval_every",
                   "optimizer", "profile", "max_attempts")
     state_fields = ("status", "status_message", "attempts", "job_id", "run_dir", "last_step", "queued_at",
-                    "started_at", "finished_at", "created_at", "updated_at")
+                    "launching_since", "started_at", "finished_at", "created_at", "updated_at")
     # What the stored spec was made of: changing these now would not change what the run launches with.
     definition_fields = ("model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
                          "eval_every", "optimizer", "profile", "spec_json")

@@ -1,60 +1,18 @@
-"""Launching, watching and stopping runs. The database and the run folder hold all state; any worker can pick up
-where another stopped, and every step is safe to repeat."""
-import json
+"""Watching and stopping runs (launching is in workers.launching). The database and the run folder hold all state;
+any worker can pick up where another stopped, and every step is safe to repeat."""
 from datetime import timedelta
 from pathlib import Path
 
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.contract import SpecError
-from trainer.contract.manifest import latest_checkpoint
-from trainer.contract.records import Event, LaunchRecord
-from trainer.contract.runfolder import SPEC, write_json_atomic
+from trainer.contract.records import Event
 from webapp import services
 from webapp.models import Run, RunStatus
 from webapp.services.ingest import run_ingest
 from webapp.services.runs import LAUNCH_TASK
 
-from .launchers import LaunchError, launcher_for
-
-
-def _write_spec_once(run_dir: Path, spec_json: str) -> None:
-    """spec.json is written once before the first launch; later attempts must find the same spec."""
-    path = run_dir / SPEC
-    if path.exists():
-        if json.loads(path.read_text()) != json.loads(spec_json):
-            raise LaunchError(f"{path} holds a different spec; a run's spec never changes after its first launch")
-        return
-    write_json_atomic(path, json.loads(spec_json))
-
-
-def run_launch(run_id: int) -> str:
-    """queued → submitted: write the run folder's spec, start the job, record how. Other statuses: nothing."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("cluster").get(pk=run_id)
-        if run.status != RunStatus.QUEUED:
-            return f"skipped: run is {run.status}"
-        try:
-            spec = run.run_spec()
-            run_dir = Path(spec.output_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            _write_spec_once(run_dir, spec.to_json())
-            resume = latest_checkpoint(run_dir) is not None
-            started = launcher_for(run.cluster.kind).start(run_dir, spec.plan.world_size, resume,
-                                                           run.cluster.env_setup)
-        except (SpecError, LaunchError, OSError) as exc:
-            run.transition(RunStatus.FAILED, f"could not launch: {exc}")
-            run.save()
-            return "failed"
-        run.attempts += 1
-        run.job_id = started.job_id
-        run.ingest_state = {**run.ingest_state, "job_ended": False}
-        run.transition(RunStatus.SUBMITTED, f"attempt {run.attempts} started" + (" from a checkpoint" if resume else ""))
-        run.save()
-        LaunchRecord(backend=run.cluster.kind, job_id=started.job_id, attempt=run.attempts, resume=resume,
-                     command=started.command).write(run_dir)
-        return "submitted"
+from .launchers import launcher_for
 
 
 def run_stop(run_id: int) -> None:

@@ -63,6 +63,8 @@ class Run(Owned):
     ingest_state = models.JSONField(default=dict, blank=True, editable=False,
                                     help_text="How far the run folder's files have been read")
     queued_at = models.DateTimeField(null=True, blank=True)
+    launching_since = models.DateTimeField(null=True, blank=True, editable=False,
+                                           help_text="When a worker claimed the run to start its job; empty otherwise")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
