@@ -16,7 +16,7 @@ class JobState:
 @dataclass(frozen=True)
 class StartedJob:
     job_id: str
-    command: list[str]  # what the job runs: launch.json records this, not a command computed a second time
+    command: list[str]  # what the job runs, exactly as started: launch.json records this list
 
 
 class Launcher(Protocol):
