@@ -3,9 +3,11 @@ owned objects are listed for their owner (superusers see everything)."""
 import json
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.utils.html import format_html
 
-from . import models
+from . import models, services
 
 
 class PrettyJSONWidget(forms.Textarea):
@@ -63,13 +65,92 @@ class MetricInline(admin.TabularInline):
     max_num = 0
 
 
+class RunAddForm(forms.ModelForm):
+    """A new run is checked as run_create checks it, so the form refuses what the API would refuse."""
+
+    def clean(self):
+        cleaned = super().clean()
+        plan, dataset = cleaned.get("plan"), cleaned.get("dataset")
+        if plan and dataset and not self.errors:
+            try:
+                services.run_check(models.Run(**cleaned, model_config=plan.model_config, cluster=plan.cluster))
+            except ValidationError as exc:
+                for field, problems in exc.message_dict.items():
+                    self.add_error(field if field in self.fields else None, problems)
+        return cleaned
+
+
 @admin.register(models.Run)
 class RunAdmin(OwnedAdmin):
+    """Runs are created by run_create and change state only through the services (the actions here), never
+    by editing a field: the status follows Run.transition, and the rest is the stored spec or a worker's record."""
+
     list_display = ("name", "status", "model_config", "cluster", "attempts", "last_step", "owner", "created_at")
     list_filter = ("status", "cluster", "shared")
-    readonly_fields = ("created_at", "updated_at", "queued_at", "started_at", "finished_at", "run_dir", "job_id",
-                       "attempts", "last_step")
+    actions = ["cancel", "queue"]
     inlines = [MetricInline]
+    add_fields = ("name", "owner", "shared", "plan", "dataset", "steps", "seed", "checkpoint_every", "eval_every",
+                  "optimizer", "profile", "max_attempts")
+    state_fields = ("status", "status_message", "attempts", "job_id", "run_dir", "last_step", "queued_at",
+                    "launching_since", "started_at", "finished_at", "created_at", "updated_at")
+    # What the stored spec was made of: changing these now would not change what the run launches with.
+    definition_fields = ("model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
+                         "eval_every", "optimizer", "profile", "spec_json")
+
+    def get_form(self, request, obj=None, **kwargs):
+        if obj is None:
+            kwargs["form"] = RunAddForm
+        return super().get_form(request, obj, **kwargs)
+
+    def get_fields(self, request, obj=None):
+        if obj is None:
+            return self.add_fields
+        return ("name", "owner", "shared", "max_attempts", *self.state_fields, *self.definition_fields)
+
+    def get_readonly_fields(self, request, obj=None):
+        return () if obj is None else self.state_fields + self.definition_fields
+
+    @admin.display(description="spec")
+    def spec_json(self, run):
+        return format_html("<pre>{}</pre>", json.dumps(run.spec, indent=2)) if run.spec else "-"
+
+    def save_form(self, request, form, change):
+        if change:
+            return super().save_form(request, form, change)
+        fields = dict(form.cleaned_data)
+        return services.run_create(owner=fields.pop("owner"), plan=fields.pop("plan"), dataset=fields.pop("dataset"),
+                                   **fields)
+
+    def save_model(self, request, obj, form, change):
+        # A new run was saved by run_create. A changed one writes only what the form changed: a worker may have
+        # moved the run's state since this request read it, and a whole-row save would put the old state back.
+        if change:
+            obj.save(update_fields=[*form.changed_data, "updated_at"])
+
+    def save_related(self, request, form, formsets, change):
+        for formset in formsets:  # runs have no many-to-many fields to save from the form
+            self.save_formset(request, form, formset, change=change)
+
+    @admin.action(description="Cancel the selected runs (a running job is stopped)", permissions=["change"])
+    def cancel(self, request, queryset):
+        self._each(request, queryset, "cancelled",
+                   lambda run: services.run_cancel(run, f"cancelled by {request.user.get_username()} in the admin"))
+
+    @admin.action(description="Queue the selected runs again (resuming from their newest checkpoint)",
+                  permissions=["change"])
+    def queue(self, request, queryset):
+        self._each(request, queryset, "queued", services.run_queue)
+
+    def _each(self, request, queryset, done: str, service) -> None:
+        count = 0
+        for run in queryset:
+            try:
+                service(run)
+                count += 1
+            except ValidationError as exc:
+                self.message_user(request, f"run {run.pk} ({run.name}): {' '.join(exc.messages)}", messages.WARNING)
+        if count:
+            self.message_user(request, f"{count} run(s) {done}", messages.SUCCESS)
 
 
 @admin.register(models.Checkpoint)

@@ -1,66 +1,18 @@
-"""Launching, watching and stopping runs. The database and the run folder hold all state; any worker can pick up
-where another stopped, and every step is safe to repeat."""
-import json
-import time
+"""Watching and stopping runs (launching is in workers.launching). The database and the run folder hold all state;
+any worker can pick up where another stopped, and every step is safe to repeat."""
 from datetime import timedelta
 from pathlib import Path
 
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.contract.runfolder import CHECKPOINTS, LAUNCH, MANIFEST, SPEC, write_json_atomic
-from trainer.contract import SpecError
+from trainer.contract.records import Event
 from webapp import services
 from webapp.models import Run, RunStatus
 from webapp.services.ingest import run_ingest
 from webapp.services.runs import LAUNCH_TASK
 
-from .launchers import LaunchError, launcher_for
-from .launchers.local import trainer_command
-
-
-
-def _has_checkpoint(run_dir: Path) -> bool:
-    return any((run_dir / CHECKPOINTS).glob(f"step-*/{MANIFEST}"))
-
-
-def _write_spec_once(run_dir: Path, spec_json: str) -> None:
-    """spec.json is written once before the first launch; later attempts must find the same spec."""
-    path = run_dir / SPEC
-    if path.exists():
-        if json.loads(path.read_text()) != json.loads(spec_json):
-            raise LaunchError(f"{path} holds a different spec; a run's spec never changes after its first launch")
-        return
-    write_json_atomic(path, json.loads(spec_json))
-
-
-def run_launch(run_id: int) -> str:
-    """queued → submitted: write the run folder's spec, start the job, record how. Other statuses: nothing."""
-    with transaction.atomic():
-        run = Run.objects.select_for_update().select_related("cluster").get(pk=run_id)
-        if run.status != RunStatus.QUEUED:
-            return f"skipped: run is {run.status}"
-        try:
-            spec = services.run_spec(run)
-            run_dir = Path(spec.output_dir)
-            run_dir.mkdir(parents=True, exist_ok=True)
-            _write_spec_once(run_dir, spec.to_json())
-            resume = _has_checkpoint(run_dir)
-            job_id = launcher_for(run.cluster.kind).start(run_dir, spec.plan.world_size, resume,
-                                                          run.cluster.env_setup)
-        except (SpecError, LaunchError, OSError) as exc:
-            run.transition(RunStatus.FAILED, f"could not launch: {exc}")
-            run.save()
-            return "failed"
-        run.attempts += 1
-        run.job_id = job_id
-        run.ingest_state = {**run.ingest_state, "job_ended": False}
-        run.transition(RunStatus.SUBMITTED, f"attempt {run.attempts} started" + (" from a checkpoint" if resume else ""))
-        run.save()
-        write_json_atomic(run_dir / LAUNCH, {
-            "backend": run.cluster.kind, "job_id": job_id, "attempt": run.attempts, "resume": resume,
-            "command": trainer_command(run_dir, spec.plan.world_size, resume), "time": time.time()})
-        return "submitted"
+from .launchers import launcher_for
 
 
 def run_stop(run_id: int) -> None:
@@ -86,7 +38,7 @@ def run_reconcile(run_id: int) -> Run:
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
             if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
-                if run.ingest_state.get("last_event") == "stopped":
+                if run.ingest_state.get("last_event") == Event.STOPPED:
                     run.transition(RunStatus.QUEUED, "stopped by a signal; resuming from its checkpoint")
                 else:
                     run.transition(RunStatus.FAILED, f"attempt {run.attempts}: the job ended (exit code "

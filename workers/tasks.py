@@ -7,7 +7,7 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
-from . import runs, tuning
+from . import launching, runs, tuning
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def health() -> dict:
 
 @shared_task(name="workbench.runs.launch")
 def launch(run_id: int) -> str:
-    return runs.run_launch(run_id)
+    return launching.run_launch(run_id)
 
 
 @shared_task(name="workbench.runs.stop")

@@ -3,7 +3,7 @@ import pytest
 from django.urls import reverse
 
 from trainer.contract import presets
-from webapp import models
+from webapp import models, services
 
 ADMIN_MODELS = ["modelconfig", "parallelismplan", "cluster", "dataset", "run", "metric", "checkpoint", "profile",
                 "tritonserver", "deployment", "prompttemplate", "tunejob"]
@@ -52,3 +52,68 @@ def test_it_keeps_clusters_to_staff_with_the_permission(client, django_user_mode
     assert client.get(reverse("admin:workbench_cluster_change", args=[cluster8.pk])).status_code == 403
     spec = presets.cluster().to_dict()
     assert client.post(reverse("admin:workbench_cluster_add"), {"name": "x", "spec": spec}).status_code == 403
+
+
+INLINE_MANAGEMENT = {"metrics-TOTAL_FORMS": 0, "metrics-INITIAL_FORMS": 0}
+
+
+def _run(owner, plan, dataset, status=None, **fields):
+    run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=10)
+    for to in status or ():
+        run.transition(to)
+    models.Run.objects.filter(pk=run.pk).update(status=run.status, **fields)
+    return models.Run.objects.get(pk=run.pk)
+
+
+def test_it_keeps_a_runs_state_and_spec_out_of_reach_of_the_change_form(admin_client_logged_in, alice, plan222,
+                                                                        corpus):
+    run = _run(alice, plan222, corpus)
+    page = admin_client_logged_in.get(reverse("admin:workbench_run_change", args=[run.pk]))
+    assert page.status_code == 200 and b"output_dir" in page.content and b'name="status"' not in page.content
+    form = {"name": "renamed", "owner": alice.pk, "shared": "on", "max_attempts": 3, "status": "failed",
+            "attempts": 7, "job_id": "4242:1", "steps": 1, "plan": plan222.pk, **INLINE_MANAGEMENT}
+    page = admin_client_logged_in.post(reverse("admin:workbench_run_change", args=[run.pk]), form)
+    assert page.status_code == 302
+    after = models.Run.objects.get(pk=run.pk)
+    assert after.name == "renamed" and after.shared  # the form was taken, except for what it may not change
+    assert (after.status, after.attempts, after.job_id, after.steps, after.spec) == ("draft", 0, "", 10, run.spec)
+
+
+def test_it_cancels_runs_through_the_service_and_says_which_it_could_not(
+        admin_client_logged_in, alice, plan222, corpus, django_capture_on_commit_callbacks):
+    running = _run(alice, plan222, corpus, status=["queued", "submitted"], job_id="4242:1", attempts=1)
+    done = _run(alice, plan222, corpus, status=["queued", "submitted", "completed"])
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        page = admin_client_logged_in.post(reverse("admin:workbench_run_changelist"), {
+            "action": "cancel", "_selected_action": [running.pk, done.pk]}, follow=True)
+    assert page.status_code == 200
+    running.refresh_from_db()
+    assert running.status == "cancelled" and running.finished_at and running.status_message.endswith("in the admin")
+    assert len(callbacks) == 1  # run_cancel sends the stop task for the job it cancelled
+    assert models.Run.objects.get(pk=done.pk).status == "completed"
+    assert f"run {done.pk} (r): run {done.pk} is already completed" in page.content.decode().lower()
+
+
+def test_it_queues_a_failed_run_again_through_the_service(admin_client_logged_in, alice, plan222, corpus,
+                                                        django_capture_on_commit_callbacks):
+    failed = _run(alice, plan222, corpus, status=["queued", "failed"], attempts=1)
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        admin_client_logged_in.post(reverse("admin:workbench_run_changelist"), {
+            "action": "queue", "_selected_action": [failed.pk]})
+    failed.refresh_from_db()
+    assert failed.status == "queued" and failed.queued_at and len(callbacks) == 1  # the launch task, on commit
+
+
+def test_it_creates_a_run_through_run_create_and_refuses_what_it_refuses(admin_client_logged_in, alice, plan222,
+                                                                         corpus):
+    form = {"name": "from-admin", "owner": alice.pk, "plan": plan222.pk, "dataset": corpus.pk, "steps": 0,
+            "seed": 1, "checkpoint_every": 0, "eval_every": 0, "optimizer": "{}", "profile": "null",
+            "max_attempts": 3, **INLINE_MANAGEMENT}
+    page = admin_client_logged_in.post(reverse("admin:workbench_run_add"), form)
+    assert page.status_code == 200 and b"steps: steps=0 must be positive" in page.content
+    assert not models.Run.objects.exists()
+    page = admin_client_logged_in.post(reverse("admin:workbench_run_add"), {**form, "steps": 5})
+    assert page.status_code == 302
+    run = models.Run.objects.get()
+    assert run.model_config == plan222.model_config and run.spec["steps"] == 5
+    assert run.spec["output_dir"] == run.run_dir and run.run_dir.endswith(f"/{run.pk}")

@@ -95,3 +95,16 @@ def test_it_launches_a_draft_once(alice, api, plan222, corpus, test_broker, djan
     again = api(alice).post(f"/api/runs/{run_id}/launch/")
     assert again.status_code == 400 and "a queued run cannot become queued" in again.data["non_field_errors"][0]
     assert len(_queued_tasks(test_broker)) == 1
+
+
+def test_it_stores_the_checked_spec_and_keeps_it_when_the_plan_changes_later(alice, api, plan222, corpus):
+    client = api(alice)
+    created = _create(client, plan222, corpus, spec={"steps": 1}).data
+    assert created["spec"]["output_dir"] == created["run_dir"] and created["spec"]["steps"] == 10  # not writable
+    assert created["spec"]["plan"]["global_batch"] == 16 and created["spec"]["dataset"]["path"] == corpus.path
+    edited = client.patch(f"/api/plans/{plan222.id}/", {"spec": {**plan222.spec, "global_batch": 32}},
+                          format="json")
+    assert edited.status_code == 200, edited.data
+    run = client.get(f"/api/runs/{created['id']}/").data
+    assert run["spec"] == created["spec"]
+    assert models.Run.objects.get(pk=created["id"]).run_spec().plan.global_batch == 16

@@ -7,11 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import User
 
-from trainer.contract.presets import DEMO_TEXT
-from trainer.contract import presets
-from trainer.contract import ParallelPlan
+from trainer.contract.records import LaunchRecord
 from webapp import models, services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -24,23 +21,6 @@ def broker(worker, redis_url, settings):
     tasks._client.cache_clear()
     yield worker[0]
     tasks._client.cache_clear()
-
-
-@pytest.fixture
-def tiny_run_parts(tmp_path, settings):
-    owner = User.objects.create_user("runner")
-    text = DEMO_TEXT.read_text()[:120_000]
-    corpus = tmp_path / "data" / "shakespeare.txt"
-    corpus.parent.mkdir()
-    corpus.write_text(text)
-    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [corpus.parent], "RUNS_ROOT": tmp_path / "runs"}
-    cluster = models.Cluster.objects.create(name="local-1", spec=presets.local_cpu_cluster(1).to_dict())
-    model = models.ModelConfig.objects.create(owner=owner, name="tiny", spec=presets.MODELS["tiny"].replace(
-        n_layers=2).to_dict())
-    plan = models.ParallelismPlan.objects.create(owner=owner, name="one", model_config=model, cluster=cluster,
-                                                 spec=ParallelPlan(micro_batch=2, global_batch=4).to_dict())
-    dataset = models.Dataset.objects.create(owner=owner, name="shakespeare", path=str(corpus))
-    return owner, plan, dataset
 
 
 def _reconcile_until(broker, run_id, done, timeout=180):
@@ -65,8 +45,9 @@ def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, 
     assert run.status == "completed", run.status_message
     assert run.attempts == 1 and run.last_step == 6 and run.started_at and run.finished_at
     folder = Path(run.run_dir)
-    assert json.loads((folder / "spec.json").read_text()) == services.run_spec(run).to_dict()
-    assert json.loads((folder / "launch.json").read_text())["job_id"] == run.job_id
+    assert json.loads((folder / "spec.json").read_text()) == run.spec
+    launch = LaunchRecord.read(folder)
+    assert launch.job_id == run.job_id and launch.attempt == 1 and not launch.resume
     train = list(run.metrics.filter(kind="train").order_by("step").values_list("step", flat=True))
     assert train == [1, 2, 3, 4, 5, 6]
     assert run.metrics.filter(kind="val").count() == 2

@@ -8,14 +8,16 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 from trainer.contract import SpecError
 
+from ..spec_errors import spec_field_errors
+from .specfields import api_field
+
 
 def exception_handler(exc, context):
     if isinstance(exc, DjangoValidationError):
         detail = exc.message_dict if hasattr(exc, "error_dict") else {"non_field_errors": exc.messages}
         return Response(detail, status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, SpecError):
-        return Response({k or "non_field_errors": v for k, v in exc.errors.items()},
-                        status=status.HTTP_400_BAD_REQUEST)
+        return Response(spec_field_errors(exc, api_field), status=status.HTTP_400_BAD_REQUEST)
     if isinstance(exc, ProtectedError):
         users = sorted({f"{o._meta.verbose_name} {o.pk}" for o in exc.protected_objects})[:10]
         return Response({"detail": "still in use by " + ", ".join(users) + "; delete or change those first"},

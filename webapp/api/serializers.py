@@ -3,10 +3,12 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from rest_framework import serializers
 
 from trainer.contract import presets
-from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, SpecError, check_plan
+from trainer.contract import (ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec, SpecError,
+                              check_plan)
 
 from .. import models, services
-from .specfields import spec_error_detail, spec_field
+from ..spec_errors import spec_field_errors
+from .specfields import api_field, spec_field
 
 
 def _django_errors(exc: DjangoValidationError) -> serializers.ValidationError:
@@ -112,7 +114,7 @@ class ParallelismPlanSerializer(OwnedSerializer):
         plan = ParallelPlan.from_dict(attrs.get("spec") or self.instance.spec)
         problems = check_plan(model_config.model_spec(), plan, cluster.cluster_spec())
         if problems:
-            raise serializers.ValidationError({"spec": spec_error_detail(SpecError(problems))})
+            raise serializers.ValidationError({"spec": spec_field_errors(SpecError(problems), api_field)})
         return attrs
 
 
@@ -143,13 +145,15 @@ class RunSerializer(OwnedSerializer):
     dataset = VisibleRelatedField(queryset=models.Dataset.objects.all())
     optimizer = spec_field(OptimizerSpec)(required=False)
     profile = spec_field(ProfileSpec)(required=False, allow_null=True)
+    spec = spec_field(RunSpec)(read_only=True, help_text="What every attempt launches with: checked and fixed when "
+                                                         "the run is created")
     launch = serializers.BooleanField(write_only=True, default=False,
                                       help_text="Queue the run for launch right away instead of keeping a draft")
 
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
-                  "eval_every", "optimizer", "profile", "launch", "shared", "owner", "status", "attempts",
+                  "eval_every", "optimizer", "profile", "spec", "launch", "shared", "owner", "status", "attempts",
                   "max_attempts", "run_dir", "job_id", "status_message", "last_step", "created_at", "queued_at",
                   "started_at", "finished_at"]
         read_only_fields = ["status", "attempts", "run_dir", "job_id", "status_message", "last_step", "created_at",

@@ -10,9 +10,12 @@ from typing import Any, Literal, Union
 
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from trainer.contract import SpecError
 from trainer.contract.specjson import SCHEMA_VERSION
+
+from ..spec_errors import spec_field_errors
 
 
 def json_schema(tp: Any) -> dict:
@@ -47,8 +50,9 @@ def json_schema(tp: Any) -> dict:
             str: {"type": "string"}}[tp]
 
 
-def spec_error_detail(exc: SpecError) -> dict[str, list[str]]:
-    return {path or "non_field_errors": messages for path, messages in exc.errors.items()}
+def api_field(path: str) -> str:
+    """Where the API answers a contract error's path: a key of its own, the whole object's under the non-field key."""
+    return path or api_settings.NON_FIELD_ERRORS_KEY
 
 
 class SpecField(serializers.JSONField):
@@ -61,7 +65,7 @@ class SpecField(serializers.JSONField):
         try:
             return self.spec_class.from_dict(data).to_dict()
         except SpecError as exc:
-            raise serializers.ValidationError(spec_error_detail(exc)) from None
+            raise serializers.ValidationError(spec_field_errors(exc, api_field)) from None
 
 
 def spec_field(spec_class: type) -> type[SpecField]:

@@ -6,18 +6,18 @@ planner and the trainer agree on one definition.
 from pathlib import Path
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 
 from trainer.contract import ClusterSpec, DatasetSpec, ModelSpec, ParallelPlan, SpecError, check_plan
 
+from ..spec_errors import spec_field_errors
 from .ownership import Owned
 
 
-def spec_validation_error(exc: SpecError, field: str) -> ValidationError:
-    """A contract error as a Django error on ``field``, keeping the contract's dotted paths in the messages."""
-    return ValidationError({field: [f"{path}: {m}" if path else m
-                                    for path, messages in exc.errors.items() for m in messages]})
+def _on_spec(exc: SpecError) -> dict[str, list[str]]:
+    """A contract error on a model's one ``spec`` field, its messages keeping the contract's dotted paths."""
+    return spec_field_errors(exc, lambda path: "spec", with_path=True)
 
 
 class ModelConfig(Owned):
@@ -39,7 +39,7 @@ class ModelConfig(Owned):
         try:
             self.spec = self.model_spec().to_dict()
         except SpecError as exc:
-            raise spec_validation_error(exc, "spec") from None
+            raise ValidationError(_on_spec(exc)) from None
 
 
 class Cluster(models.Model):
@@ -76,7 +76,7 @@ class Cluster(models.Model):
         try:
             self.spec = self.cluster_spec().to_dict()
         except SpecError as exc:
-            errors.update(spec_validation_error(exc, "spec").message_dict)
+            errors.update(_on_spec(exc))
         if self.time_limit and not _is_slurm_time(self.time_limit):
             errors["time_limit"] = [f"{self.time_limit!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS"]
         if self.kind == self.Kind.LOCAL and any((self.partition, self.account, self.qos)):
@@ -114,12 +114,12 @@ class ParallelismPlan(Owned):
         try:
             plan = self.plan_spec()
         except SpecError as exc:
-            raise spec_validation_error(exc, "spec") from None
+            raise ValidationError(_on_spec(exc)) from None
         self.spec = plan.to_dict()
         if self.model_config_id and self.cluster_id:
             problems = check_plan(self.model_config.model_spec(), plan, self.cluster.cluster_spec())
             if problems:
-                raise spec_validation_error(SpecError(problems), "spec")
+                raise ValidationError(_on_spec(SpecError(problems)))
 
 
 class Dataset(Owned):
@@ -143,7 +143,7 @@ class Dataset(Owned):
         try:
             self.dataset_spec().validate()
         except SpecError as exc:
-            raise ValidationError(exc.errors) from None
+            raise ValidationError(spec_field_errors(exc, lambda path: path or NON_FIELD_ERRORS)) from None
         roots = settings.WORKBENCH["DATA_ROOTS"]
         resolved = Path(self.path).resolve()
         if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):

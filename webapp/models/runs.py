@@ -3,6 +3,8 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
+from trainer.contract import RunSpec, SpecError
+
 from .configs import Cluster, Dataset, ModelConfig, ParallelismPlan
 from .ownership import Owned
 
@@ -46,6 +48,10 @@ class Run(Owned):
     eval_every = models.PositiveIntegerField(default=0)
     optimizer = models.JSONField(default=dict, blank=True, help_text="trainer.contract.OptimizerSpec as JSON")
     profile = models.JSONField(null=True, blank=True, help_text="trainer.contract.ProfileSpec as JSON, or empty")
+    # Checked and stored when the run is created; every attempt launches with it, so editing the plan, model,
+    # cluster or dataset later never changes a run that exists.
+    spec = models.JSONField(null=True, blank=True, editable=False,
+                            help_text="trainer.contract.RunSpec as JSON: what every attempt launches with")
 
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.DRAFT, db_index=True)
     attempts = models.PositiveIntegerField(default=0)
@@ -57,6 +63,8 @@ class Run(Owned):
     ingest_state = models.JSONField(default=dict, blank=True, editable=False,
                                     help_text="How far the run folder's files have been read")
     queued_at = models.DateTimeField(null=True, blank=True)
+    launching_since = models.DateTimeField(null=True, blank=True, editable=False,
+                                           help_text="When a worker claimed the run to start its job; empty otherwise")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -66,6 +74,12 @@ class Run(Owned):
 
     def __str__(self):
         return f"{self.name} ({self.status})"
+
+    def run_spec(self) -> RunSpec:
+        if self.spec is None:
+            raise SpecError.single("", f"run {self.pk} has no stored spec (it predates stored specs and its parts "
+                                       "no longer make a valid one); create the run again")
+        return RunSpec.from_dict(self.spec)
 
     @property
     def is_finished(self) -> bool:

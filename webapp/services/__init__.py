@@ -1,6 +1,7 @@
 """Business operations named <entity>_<verb>; views and admin call these instead of touching models directly."""
-from .runs import run_cancel, run_create, run_queue, run_spec
+from .runs import run_cancel, run_check, run_create, run_queue
 from .tasks import enqueue
 from .tuning import tune_job_create, tune_job_finish, tune_job_progress, tune_job_start
 
-__all__ = ["run_cancel", "run_create", "run_queue", "run_spec", "enqueue", "tune_job_create", "tune_job_finish", "tune_job_progress", "tune_job_start"]
+__all__ = ["run_cancel", "run_check", "run_create", "run_queue", "enqueue", "tune_job_create", "tune_job_finish",
+           "tune_job_progress", "tune_job_start"]

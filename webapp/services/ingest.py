@@ -5,7 +5,9 @@ from pathlib import Path
 
 from django.db import transaction
 
-from trainer.contract.runfolder import EVENTS, MANIFEST, METRICS, read_json, read_jsonl
+from trainer.contract.manifest import read_manifest
+from trainer.contract.records import Event, is_eval_row, is_step_row
+from trainer.contract.runfolder import EVENTS, METRICS, read_json, read_jsonl
 
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
 
@@ -17,25 +19,26 @@ def _folder_size(folder: Path) -> int:
 def _metric_rows(run: Run, records: list[dict]) -> list[Metric]:
     rows = []
     for record in records:
-        step = record.get("step")
-        if not isinstance(step, int) or step < 0:
+        if is_eval_row(record):
+            kind, loss = "val", record["val_loss"]
+        elif is_step_row(record):
+            kind, loss = "train", record["loss"]
+        else:
             continue
-        if "val_loss" in record:
-            rows.append(Metric(run=run, kind="val", step=step, loss=record["val_loss"], values=record))
-        elif "loss" in record:
-            rows.append(Metric(run=run, kind="train", step=step, loss=record["loss"], values=record))
+        if record["step"] >= 0:  # a damaged line may say anything; steps are stored unsigned
+            rows.append(Metric(run=run, kind=kind, step=record["step"], loss=loss, values=record))
     return rows
 
 
 def checkpoint_register(run: Run, event: dict) -> Checkpoint | None:
     folder = Path(run.run_dir) / event.get("path", "")
-    manifest = read_json(folder / MANIFEST)
+    manifest = read_manifest(folder)
     if manifest is None:
         return None  # pruned since, or not complete: never registered
     checkpoint, _ = Checkpoint.objects.update_or_create(
-        run=run, step=manifest.get("step", event.get("step", 0)),
-        defaults={"path": str(folder), "manifest": manifest, "size_bytes": _folder_size(folder),
-                  "tokens_seen": manifest.get("tokens_seen", event.get("tokens_seen", 0))})
+        run=run, step=manifest.step,
+        defaults={"path": str(folder), "manifest": manifest.to_dict(), "size_bytes": _folder_size(folder),
+                  "tokens_seen": manifest.tokens_seen})
     return checkpoint
 
 
@@ -49,15 +52,15 @@ def profile_register(run: Run, event: dict) -> Profile:
 
 def _apply_event(run: Run, event: dict) -> None:
     kind = event.get("event")
-    if kind == "started" and run.status == RunStatus.SUBMITTED:
+    if kind == Event.STARTED and run.status == RunStatus.SUBMITTED:
         run.transition(RunStatus.RUNNING)
-    elif kind == "checkpoint_saved":
+    elif kind == Event.CHECKPOINT_SAVED:
         checkpoint_register(run, event)
-    elif kind == "profile_written":
+    elif kind == Event.PROFILE_WRITTEN:
         profile_register(run, event)
-    elif kind == "finished" and run.can_transition(RunStatus.COMPLETED):
+    elif kind == Event.FINISHED and run.can_transition(RunStatus.COMPLETED):
         run.transition(RunStatus.COMPLETED, f"finished at step {event.get('step')}")
-    elif kind == "failed" and run.can_transition(RunStatus.FAILED):
+    elif kind == Event.FAILED and run.can_transition(RunStatus.FAILED):
         run.transition(RunStatus.FAILED, f"attempt {run.attempts} failed: {event.get('error', 'unknown error')}")
 
 
@@ -75,14 +78,14 @@ def run_ingest(run_id: int) -> Run:
         metrics.append(record)
     Metric.objects.bulk_create(_metric_rows(run, metrics), ignore_conflicts=True)
     state["metrics_offset"] = offset
-    train_steps = [r["step"] for r in metrics if "loss" in r and isinstance(r.get("step"), int)]
+    train_steps = [r["step"] for r in metrics if is_step_row(r)]
     if train_steps:
         run.last_step = max(run.last_step, *train_steps)
 
     offset = state.get("events_offset", 0)
     for offset, event in read_jsonl(folder / EVENTS, offset):
         _apply_event(run, event)
-        if event.get("event") in ("started", "finished", "failed", "stopped"):
+        if event.get("event") in Event.MILESTONES:
             state["last_event"] = event["event"]
     state["events_offset"] = offset
 

@@ -1,57 +1,79 @@
-"""Creating, queueing and cancelling runs; the RunSpec a run is launched with."""
+"""Creating, queueing and cancelling runs; the RunSpec a run is made of and launched with."""
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from trainer.contract import OptimizerSpec, ProfileSpec, RunSpec, SpecError
+from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec, SpecError
 
 from ..models import Run, RunStatus
+from ..spec_errors import spec_field_errors
 from .tasks import enqueue
 
 LAUNCH_TASK = "workbench.runs.launch"
 STOP_TASK = "workbench.runs.stop"
 
 
+def runs_root(cluster) -> Path:
+    return Path(cluster.runs_root) if cluster.runs_root else Path(settings.WORKBENCH["RUNS_ROOT"])
+
+
 def run_folder(run: Run) -> Path:
-    root = Path(run.cluster.runs_root) if run.cluster.runs_root else Path(settings.WORKBENCH["RUNS_ROOT"])
-    return root / str(run.pk)
+    return runs_root(run.cluster) / str(run.pk)
 
 
-def run_spec(run: Run) -> RunSpec:
-    """The whole contract for ``run``, checked: every part and the plan against its model and cluster."""
-    return RunSpec(
-        name=run.name,
-        model=run.model_config.model_spec(),
-        plan=run.plan.plan_spec(),
-        cluster=run.cluster.cluster_spec(),
-        dataset=run.dataset.dataset_spec(),
-        output_dir=run.run_dir or str(run_folder(run)),
-        steps=run.steps,
-        seed=run.seed,
-        checkpoint_every=run.checkpoint_every,
-        eval_every=run.eval_every,
-        optimizer=OptimizerSpec.from_dict(run.optimizer or {}),
-        profile=ProfileSpec.from_dict(run.profile) if run.profile else None,
-    ).validate()
+def _part(prefix: str, spec_class, data: dict):
+    """One part of a run's spec from its JSON, its errors under the part's name as RunSpec would name them."""
+    try:
+        return spec_class.from_dict(data)
+    except SpecError as exc:
+        raise exc.prefixed(prefix) from None
+
+
+def _run_part(path: str) -> str:
+    """A run's spec error lands on the part its path starts with (plan.tp → plan)."""
+    return path.split(".")[0] or "plan"
+
+
+def run_check(run: Run) -> RunSpec:
+    """The RunSpec ``run`` is made of, checked: every part, and the plan against its model and cluster.
+
+    Raises ValidationError on the part each problem is in. A run not yet saved has no folder (it is named after
+    the id), so its runs root stands in for the output folder, which is checked only for being given.
+    """
+    try:
+        return RunSpec(
+            name=run.name,
+            model=_part("model", ModelSpec, run.model_config.spec),
+            plan=_part("plan", ParallelPlan, run.plan.spec),
+            cluster=_part("cluster", ClusterSpec, run.cluster.spec),
+            dataset=run.dataset.dataset_spec(),
+            output_dir=run.run_dir or str(runs_root(run.cluster)),
+            steps=run.steps,
+            seed=run.seed,
+            checkpoint_every=run.checkpoint_every,
+            eval_every=run.eval_every,
+            optimizer=_part("optimizer", OptimizerSpec, run.optimizer or {}),
+            profile=_part("profile", ProfileSpec, run.profile) if run.profile else None,
+        ).validate()
+    except SpecError as exc:
+        raise ValidationError(spec_field_errors(exc, _run_part, with_path=True)) from None
 
 
 @transaction.atomic
 def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
-    """Create a draft run of ``plan`` on ``dataset`` (model and cluster come from the plan); queue it if asked."""
+    """Create a draft run of ``plan`` on ``dataset`` (model and cluster come from the plan); queue it if asked.
+
+    The checked RunSpec is stored on the run: every attempt launches with it, whatever happens to its parts later.
+    """
     run = Run(owner=owner, plan=plan, model_config=plan.model_config, cluster=plan.cluster, dataset=dataset, **fields)
-    run.full_clean(exclude=["run_dir"])
-    try:
-        run_spec(run)
-    except SpecError as exc:
-        errors: dict[str, list[str]] = {}
-        for path, messages in exc.errors.items():
-            errors.setdefault(path.split(".")[0] or "plan", []).extend(f"{path}: {m}" for m in messages)
-        raise ValidationError(errors) from None
+    run.full_clean(exclude=["run_dir", "spec"])
+    spec = run_check(run)
     run.save()
     run.run_dir = str(run_folder(run))
-    run.save(update_fields=["run_dir"])
+    run.spec = spec.replace(output_dir=run.run_dir).to_dict()
+    run.save(update_fields=["run_dir", "spec"])
     if launch:
         run = run_queue(run)
     return run

@@ -1,5 +1,5 @@
 """How a run's processes are started, watched and stopped: one launcher per cluster kind."""
-from .base import JobState, LaunchError, Launcher
+from .base import JobState, LaunchError, Launcher, StartedJob
 from .local import LocalLauncher
 
 
@@ -9,4 +9,4 @@ def launcher_for(kind: str) -> Launcher:
     raise LaunchError(f"no launcher for clusters of kind {kind!r} yet; use a local cluster")
 
 
-__all__ = ["JobState", "LaunchError", "Launcher", "LocalLauncher", "launcher_for"]
+__all__ = ["JobState", "LaunchError", "Launcher", "LocalLauncher", "StartedJob", "launcher_for"]

@@ -13,9 +13,19 @@ class JobState:
     exit_code: int | None = None  # known once the job has ended and its supervisor recorded it
 
 
+@dataclass(frozen=True)
+class StartedJob:
+    job_id: str
+    command: list[str]  # what the job runs, exactly as started: launch.json records this list
+
+
 class Launcher(Protocol):
-    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: str = "") -> str:
-        """Start the trainer for the spec.json in ``run_dir``; return a job id."""
+    # The longest a start may take before it gives up; a launch claimed longer ago than this (and a margin)
+    # belongs to a worker that died while starting.
+    start_timeout_s: float
+
+    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: str = "") -> StartedJob:
+        """Start the trainer for the spec.json in ``run_dir``."""
 
     def poll(self, run_dir: Path, job_id: str) -> JobState: ...
 

@@ -5,18 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from trainer.contract.command import trainer_command
 from trainer.contract.runfolder import SPEC, read_json
 
-from .base import JobState, LaunchError
+from .base import JobState, LaunchError, StartedJob
 from .supervise import EXIT_FILE
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def trainer_command(run_dir: Path, nproc: int, resume: bool) -> list[str]:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "trainer", "--spec", str(run_dir / SPEC)]
-    return command + (["--resume"] if resume else [])
 
 
 def _start_time(pid: int) -> str | None:
@@ -32,7 +27,9 @@ def _start_time(pid: int) -> str | None:
 class LocalLauncher:
     """Job ids are ``<pid>:<start time>`` so that a recycled pid is never mistaken for the job."""
 
-    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: str = "") -> str:
+    start_timeout_s = 60.0  # the supervisor forks and returns at once; a minute means this machine is stuck
+
+    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: str = "") -> StartedJob:
         if env_setup.strip():
             raise LaunchError("environment setup lines apply to Slurm clusters; clear them on a local cluster")
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -40,14 +37,19 @@ class LocalLauncher:
                "PYTHONUNBUFFERED": "1"}
         env.pop("DJANGO_SETTINGS_MODULE", None)
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
-        spawn = subprocess.run([sys.executable, "-m", "workers.launchers.supervise", str(run_dir), "--",
-                                *trainer_command(run_dir, nproc, resume)],
-                               cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+        command = trainer_command(["--spec", str(run_dir / SPEC), *(["--resume"] if resume else [])],
+                                  nproc_per_node=nproc)
+        try:
+            spawn = subprocess.run([sys.executable, "-m", "workers.launchers.supervise", str(run_dir), "--", *command],
+                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=self.start_timeout_s)
+        except subprocess.TimeoutExpired:
+            raise LaunchError(f"the local job's supervisor did not answer within {self.start_timeout_s:.0f} s") \
+                from None
         if spawn.returncode != 0 or not spawn.stdout.strip().isdigit():
             raise LaunchError(f"could not start the local job: {spawn.stderr.strip() or spawn.stdout.strip()}")
         pid = int(spawn.stdout.strip())
         started = _start_time(pid)
-        return f"{pid}:{started}" if started else f"{pid}:gone"
+        return StartedJob(job_id=f"{pid}:{started}" if started else f"{pid}:gone", command=command)
 
     def poll(self, run_dir: Path, job_id: str) -> JobState:
         pid, _, started = job_id.partition(":")
