@@ -60,15 +60,13 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     sampler = BatchSampler(train_tokens, spec.model.seq_len, plan.micro_batch, plan.grad_accum,
                            dp_rank=engine.dp_rank, dp_size=plan.dp, seed=spec.seed)
 
-    step, tokens_seen, resumed = 0, 0, None
-    if resume:
-        folder = latest_checkpoint(run_dir, engine.checkpoint_format)
-        if folder is not None:
-            resumed = engine.load(folder)
-            step, tokens_seen = resumed.step, resumed.tokens_seen
-            files.log(f"resumed from {folder} at step {step}")
-        else:
-            files.log("--resume given but no complete checkpoint found: starting from step 0")
+    folder = latest_checkpoint(run_dir, engine.checkpoint_format) if resume else None
+    if resume and folder is None:
+        files.log("--resume given but no complete checkpoint found: starting from step 0")
+    resumed = engine.load(folder) if folder is not None else None
+    step, tokens_seen = (resumed.step, resumed.tokens_seen) if resumed else (0, 0)
+    if resumed:
+        files.log(f"resumed from {folder} at step {step}")
     if resumed is None or not resumed.same_layout(plan):
         engine.seed(step)
     started, layout = engine.describe()
