@@ -38,7 +38,7 @@ def _truths(model, clu, pool, scenario, seed):
 @pytest.mark.parametrize("scenario", ["noise", "structured"])
 def test_it_picks_within_5_percent_measuring_at_most_a_third(model, nodes, batch, scenario):
     spec, clu = MODELS[model], cluster("A100-SXM-80GB", nodes)
-    ranked, _, _ = rank_plans(spec, clu, batch)
+    ranked = rank_plans(spec, clu, batch).ranked
     pool = ranked[:30]
     features = trial_features(spec, clu, None, [c.plan for c in pool])
     hits = 0
@@ -54,7 +54,7 @@ def test_it_runs_trials_from_tune_with_progress_on_a_twelve_plan_grid():
     spec, clu = MODELS["gpt2-xl"], cluster("A100-SXM-80GB", 1)
     events = []
     calls = []
-    pool = rank_plans(spec, clu, 32)[0][:12]
+    pool = rank_plans(spec, clu, 32).ranked[:12]
     truth = _truths(spec, clu, pool, "noise", 7)
 
     def measure(plan):
@@ -73,6 +73,6 @@ def test_it_runs_trials_from_tune_with_progress_on_a_twelve_plan_grid():
 
 def test_it_refuses_a_measure_that_returns_nonsense():
     spec, clu = MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 1)
-    pool = rank_plans(spec, clu, 32)[0][:6]
+    pool = rank_plans(spec, clu, 32).ranked[:6]
     with pytest.raises(ValueError, match="positive step time"):
         run_trials(pool, lambda plan: -1.0)

@@ -35,6 +35,7 @@ from typing import Callable
 
 from trainer.contract.presets import DEMO_TEXT, MODELS, local_cpu_cluster
 from trainer.contract import DatasetSpec, ParallelPlan
+from trainer.planner.estimate.calibrate import TimeFeatures
 from trainer.planner.tune.measure import LocalTrials, plan_label
 from trainer.planner.tune.search import Candidate, rank_plans, trial_features
 from trainer.planner.tune.space import SearchSpace
@@ -70,24 +71,29 @@ def grid_plans() -> list[ParallelPlan]:
     return [ParallelPlan(**_NATIVE, **fields) for fields in GRID]
 
 
-def estimated_grid(model, plans: list[ParallelPlan]) -> tuple[list[Candidate], list[tuple[float, float]]]:
-    """The grid's Candidates, fastest estimate first, and their (compute, communication) features.
+@dataclass
+class EstimatedGrid:
+    pool: list[Candidate]             # fastest estimate first
+    features: list[TimeFeatures]      # the same plans' compute and communication seconds, for trial mode's refit
+
+
+def estimated_grid(model, plans: list[ParallelPlan]) -> EstimatedGrid:
+    """The grid's Candidates and trial features.
 
     Estimates come from the tuner's enumeration on each world size's cluster, so a plan the rules reject would be
     missing here and is reported rather than measured."""
     space = SearchSpace(precisions=("fp32",), engines=("native",), max_virtual_stages=4)
-    by_plan: dict[ParallelPlan, tuple[Candidate, tuple[float, float]]] = {}
+    by_plan: dict[ParallelPlan, tuple[Candidate, TimeFeatures]] = {}
     for world in sorted({p.world_size for p in plans}):
         clu = local_cpu_cluster(world)
-        ranked, _, _ = rank_plans(model, clu, GLOBAL_BATCH, space)
-        wanted = [c for c in ranked if c.plan in set(plans)]
+        wanted = [c for c in rank_plans(model, clu, GLOBAL_BATCH, space).ranked if c.plan in set(plans)]
         for c, f in zip(wanted, trial_features(model, clu, None, [c.plan for c in wanted])):
             by_plan[c.plan] = (c, f)
     missing = [plan_label(p) for p in plans if p not in by_plan]
     if missing:
         raise ValueError(f"not valid (or do not fit) for the tuner: {missing}")
     order = sorted(plans, key=lambda p: by_plan[p][0].step_time_s)
-    return [by_plan[p][0] for p in order], [by_plan[p][1] for p in order]
+    return EstimatedGrid([by_plan[p][0] for p in order], [by_plan[p][1] for p in order])
 
 
 @dataclass
@@ -123,7 +129,8 @@ def run(root: Path, steps: int = 20, warmup: int = 5, remeasure: bool = False,
         replay: dict[str, float] | None = None, progress: Callable[[str], None] = print) -> BenchResult:
     model = MODELS["tiny"]
     started, load_before = time.perf_counter(), os.getloadavg()
-    pool, features = estimated_grid(model, grid_plans())
+    grid = estimated_grid(model, grid_plans())
+    pool = grid.pool
     dataset = DatasetSpec(path=str(DEMO_TEXT), prepared_dir=str(root / "data"))
     truth: dict[ParallelPlan, float] = {}
     if replay is not None:  # earlier ground truth, for looking at trial mode again without the minutes of runs
@@ -145,7 +152,7 @@ def run(root: Path, steps: int = 20, warmup: int = 5, remeasure: bool = False,
             return remeasured[plan]
         return truth[plan]
 
-    result = run_trials(pool, measure, MAX_FRACTION, TOLERANCE, features=features)
+    result = run_trials(pool, measure, MAX_FRACTION, TOLERANCE, features=grid.features)
     return BenchResult(pool, truth, result, asked, remeasured, time.perf_counter() - started,
                        (load_before, os.getloadavg()))
 
