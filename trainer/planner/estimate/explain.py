@@ -257,14 +257,14 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
                                                    hops=numbers.latency_hops.get(key, 0.0)))
     step = total("s", terms)
     tokens = plan.global_batch * m.seq_len
-    gpus, peak = plan.world_size, planner.peak_flops
+    gpus, peak, peak_tflops = plan.world_size, planner.peak_flops, planner.cluster.gpu.peak_tflops
     return {
         "step": step,
         "tokens_per_s": fig(tokens / step.value, "tokens/s", "B·s / step", B=plan.global_batch, s=m.seq_len),
-        "mfu": fig(numbers.model_flops_per_step / (step.value * gpus * peak), "fraction",
+        "mfu": fig(F.mfu(numbers.model_flops_per_step, step.value, peak_tflops, gpus), "fraction",
                    "model_flops_per_step / (step · GPUs · peak)", peak_flops=peak, gpus=gpus,
                    peak_name="dense bf16 (datasheet)"),
-        "hfu": fig(numbers.hardware_flops_per_step / (step.value * gpus * peak), "fraction",
+        "hfu": fig(F.mfu(numbers.hardware_flops_per_step, step.value, peak_tflops, gpus), "fraction",
                    "hardware_flops_per_step / (step · GPUs · peak)"),
     }
 

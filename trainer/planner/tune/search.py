@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from trainer.planner.estimate import flops as F
 from trainer.planner.estimate.calibrate import TimeFeatures, ideal_options, time_features
 from trainer.planner.estimate.core import GB, Planner, rank_of
 from trainer.planner.estimate.explain import estimate
@@ -108,7 +109,7 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
     rejected: dict[str, int] = {}
     fitting: list[Candidate] = []
     evaluated = 0
-    cap = planner.capacity_bytes
+    cap, peak_tflops = planner.capacity_bytes, cluster.gpu.peak_tflops
     for batch in batches:
         tokens = batch * model.seq_len
         for plan in enumerate_plans(model, cluster, batch, space, rejected):
@@ -120,7 +121,7 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
                 continue
             step_s = q.step_s
             fitting.append(Candidate(plan, step_s, q.peak_bytes, rank_of(plan, q.peak_stage),
-                                     q.model_flops_per_step / (step_s * plan.world_size * planner.peak_flops),
+                                     F.mfu(q.model_flops_per_step, step_s, peak_tflops, plan.world_size),
                                      tokens / step_s))
             if progress and evaluated % 20000 == 0:
                 progress({"phase": "rank", "evaluated": evaluated, "fitting": len(fitting)})
