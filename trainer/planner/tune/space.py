@@ -12,9 +12,11 @@ default '1f1b'), and ep > 1 for a dense model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, get_args
 
-from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
+from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
+from trainer.contract.specjson import from_dict
+from trainer.contract.specs import Checkpointing, Engine, Precision, Schedule
 
 
 def divisors(n: int) -> list[int]:
@@ -38,11 +40,30 @@ class SearchSpace:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "SearchSpace":
-        data = dict(data or {})
-        for key in ("precisions", "engines", "checkpointing", "schedules", "micro_batches", "sequence_parallel"):
-            if data.get(key) is not None:
-                data[key] = tuple(data[key])
-        return cls(**data)
+        """A space from JSON values (lists for the tuples), type-checked field by field; raises SpecError."""
+        return from_dict(cls, dict(data or {})).validate()
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        for name, kind in (("precisions", Precision), ("engines", Engine), ("checkpointing", Checkpointing),
+                           ("schedules", Schedule)):
+            allowed, values = get_args(kind), getattr(self, name)
+            if not values or any(v not in allowed for v in values):
+                p[name] = [f"{name}={list(values)} must be a non-empty list among {list(allowed)}"]
+        if not self.sequence_parallel:
+            p["sequence_parallel"] = ["sequence_parallel must list true, false or both"]
+        if self.micro_batches is not None and (not self.micro_batches or min(self.micro_batches) < 1):
+            p["micro_batches"] = [f"micro_batches={list(self.micro_batches)} must be positive integers"]
+        for name in ("max_micro_batch", "max_virtual_stages"):
+            if getattr(self, name) < 1:
+                p[name] = [f"{name}={getattr(self, name)} must be at least 1"]
+        return p
+
+    def validate(self) -> "SearchSpace":
+        problems = self.problems()
+        if problems:
+            raise SpecError(problems)
+        return self
 
 
 @dataclass(frozen=True, slots=True)
