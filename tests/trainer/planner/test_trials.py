@@ -1,6 +1,6 @@
 """Trial mode: measure at most a third of a grid and still pick a plan within 5 % of the best measured.
 
-``measure`` here is a deterministic stand-in for the short real trials the launcher will run (documented, seeded):
+``measure`` here is a deterministic stand-in for the short real trials (``LocalTrials``), documented and seeded:
 - "noise": the planner's estimate × a per-plan factor drawn uniformly from [0.95, 1.05] by a RNG seeded with the plan;
 - "structured": the step time under different efficiencies than the planner assumes (compute 0.42 instead of 0.5,
   communication 0.35 instead of 0.8: communication-heavy plans are slower than estimated, which reorders the grid),
