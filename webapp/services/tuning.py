@@ -3,8 +3,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.planner.estimate.api import cluster_from_json, model_from_json
-from trainer.planner.tune.api import tune_json
+from trainer.planner.tune.api import parse_tune_request
 
 from ..models import TuneJob
 from .tasks import enqueue
@@ -20,13 +19,12 @@ def tune_job_create(*, owner, request: dict, dataset, trial_steps: int = 8) -> T
     Trials measure this machine, so the request's cluster must be a local CPU cluster: otherwise the measured times
     would re-rank plans meant for other hardware.
     """
-    cluster = cluster_from_json(request.get("cluster"))
-    model_from_json(request.get("model"))
+    # a bad request is refused now, not by the worker later; checking it estimates no plan
+    cluster = parse_tune_request(request).cluster
     if cluster.gpu.name != TRIAL_GPU or cluster.nodes != 1:
         raise ValidationError({"cluster": [
             f"trials run on this machine's local CPU ranks; give a one-node cluster with gpu '{TRIAL_GPU}' "
             f"(got {cluster.nodes} node(s) of {cluster.gpu.name}), or tune without trials"]})
-    tune_json(request)  # a bad request is refused now, not by the worker later; cheap on a one-node CPU cluster
     job = TuneJob.objects.create(owner=owner, request=request, dataset=dataset, trial_steps=trial_steps)
     enqueue(TUNE_TASK, job.pk)
     return job

@@ -5,8 +5,9 @@ comm_efficiency = 1, no latency, no fixed overhead):
     measured_step ≈ x_c · C + x_n · N + α · K + x_0
 C is the compute time (with its share of the pipeline bubble), N the bandwidth time of communication (tensor,
 pipeline, data parallel, all-to-all, offload and their bubble share), K the latency hops of the collectives a rank
-issues per step (core.collective_counts: an all-reduce over n ranks 2·(n−1), all-gather / reduce-scatter / all-to-all n−1, a
-pipeline message 1; the in-stage tp and all-to-all ones weighted by 1 + bubble, as their time is). Then
+issues per step (comm.collective_counts: an all-reduce over n ranks 2·(n−1), all-gather / reduce-scatter /
+all-to-all n−1, a pipeline message 1; the in-stage tp and all-to-all ones weighted by 1 + bubble, as their time
+is). Then
 compute_efficiency = 1/x_c, comm_efficiency = 1/x_n, collective_latency_s = α and step_overhead_s = x_0
 (``fit_latency=False``: α = 0, the bandwidth-only model). Peak memory is linear in two:
     measured_bytes − model_states ≈ overhead_bytes + (1 + fragmentation) · dynamic
@@ -16,7 +17,7 @@ refitted. Held-out error is leave-one-out: fit on all runs but one, predict that
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from trainer.planner.estimate.core import Planner, PlanNumbers
@@ -96,79 +97,119 @@ def ideal_options(base: EstimateOptions) -> EstimateOptions:
                         overhead_bytes=0.0, fragmentation=0.0, collective_latency_s=0.0)
 
 
-def time_features(planner: Planner, plan: ParallelPlan) -> tuple[float, float]:
-    return _split(planner.evaluate(plan))
+@dataclass(frozen=True, slots=True)
+class TimeFeatures:
+    """A plan's step at ideal options: C compute seconds (with its share of the pipeline bubble), N bandwidth
+    seconds of communication (with the rest of the bubble) and K latency hops (``collective_feature``)."""
+
+    compute_s: float
+    communication_s: float
+    latency_hops: float = 0.0
+
+    @property
+    def communication_share(self) -> float:
+        return self.communication_s / (self.compute_s + self.communication_s or 1.0)
 
 
-def _split(numbers: PlanNumbers) -> tuple[float, float]:
+@dataclass(frozen=True)
+class TimeFit:
+    """step ≈ x_c·C + x_n·N + α·K + x_0; the defaults are the ideal options' own (x = 1, no latency or overhead)."""
+
+    compute: float = 1.0          # x_c = 1 / compute_efficiency
+    communication: float = 1.0    # x_n = 1 / comm_efficiency
+    latency_s: float = 0.0        # α, seconds per ring step
+    fixed_s: float = 0.0          # x_0, seconds per step
+
+    def predict(self, f: TimeFeatures) -> float:
+        return self.compute * f.compute_s + self.communication * f.communication_s + self.latency_s * f.latency_hops \
+            + self.fixed_s
+
+
+@dataclass(frozen=True, slots=True)
+class StageBytes:
+    """A pipeline stage's peak memory at ideal options: model states and the dynamic part (activations in flight +
+    buffers)."""
+
+    states: float
+    dynamic: float
+
+
+@dataclass(frozen=True)
+class MemoryFit:
+    """peak ≈ states + overhead_bytes + dynamic · (activations in flight + buffers); dynamic = 1 + fragmentation."""
+
+    overhead_bytes: float = 0.0
+    dynamic: float = 1.0
+
+    def predict(self, stage: StageBytes) -> float:
+        return stage.states + self.overhead_bytes + self.dynamic * stage.dynamic
+
+    def peak(self, stages: Sequence[StageBytes]) -> StageBytes:
+        """The stage that peaks under these terms."""
+        return max(stages, key=self.predict)
+
+
+def _features(numbers: PlanNumbers) -> TimeFeatures:
+    """C and N take the bubble's share of what it stretches; K from ``collective_feature``."""
     t = numbers.time
     compute = sum(t.get(k, 0.0) for k in _COMPUTE)
     in_stage = compute + t.get("tensor_parallel", 0.0) + t.get("expert_all_to_all", 0.0)
     bubble = t.get("pipeline_bubble", 0.0)
     compute_share = bubble * compute / in_stage if in_stage else 0.0
     comm = sum(t.get(k, 0.0) for k in _COMM) + bubble - compute_share
-    return compute + compute_share, comm
+    return TimeFeatures(compute + compute_share, comm, collective_feature(numbers))
 
 
 def collective_feature(numbers: PlanNumbers) -> float:
-    """K: the latency hops of a step (core.collective_counts) as step time counts them — the tp and all-to-all ones
+    """K: the latency hops of a step (comm.collective_counts) as step time counts them — the tp and all-to-all ones
     run inside each micro-batch's work, which the pipeline bubble stretches by (p−1)/(v·m); pipeline messages and
     dp collectives once. Step time = … + α·K."""
     plan, calls = numbers.plan, numbers.latency_hops
     stretch = 1.0
     if plan.pp > 1:
-        v = plan.virtual_stages if plan.pipeline_schedule == "interleaved" else 1
-        stretch += (plan.pp - 1) / (v * plan.grad_accum)
+        stretch += (plan.pp - 1) / (plan.model_chunks * plan.grad_accum)
     return (calls.get("tp", 0.0) + calls.get("ep", 0.0)) * stretch + calls.get("pp", 0.0) + calls.get("dp", 0.0)
 
 
-def _time_row(planner: Planner, plan: ParallelPlan) -> tuple[float, float, float]:
-    """(C, N, K) of one plan at ideal options."""
-    numbers = planner.evaluate(plan)
-    c, n = _split(numbers)
-    return c, n, collective_feature(numbers)
+def time_features(planner: Planner, plan: ParallelPlan) -> TimeFeatures:
+    """C, N and K of one plan (``planner`` at ideal options)."""
+    return _features(planner.evaluate(plan))
 
 
-def _memory_features(planner: Planner, plan: ParallelPlan) -> list[tuple[float, float]]:
-    """(model states, dynamic bytes) of each pipeline stage the planner tracks (first, last)."""
-    return [(st.model_state_bytes, st.activations + sum(st.buffers.values())) for st in planner.evaluate(plan).stages]
+def _memory_features(planner: Planner, plan: ParallelPlan) -> list[StageBytes]:
+    """Each pipeline stage the planner tracks (first, last)."""
+    return [StageBytes(st.model_state_bytes, st.activations + sum(st.buffers.values()))
+            for st in planner.evaluate(plan).stages]
 
 
-def _peak_stage(stages: list[tuple[float, float]], c0: float, c1: float) -> tuple[float, float]:
-    return max(stages, key=lambda sd: sd[0] + c0 + c1 * sd[1])
-
-
-def _fit_memory_peak(stages: list[list[tuple[float, float]]], y: list[float]) -> list[float]:
+def _fit_memory_peak(stages: list[list[StageBytes]], y: list[float]) -> MemoryFit:
     """The peak is the largest stage under the fitted terms: pick stages, fit, re-pick until it settles."""
-    c = [0.0, 1.0]
+    fit = MemoryFit()
     for _ in range(5):
-        chosen = [_peak_stage(st, *c) for st in stages]
-        new = _fit_memory(chosen, y)
-        if new == c:
+        new = _fit_memory([fit.peak(st) for st in stages], y)
+        if new == fit:
             break
-        c = new
-    return c
+        fit = new
+    return fit
 
 
-def _fit_time(features: list[tuple[float, ...]], y: list[float], latency: bool = True) -> list[float]:
-    """(x_c, x_n, α, x_0) with x_c ≥ 1, x_n ≥ 1, α ≥ 0 and x_0 ≥ 0, dropping terms the data cannot carry.
+def _fit_time(features: list[TimeFeatures], y: list[float], latency: bool = True) -> TimeFit:
+    """x_c ≥ 1, x_n ≥ 1, α ≥ 0 and x_0 ≥ 0, dropping terms the data cannot carry.
 
-    Features are (C, N, K); a term that comes out non-physical is pinned (x = 1, α = 0, x_0 = 0) and the rest
-    refitted, the fixed overhead first, then α, then communication: the fixed overhead is the least specific."""
+    A term that comes out non-physical is pinned (x = 1, α = 0, x_0 = 0) and the rest refitted, the fixed overhead
+    first, then α, then communication: the fixed overhead is the least specific."""
     fixed = {0: 1.0, 1: 1.0, 2: 0.0, 3: 0.0}
     free = [0, 1, 2, 3] if latency else [0, 1, 3]
-
-    def row(f):
-        return (f[0], f[1], f[2], 1.0)
+    full = [(f.compute_s, f.communication_s, f.latency_hops, 1.0) for f in features]
     while True:
-        rows = [[row(f)[i] for i in free] for f in features]
-        target = [v - sum(fixed[i] * row(f)[i] for i in fixed if i not in free) for f, v in zip(features, y)]
-        usable = [i for i in free if any(abs(r[free.index(i)]) > 0 for r in rows)]
+        rows = [[r[i] for i in free] for r in full]
+        target = [v - sum(fixed[i] * r[i] for i in fixed if i not in free) for r, v in zip(full, y)]
+        usable = [i for i in free if any(abs(row[free.index(i)]) > 0 for row in rows)]
         if usable != free:
             free = usable
             continue
         if not free:
-            return [fixed[i] for i in range(4)]
+            return TimeFit()
         try:
             x = solve_least_squares(rows, target) if len(rows) >= len(free) else None
         except ValueError:
@@ -179,32 +220,31 @@ def _fit_time(features: list[tuple[float, ...]], y: list[float], latency: bool =
         sol = dict(zip(free, x))
         bad = [i for i in free if (i < 2 and sol[i] < 1.0) or (i >= 2 and sol[i] < 0.0)]
         if not bad:
-            return [sol.get(i, fixed[i]) for i in range(4)]
+            return TimeFit(*(sol.get(i, fixed[i]) for i in range(4)))
         free = [i for i in free if i != bad[-1]]
 
 
-def _fit_memory(features: list[tuple[float, float]], y: list[float]) -> list[float]:
-    """(overhead_bytes, 1 + fragmentation) with both non-negative and the slope ≥ 1."""
-    target = [v - states for (states, _), v in zip(features, y)]
+def _fit_memory(features: list[StageBytes], y: list[float]) -> MemoryFit:
+    """Both terms non-negative and the slope ≥ 1."""
+    target = [v - f.states for f, v in zip(features, y)]
     try:
         if len(y) >= 2:
-            c0, c1 = solve_least_squares([(1.0, d) for _, d in features], target)
+            c0, c1 = solve_least_squares([(1.0, f.dynamic) for f in features], target)
             if c0 >= 0 and c1 >= 1:
-                return [c0, c1]
+                return MemoryFit(c0, c1)
     except ValueError:
         pass
-    c0 = max(0.0, sum(v - d for (_, d), v in zip(features, target)) / len(target))
-    return [c0, 1.0]
+    c0 = max(0.0, sum(v - f.dynamic for f, v in zip(features, target)) / len(target))
+    return MemoryFit(c0, 1.0)
 
 
 def _relative_errors(errors: list[float]) -> dict[str, float]:
     return {"mean": sum(errors) / len(errors), "max": max(errors), "runs": len(errors)} if errors else {}
 
 
-def predict_time(coefficients: Sequence[float], features: Sequence[float]) -> float:
-    """x_c·C + x_n·N + α·K + x_0."""
-    xc, xn, alpha, x0 = coefficients
-    return xc * features[0] + xn * features[1] + alpha * features[2] + x0
+def _leave_one_out(n: int, held_out_error) -> list[float]:
+    """Each run's error when the fit leaves it out; none below two runs."""
+    return [held_out_error(i) for i in range(n)] if n >= 2 else []
 
 
 def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = None,
@@ -224,34 +264,32 @@ def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = Non
         if not r.step_time_s > 0:
             raise SpecError.single(f"records[{i}].step_time_s", f"step_time_s={r.step_time_s} must be positive")
         groups.setdefault(_key(r.cluster), []).append(r)
+    return Calibration({key: _calibrate_cluster(key, runs, base, ideal, fit_latency) for key, runs in groups.items()})
 
-    result = {}
-    for key, runs in groups.items():
-        tf = [_time_row(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
-        ty = [r.step_time_s for r in runs]
-        mem_runs = [(i, r) for i, r in enumerate(runs) if r.memory_bytes is not None]
-        mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for _, r in mem_runs]
-        my = [r.memory_bytes for _, r in mem_runs]
-        xc, xn, alpha, x0 = _fit_time(tf, ty, fit_latency)
-        m0, m1 = _fit_memory_peak(mf, my) if mf else [base.overhead_for(runs[0].cluster.gpu.name), 1 + base.fragmentation]
-        options = base.replace(compute_efficiency=min(1.0, 1 / xc), comm_efficiency=min(1.0, 1 / xn),
-                               collective_latency_s=alpha, step_overhead_s=x0, dp_overlap=0.0, overhead_bytes=m0,
-                               fragmentation=m1 - 1)
 
-        time_errors, memory_errors = [], []
-        if len(runs) >= 2:
-            for i in range(len(runs)):
-                z = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:], fit_latency)
-                predicted = predict_time(z, tf[i])
-                time_errors.append(abs(predicted - ty[i]) / ty[i])
-        if len(mf) >= 2:
-            for i in range(len(mf)):
-                a0, a1 = _fit_memory_peak(mf[:i] + mf[i + 1:], my[:i] + my[i + 1:])
-                states, dynamic = _peak_stage(mf[i], a0, a1)
-                predicted = states + a0 + a1 * dynamic
-                memory_errors.append(abs(predicted - my[i]) / my[i])
-        result[key] = ClusterCalibration(key, len(runs), options, {"compute": xc, "communication": xn,
-                                                                  "latency_s": alpha, "fixed_s": x0},
-                                         {"overhead_bytes": m0, "dynamic": m1}, _relative_errors(time_errors),
-                                         _relative_errors(memory_errors))
-    return Calibration(result)
+def _calibrate_cluster(key: str, runs: list[MeasuredRun], base: EstimateOptions, ideal: EstimateOptions,
+                       fit_latency: bool) -> ClusterCalibration:
+    tf = [time_features(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
+    ty = [r.step_time_s for r in runs]
+    mem_runs = [r for r in runs if r.memory_bytes is not None]
+    mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for r in mem_runs]
+    my = [r.memory_bytes for r in mem_runs]
+    time_fit = _fit_time(tf, ty, fit_latency)
+    memory_fit = _fit_memory_peak(mf, my) if mf else MemoryFit(base.overhead_for(runs[0].cluster.gpu.name),
+                                                               1 + base.fragmentation)
+    options = base.replace(compute_efficiency=min(1.0, 1 / time_fit.compute),
+                           comm_efficiency=min(1.0, 1 / time_fit.communication),
+                           collective_latency_s=time_fit.latency_s, step_overhead_s=time_fit.fixed_s, dp_overlap=0.0,
+                           overhead_bytes=memory_fit.overhead_bytes, fragmentation=memory_fit.dynamic - 1)
+
+    def time_error(i: int) -> float:
+        held_out = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:], fit_latency)
+        return abs(held_out.predict(tf[i]) - ty[i]) / ty[i]
+
+    def memory_error(i: int) -> float:
+        held_out = _fit_memory_peak(mf[:i] + mf[i + 1:], my[:i] + my[i + 1:])
+        return abs(held_out.predict(held_out.peak(mf[i])) - my[i]) / my[i]
+
+    return ClusterCalibration(key, len(runs), options, asdict(time_fit), asdict(memory_fit),
+                              _relative_errors(_leave_one_out(len(runs), time_error)),
+                              _relative_errors(_leave_one_out(len(mf), memory_error)))

@@ -65,7 +65,8 @@ TIME_FORMULAS = {
     "compute": "(B·s/dp) · (F_blocks/p + F_head) / t / (peak · efficiency)  (the last pipeline stage, with the "
                "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak · efficiency) at p = 1)",
     "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / β_tp  (n = 4, 6 with full recompute)"
-                       " + α · hops_tp,  hops_tp = m·(layers_per_stage·n + edges) · 2·(t−1)  (edges 2; 1 with a pipeline)",
+                       " + α · hops_tp,  hops_tp = m·(layers_per_stage·n + edges) · 2·(t−1)  "
+                       "(edges 2; 1 with a pipeline)",
     "expert_all_to_all": "m · moe_layers · 4 · (ep−1)/ep · T·k·c·h·e / β_ep + α · m·moe_layers·4·(ep−1)",
     "pipeline_bubble": "(compute + tp + all-to-all) · (p−1)/(v·m)",
     "pipeline_p2p": "m · v · 2 · (T·h·e/r) / β_pp + α · m·v·2",
@@ -120,7 +121,8 @@ class Estimate:
 
 def validate_inputs(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec) -> None:
     """Raise SpecError naming every problem of the three specs and of the plan against them."""
-    for name, obj, cls in (("model", model, ModelSpec), ("plan", plan, ParallelPlan), ("cluster", cluster, ClusterSpec)):
+    for name, obj, cls in (("model", model, ModelSpec), ("plan", plan, ParallelPlan),
+                           ("cluster", cluster, ClusterSpec)):
         if not isinstance(obj, cls):
             raise SpecError.single(name, f"expected a {cls.__name__}, got {type(obj).__name__}")
     problems: dict[str, list[str]] = {}
@@ -169,7 +171,7 @@ def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     tokens = plan.global_batch * m.seq_len
     per_token = fig(planner.model_flops_per_token, "FLOP/token", "6·N + 12·L·h·s (PaLM appendix B)",
                     N=planner.counts.matmul_per_token, L=m.n_layers, h=m.d_model, s=m.seq_len)
-    recompute = planner._recompute[plan.activation_checkpointing]
+    recompute = planner.recompute_flops[plan.activation_checkpointing]
     hw = fig(planner.model_flops_per_token + recompute, "FLOP/token", "model + recompute",
              model=per_token, recompute=fig(recompute, "FLOP/token", "full: 2·N_blocks + 4·L·h·s; selective: "
                                             "4·L·h·s; none: 0", checkpointing=plan.activation_checkpointing))
@@ -188,16 +190,16 @@ def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
 
 
 def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dict[str, Any]:
-    w, g, o = M.state_bytes_per_param(plan.precision, plan.engine, plan.zero_stage)
+    per = M.state_bytes_per_param(plan.precision, plan.engine, plan.zero_stage)
     shard_w = "P_shard" if plan.zero_stage >= 3 else "P_rank"
     shard_g = "P_shard" if plan.zero_stage >= 2 else "P_rank"
     shard_o = "P_shard" if plan.zero_stage >= 1 else "P_rank"
     terms = dict(P_rank=st.params, P_shard=st.params_sharded, zero_stage=plan.zero_stage, dp=plan.dp)
     states = {
-        "weights": fig(st.states["weights"], "bytes", f"{w}·{shard_w}" + (" (offloaded: 0)" if plan.offload_params
-                                                                           else ""), **terms),
-        "gradients": fig(st.states["gradients"], "bytes", f"{g}·{shard_g}", **terms),
-        "optimizer": fig(st.states["optimizer"], "bytes", f"{o}·{shard_o}" + (" (offloaded: 0)"
+        "weights": fig(st.states["weights"], "bytes",
+                       f"{per.weights}·{shard_w}" + (" (offloaded: 0)" if plan.offload_params else ""), **terms),
+        "gradients": fig(st.states["gradients"], "bytes", f"{per.gradients}·{shard_g}", **terms),
+        "optimizer": fig(st.states["optimizer"], "bytes", f"{per.optimizer}·{shard_o}" + (" (offloaded: 0)"
                                                                              if plan.offload_optimizer else ""),
                          **terms),
     }
@@ -234,7 +236,7 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     terms = {n: fig(v, "s", TIME_FORMULAS.get(n, n)) for n, v in numbers.time.items()}
     terms["compute"].terms.update(
         hardware_flops_per_step=numbers.hardware_flops_per_step, gpus=plan.world_size,
-        F_blocks=planner._block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
+        F_blocks=planner.block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
         peak_flops=planner.peak_flops,
         efficiency=fig(numbers.efficiency, "fraction", "compute_efficiency · w/(w + w½), w = b·s·h/t",
                        compute_efficiency=o.compute_efficiency, w_half=o.efficiency_half_work,
@@ -255,14 +257,14 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
                                                    hops=numbers.latency_hops.get(key, 0.0)))
     step = total("s", terms)
     tokens = plan.global_batch * m.seq_len
-    gpus, peak = plan.world_size, planner.peak_flops
+    gpus, peak, peak_tflops = plan.world_size, planner.peak_flops, planner.cluster.gpu.peak_tflops
     return {
         "step": step,
         "tokens_per_s": fig(tokens / step.value, "tokens/s", "B·s / step", B=plan.global_batch, s=m.seq_len),
-        "mfu": fig(numbers.model_flops_per_step / (step.value * gpus * peak), "fraction",
+        "mfu": fig(F.mfu(numbers.model_flops_per_step, step.value, peak_tflops, gpus), "fraction",
                    "model_flops_per_step / (step · GPUs · peak)", peak_flops=peak, gpus=gpus,
                    peak_name="dense bf16 (datasheet)"),
-        "hfu": fig(numbers.hardware_flops_per_step / (step.value * gpus * peak), "fraction",
+        "hfu": fig(F.mfu(numbers.hardware_flops_per_step, step.value, peak_tflops, gpus), "fraction",
                    "hardware_flops_per_step / (step · GPUs · peak)"),
     }
 

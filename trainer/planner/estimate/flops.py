@@ -1,10 +1,16 @@
-"""FLOPs per token and per step (docs/formulas.md, FLOPs).
+"""FLOPs per token and per step, and MFU: the one FLOPs formula of the project (docs/formulas.md, FLOPs).
 
-Model FLOPs per token (PaLM appendix B): 6·N + 12·L·h·s, with N the parameters a token multiplies by (block weight
-matrices, k of E experts, and the V·h head, tied or not; embedding lookups, biases and LayerNorms are O(h) and left
-out) and 12·L·h·s the attention score and value products (forward 4·s·h per layer, backward twice that), counted over
-the full s×s square as PaLM does. Hardware FLOPs add recomputation: full recompute runs each block's forward again
-(2·N_blocks + 4·L·h·s), selective recompute the attention core only (4·L·h·s).
+Model FLOPs per token (PaLM, Chowdhery et al. 2022, appendix B): 6·N + 12·L·h·s. Training costs 6 FLOPs per
+parameter per token in matrix multiplications (2 forward, 4 backward); N counts the parameters a token multiplies by
+(every block weight matrix, the router and k of E experts in a mixture-of-experts layer, and the V·h head, tied or
+not; embedding lookups, biases and LayerNorms are O(h) and left out). 12·L·h·s are the attention score and value
+products (q·kᵀ and the weighted sum of v: forward 4·s·h per layer, backward twice that), counted over the full s×s
+square as PaLM does. Model FLOPs exclude recomputation, so MFU does not reward it; hardware FLOPs add it: full
+recompute runs each block's forward again (2·N_blocks + 4·L·h·s), selective recompute the attention core only
+(4·L·h·s).
+
+The trainer reports MFU with these functions and the planner estimates with them, so that an estimate and a
+measurement of the same run divide the same FLOPs.
 """
 from __future__ import annotations
 
@@ -12,22 +18,42 @@ from trainer.planner.estimate.params import count
 from trainer.contract import ModelSpec
 
 
+def matmul_params(model: ModelSpec) -> int:
+    """N: the parameters one token multiplies by (``ParamCounts.matmul_per_token``)."""
+    return count(model).matmul_per_token
+
+
 def attention_flops_per_token(model: ModelSpec) -> int:
     return 12 * model.n_layers * model.d_model * model.seq_len
 
 
 def model_flops_per_token(model: ModelSpec) -> int:
-    return 6 * count(model).matmul_per_token + attention_flops_per_token(model)
+    """6·N + 12·L·h·s."""
+    return 6 * matmul_params(model) + attention_flops_per_token(model)
+
+
+def model_flops_per_step(model: ModelSpec, global_batch: int) -> int:
+    """Model FLOPs of one step of ``global_batch`` sequences of seq_len tokens."""
+    return model_flops_per_token(model) * global_batch * model.seq_len
 
 
 def recompute_flops_per_token(model: ModelSpec, checkpointing: str) -> int:
+    """FLOPs per token that activation checkpointing adds: what hardware FLOPs count beyond model FLOPs."""
     attention_forward = 4 * model.n_layers * model.d_model * model.seq_len
     if checkpointing == "full":
-        blocks = count(model).matmul_per_token - model.vocab_size * model.d_model
+        blocks = matmul_params(model) - model.vocab_size * model.d_model
         return 2 * blocks + attention_forward
     if checkpointing == "selective":
         return attention_forward
     return 0
+
+
+def mfu(flops: float, step_time_s: float, peak_tflops: float, n_devices: int) -> float:
+    """Achieved FLOP/s (``flops`` per step over the step time) over the peak of all devices; 0 for a non-positive
+    step time. Model FLOPs give MFU, hardware FLOPs the hardware FLOPs utilisation."""
+    if step_time_s <= 0:
+        return 0.0
+    return flops / step_time_s / (peak_tflops * 1e12 * n_devices)
 
 
 def narayanan_flops_per_step(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:

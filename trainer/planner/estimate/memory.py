@@ -1,4 +1,4 @@
-"""Memory per GPU: model states, activations, temporary buffers. Plain numbers; ``report`` attaches the formulas.
+"""Memory per GPU: model states, activations, temporary buffers. Plain numbers; ``explain`` attaches the formulas.
 
 Model states (docs/formulas.md, ZeRO §3.1), bytes per parameter (weights + gradients + optimizer):
     DeepSpeed, 16-bit:  2 + 2 + 12  (fp32 master, momentum, variance)
@@ -25,34 +25,55 @@ parallel, everything / t with sequence parallel; selective recompute drops the a
 layer input only (2·s·b·h at e = 2). Small terms Korthikanti leaves out (options.small_terms): LayerNorm mean and 1/σ
 (2 × 4 bytes per token per LayerNorm), the log-sum-exp of fused attention, the causal mask of math attention (s² bytes),
 index tensors (int64). These constants were checked against what autograd saves in a nanoGPT-style layer
-(tests/trainer/test_estimate_activations_torch.py). MoE layers replace the MLP terms with ``moe_activations``.
+(tests/trainer/planner/test_activations_vs_torch.py). MoE layers replace the MLP terms with ``moe_activations``.
+
+A layer's terms depend on two small values: its ``LayerShape`` (what the model fixes) and the
+``ActivationSettings`` (what the plan and the options fix). Both are frozen and hashable, so that the terms of
+each distinct pair are computed once however many plans share it.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 
-from trainer.contract import ModelSpec
+from trainer.contract import ModelSpec, ParallelPlan
 
 LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32 (in the input's dtype on the CPU)
 # Under autocast the fp32 LayerNorm output is cast to 16 bits once per consuming matmul: q, k, v and the MLP's up.
 AUTOCAST_LN_CONSUMERS = 4
 INDEX_BYTES = 8     # int64 token ids, positions, targets
 
+Terms = tuple[tuple[str, float], ...]   # named byte terms, in the order the layer saves them
+
 
 def activation_bytes_per_element(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def state_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) -> tuple[int, int, int]:
-    """(weights, gradients, optimizer) bytes per parameter before sharding."""
+# ---- model states ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class StateBytes:
+    """Bytes per parameter of each model state before sharding."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+
+
+DEEPSPEED_16BIT = StateBytes(2, 2, 12)   # 16-bit weights and gradients; fp32 master, momentum, variance
+DEEPSPEED_FP32_ZERO = StateBytes(4, 4, 12)
+FP32_ADAMW = StateBytes(4, 4, 8)         # fp32 weights and gradients; AdamW exp_avg, exp_avg_sq
+
+
+def state_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) -> StateBytes:
     if precision != "fp32" and engine == "deepspeed":
-        return 2, 2, 12
+        return DEEPSPEED_16BIT
     if engine == "deepspeed" and zero_stage >= 1:
         # DeepSpeed's ZeRO optimizers keep their own fp32 master partition (a copy) even when the weights are fp32:
-        # measured 12 bytes per sharded parameter at stages 1, 2 and 3 (tests/trainer/test_estimate_trainer_runs.py)
-        return 4, 4, 12
-    return 4, 4, 8
+        # measured 12 bytes per sharded parameter at stages 1, 2 and 3 (tests/trainer/planner/test_memory_vs_runs.py)
+        return DEEPSPEED_FP32_ZERO
+    return FP32_ADAMW
 
 
 def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, precision: str, engine: str,
@@ -65,12 +86,12 @@ def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, pre
     ``expert_params`` of them are experts: DeepSpeed's ZeRO partitions them over the dp/ep ranks that hold the
     same experts (its expert-data-parallel group), the rest over all dp ranks.
     """
-    w, g, o = state_bytes_per_param(precision, engine, zero_stage)
+    per = state_bytes_per_param(precision, engine, zero_stage)
     flat_shard = deepspeed_shard(params, dp, expert_params, ep)
     sharded = params_sharded if engine == "native" else flat_shard
-    weights = w * (sharded if zero_stage >= 3 else params)
-    grads = g * (sharded if zero_stage >= 3 else flat_shard if zero_stage == 2 else params)
-    optimizer = o * (sharded if zero_stage >= 3 else flat_shard if zero_stage >= 1 else params)
+    weights = per.weights * (sharded if zero_stage >= 3 else params)
+    grads = per.gradients * (sharded if zero_stage >= 3 else flat_shard if zero_stage == 2 else params)
+    optimizer = per.optimizer * (sharded if zero_stage >= 3 else flat_shard if zero_stage >= 1 else params)
     host = 0
     if offload_optimizer:
         host += optimizer
@@ -88,67 +109,131 @@ def deepspeed_shard(params: int, dp: int, expert_params: int = 0, ep: int = 1) -
     return -(-(params - expert_params) // dp) + -(-expert_params // edp)
 
 
-@lru_cache(maxsize=8192)
-def layer_activations(h: int, f: int, kv: int, a: int, s: int, b: int, t: int, sp: bool, checkpointing: str,
-                      e: int, attention: str, dropout: bool, small_terms: bool, moe: tuple | None = None,
-                      rope: bool = False, head_dim: int = 0, mask_bytes: int = 1, sp_gathered: bool = False,
-                      autocast: bool = False, stat_bytes: int = LN_STAT_BYTES, repeat_kv: bool = False
-                      ) -> tuple[tuple[str, float], ...]:
-    """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
+# ---- activations ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class MoEShape:
+    n_experts: int            # E
+    top_k: int                # k
+    capacity_factor: float    # c
 
-    ``moe`` = (n_experts, top_k, capacity_factor) replaces the MLP terms with ``moe_activations``. ``kv`` is
-    n_kv_heads·head_dim; ``repeat_kv``: grouped-query keys and values are repeated to h before the kernel (the
-    native trainer does), so the kernel saves h-wide copies — unless selective recompute reruns the kernel, which
-    then keeps only the kv-wide projections. ``rope``: rotary positions (measured: one extra T·h·e and the cos/sin
-    tables, none of which selective recompute keeps).
-    ``mask_bytes``: bytes per dropout-mask element (1 on GPUs; PyTorch's CPU dropout keeps a mask of the input's dtype).
+
+@dataclass(frozen=True, slots=True)
+class LayerShape:
+    """What the model fixes about the tensors one transformer layer saves."""
+
+    d_model: int              # h
+    ffn: int                  # f
+    kv_dim: int               # kv = n_kv_heads · head_dim
+    n_heads: int              # a
+    seq_len: int              # s
+    head_dim: int = 0         # sizes the rotary tables
+    rope: bool = False        # rotary positions
+    dropout: bool = False
+    moe: MoEShape | None = None  # a mixture-of-experts layer: its experts replace the MLP
+
+    @classmethod
+    def of(cls, model: ModelSpec, moe: bool = False) -> "LayerShape":
+        """A dense layer of ``model``, or (``moe``) one of its mixture-of-experts layers."""
+        return cls(model.d_model, model.ffn, model.kv_heads * model.head_dim, model.n_heads, model.seq_len,
+                   model.head_dim, model.positions == "rope", model.dropout > 0,
+                   MoEShape(model.n_experts, model.top_k, model.capacity_factor) if moe else None)
+
+
+@dataclass(frozen=True, slots=True)
+class ActivationSettings:
+    """What the plan and the estimate's options fix about the tensors saved for one micro-batch on one rank.
+
+    ``attention``: "fused" (log-sum-exp only), "math" (materialised scores and a saved causal mask) or "sdpa_math"
+    (scaled_dot_product_attention falling back to its math path, as with dropout on the CPU: the scores as "math",
+    but no saved mask).
+    ``mask_bytes``: bytes per dropout-mask element (1 on GPUs; PyTorch's CPU dropout keeps a mask of the input's
+    dtype).
     ``sp_gathered``: with sequence parallel, the all-gathered LayerNorm outputs that feed the column-parallel
     projections are what autograd keeps (PyTorch DTensor does; Megatron keeps the 1/t shard and gathers again in
     backward): 2·T·h·e instead of 2·T·h·e/t.
     ``autocast``: 16-bit autocast over fp32 weights (the native engine without FSDP): the residual stream and so the
     LayerNorm inputs stay fp32, and each matmul reading a LayerNorm output saves its own 16-bit cast of it (3 for
-    q, k, v, 1 for the MLP). ``stat_bytes``: bytes of each LayerNorm mean and 1/σ element.
-    ``attention`` "sdpa_math": scaled_dot_product_attention falling back to its math path (dropout on the CPU) —
-    the scores as "math", but the causal mask is not saved.
+    q, k, v, 1 for the MLP).
+    ``stat_bytes``: bytes of each LayerNorm mean and 1/σ element.
+    ``repeat_kv``: grouped-query keys and values are repeated to h before the kernel (the native trainer does), so
+    the kernel saves h-wide copies — unless selective recompute reruns the kernel, which then keeps only the
+    kv-wide projections.
+    ``loss_bytes``: bytes per element of the logits the loss works on (the last stage's terms only).
     """
-    T = s * b
-    r = t if sp else 1
-    stream = 4 if autocast else e  # bytes of the residual stream
-    if checkpointing == "full":
+
+    micro_batch: int          # b
+    tp: int                   # t
+    sequence_parallel: bool
+    checkpointing: str        # "none", "selective", "full"
+    bytes_per_element: int    # e
+    attention: str
+    small_terms: bool         # the tensors Korthikanti leaves out
+    mask_bytes: int = 1
+    sp_gathered: bool = False
+    autocast: bool = False
+    stat_bytes: int = LN_STAT_BYTES
+    repeat_kv: bool = False
+    loss_bytes: int = 4
+
+    @property
+    def sp_split(self) -> int:
+        """r: what sequence parallel divides the LayerNorm and dropout terms by."""
+        return self.tp if self.sequence_parallel else 1
+
+    @property
+    def stream_bytes(self) -> int:
+        """Bytes per element of the residual stream: fp32 under autocast."""
+        return 4 if self.autocast else self.bytes_per_element
+
+
+@lru_cache(maxsize=8192)
+def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
+    """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
+
+    An MoE layer (``shape.moe``) replaces the MLP terms with ``moe_activations``. Rotary positions save one extra
+    T·h·e and the cos/sin tables (measured), none of which selective recompute keeps.
+    """
+    h, f, kv, a, s = shape.d_model, shape.ffn, shape.kv_dim, shape.n_heads, shape.seq_len
+    t, e = settings.tp, settings.bytes_per_element
+    T = s * settings.micro_batch
+    r = settings.sp_split
+    stream = settings.stream_bytes
+    if settings.checkpointing == "full":
         return (("layer_input", T * h * stream / r),)
-    ln_out_copies = AUTOCAST_LN_CONSUMERS if autocast else 2
+    small, mask_bytes = settings.small_terms, settings.mask_bytes
+    ln_out_copies = AUTOCAST_LN_CONSUMERS if settings.autocast else 2
     terms = [("layernorm_inputs", 2 * T * h * stream / r),
-             ("layernorm_outputs", ln_out_copies * T * h * e / (1 if sp_gathered else r))]
-    if small_terms:
-        terms.append(("layernorm_stats", 2 * 2 * T * stat_bytes / r))
-    if dropout:
+             ("layernorm_outputs", ln_out_copies * T * h * e / (1 if settings.sp_gathered else r))]
+    if small:
+        terms.append(("layernorm_stats", 2 * 2 * T * settings.stat_bytes / r))
+    if shape.dropout:
         terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
-    selective = checkpointing == "selective"
-    kv_saved = h if (repeat_kv and not selective) else kv
+    selective = settings.checkpointing == "selective"
+    kv_saved = h if (settings.repeat_kv and not selective) else kv
     terms += [("qkv", T * (h + 2 * kv_saved) * e / t), ("attention_output", T * h * e / t)]
-    if rope and not selective:
+    if shape.rope and not selective:
         # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
         terms.append(("rotary", T * h * e / t))
-        if small_terms:  # fp32 cos/sin buffers; a model running in 16 bits saves 16-bit casts of them
-            terms.append(("rotary_tables", 2 * s * (head_dim // 2) * (4.0 if autocast else e)))
-    if checkpointing != "selective":
-        if attention in ("math", "sdpa_math"):
+        if small:  # fp32 cos/sin buffers; a model running in 16 bits saves 16-bit casts of them
+            terms.append(("rotary_tables", 2 * s * (shape.head_dim // 2) * (4.0 if settings.autocast else e)))
+    if not selective:
+        if settings.attention in ("math", "sdpa_math"):
             terms.append(("attention_scores", T * a * s * e / t))
-            if dropout:
+            if shape.dropout:
                 terms.append(("attention_dropout", T * a * s * (mask_bytes + e) / t))
-            if small_terms and attention == "math":
+            if small and settings.attention == "math":
                 terms.append(("causal_mask", float(s * s)))
-        elif small_terms:
+        elif small:
             terms.append(("attention_logsumexp", T * a * 4 / t))
-    if moe:
-        terms += moe_activations(T, h, f, *moe, e, small_terms, stream)
+    if shape.moe:
+        terms += moe_activations(T, shape, settings)
     else:
         terms.append(("mlp", 2 * T * f * e / t))
     return tuple(terms)
 
 
 def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
-    """Slots per expert for one micro-batch of ``tokens`` on one rank, as trainer/moe.py sizes them:
+    """Slots per expert for one micro-batch of ``tokens`` on one rank, as the trainer's MoE layer sizes them:
     cap = max(1, ⌈capacity_factor · tokens · k / E⌉)."""
     return max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
 
@@ -161,15 +246,14 @@ def moe_kept(tokens: int, n_experts: int, top_k: int, capacity_factor: float) ->
     return min(tokens * top_k, n_experts * min(cap, tokens))
 
 
-def moe_activations(T: int, h: int, f: int, n_experts: int, top_k: int, capacity_factor: float, e: int,
-                    small_terms: bool, stream: int | None = None) -> list[tuple[str, float]]:
-    """What one MoE layer of trainer/moe.py saves besides its attention half, for T tokens on one rank (measured with
-    saved-tensor hooks; tests/trainer/test_estimate_activations_torch.py). E experts, k = top_k, cap slots per expert,
-    M kept assignments (``moe_kept``); e bytes per activation element.
+def moe_activations(tokens: int, shape: LayerShape, settings: ActivationSettings) -> list[tuple[str, float]]:
+    """What one MoE layer of the trainer saves besides its attention half, for T = ``tokens`` on one rank (measured
+    with saved-tensor hooks; tests/trainer/planner/test_activations_vs_torch.py). E experts, k = top_k, cap slots per
+    expert, M kept assignments (``moe_kept``); e bytes per activation element.
 
         router_probs        T·E·4          softmax output, fp32 (the router's input is the LayerNorm output, counted)
         dispatched_tokens   M·h·e_s        tokens[rows]: index_copy keeps its source for backward; e_s is the
-                                           LayerNorm output's dtype (fp32 under autocast, ``stream``)
+                                           LayerNorm output's dtype (fp32 under autocast, ``stream_bytes``)
         expert_inputs       E·cap·h·e      the (E, cap, h) dispatch buffer, empty slots included (under expert
                                            parallel, the received buffer of E/ep experts × ep·cap rows: same size;
                                            under autocast each expert's 16-bit cast of its rows)
@@ -182,12 +266,13 @@ def moe_activations(T: int, h: int, f: int, n_experts: int, top_k: int, capacity
     Expert parallel does not change these per-rank sizes: every rank dispatches its own T tokens into E·cap
     slots, and each of its E/ep experts runs on ep·cap received rows. Tensor parallel is refused for MoE models.
     """
-    E, k = n_experts, top_k
-    cap = expert_capacity(T, E, k, capacity_factor)
-    M = moe_kept(T, E, k, capacity_factor)
-    terms = [("router_probs", T * E * 4.0), ("dispatched_tokens", M * h * (stream or e)), ("expert_inputs", E * cap * h * e),
-             ("expert_mlp", 2 * E * cap * f * e), ("combine", 2 * M * h * e)]
-    if small_terms:
+    T, h, f, e = tokens, shape.d_model, shape.ffn, settings.bytes_per_element
+    E, k, c = shape.moe.n_experts, shape.moe.top_k, shape.moe.capacity_factor
+    cap = expert_capacity(T, E, k, c)
+    M = moe_kept(T, E, k, c)
+    terms = [("router_probs", T * E * 4.0), ("dispatched_tokens", M * h * settings.stream_bytes),
+             ("expert_inputs", E * cap * h * e), ("expert_mlp", 2 * E * cap * f * e), ("combine", 2 * M * h * e)]
+    if settings.small_terms:
         routing = T * k * 8 + T * k + 2 * M * 8 + M * e + E * 4
         if k > 1:
             routing += T * k * 4 + T * 4
@@ -196,46 +281,42 @@ def moe_activations(T: int, h: int, f: int, n_experts: int, top_k: int, capacity
 
 
 @lru_cache(maxsize=8192)
-def edge_activations(model: ModelSpec, first: bool, last: bool, b: int, t: int, sp: bool, e: int, loss_bytes: int,
-                     small_terms: bool, mask_bytes: int = 1, sp_gathered: bool = False, autocast: bool = False,
-                     stat_bytes: int = LN_STAT_BYTES) -> tuple[tuple[str, float], ...]:
+def edge_activations(model: ModelSpec, settings: ActivationSettings, first: bool, last: bool) -> Terms:
     """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch."""
     s, h, V = model.seq_len, model.d_model, model.vocab_size
-    T = s * b
-    r = t if sp else 1
+    T = s * settings.micro_batch
+    r, e = settings.sp_split, settings.bytes_per_element
     terms = []
     if first:
-        if small_terms:
+        if settings.small_terms:
             terms.append(("token_ids", T * INDEX_BYTES))
             if model.positions == "learned":
                 terms.append(("position_ids", s * INDEX_BYTES))
         if model.dropout > 0:
-            terms.append(("embedding_dropout_mask", T * h * mask_bytes / r))
+            terms.append(("embedding_dropout_mask", T * h * settings.mask_bytes / r))
     if last:
-        terms += [("final_layernorm_input", T * h * (4 if autocast else e) / r),
-                  ("final_layernorm_output", T * h * e / (1 if sp_gathered else r)),
-                  ("log_probs", T * -(-V // t) * loss_bytes)]
-        if small_terms:
-            terms += [("final_layernorm_stats", 2 * T * stat_bytes / r), ("targets", T * INDEX_BYTES),
+        terms += [("final_layernorm_input", T * h * settings.stream_bytes / r),
+                  ("final_layernorm_output", T * h * e / (1 if settings.sp_gathered else r)),
+                  ("log_probs", T * -(-V // settings.tp) * settings.loss_bytes)]
+        if settings.small_terms:
+            terms += [("final_layernorm_stats", 2 * T * settings.stat_bytes / r), ("targets", T * INDEX_BYTES),
                       ("loss_scalars", 4)]
     return tuple(terms)
 
 
-def in_flight(schedule: str, pp: int, m: int, v: int, stage: int) -> float:
-    """Micro-batches whose activations a pipeline stage holds at its peak (docs/formulas.md, Pipeline bubble).
+def in_flight(plan: ParallelPlan, stage: int) -> float:
+    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak (docs/formulas.md, Pipeline bubble).
 
     No pipeline: 1 (gradient accumulation frees each micro-batch after its backward). GPipe: all m.
     1F1B: stage i holds min(m, p − i). Interleaved: stage 0 holds p·(1 + (p−1)/(p·v)) = p + (p−1)/v
     (Korthikanti 2022); stage i is taken as (p − i) + (p − 1)/v.
     """
+    pp = plan.pp
     if pp <= 1:
         return 1.0
+    schedule, m = plan.pipeline_schedule, plan.grad_accum
     if schedule == "gpipe":
         return float(m)
-    if schedule == "interleaved":
-        return min(float(m), (pp - stage) + (pp - 1) / v)
+    if schedule == "interleaved":  # v = plan.virtual_stages model chunks a stage
+        return min(float(m), (pp - stage) + (pp - 1) / plan.virtual_stages)
     return float(min(m, pp - stage))
-
-
-def layers_on_stage(model: ModelSpec, pp: int) -> int:
-    return model.n_layers // pp

@@ -49,7 +49,7 @@ def main(argv=None) -> int:
         except ValueError:
             raise SpecError.single("global_batch", f"--global-batch={args.global_batch!r} must be integers") from None
         space = SearchSpace(precisions=tuple(args.precisions.split(",")), engines=tuple(args.engines.split(",")),
-                            offload=not args.no_offload)
+                            offload=not args.no_offload).validate()
         result = tune(model, clu, batches[0] if len(batches) == 1 else batches, space, options, top_k=args.top)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)

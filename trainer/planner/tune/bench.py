@@ -23,10 +23,11 @@ def run(model: str = "gpt3-175b", gpu: str = "A100-SXM-80GB", nodes: int = 128,
         batches: tuple[int, ...] = BENCH_BATCHES) -> dict:
     spec, clu = MODELS[model], cluster(gpu, nodes)
     started, cpu_started = time.perf_counter(), time.process_time()
-    ranked, rejected, evaluated = rank_plans(spec, clu, batches, BENCH_SPACE)
+    ranking = rank_plans(spec, clu, batches, BENCH_SPACE)
     elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    ranked, evaluated = ranking.ranked, ranking.evaluated
     return {"model": model, "gpus": clu.world_size, "global_batches": list(batches), "evaluated": evaluated,
-            "fitting": len(ranked), "rejected": rejected, "seconds": elapsed, "cpu_seconds": cpu,
+            "fitting": len(ranked), "rejected": ranking.rejected, "seconds": elapsed, "cpu_seconds": cpu,
             "plans_per_second": evaluated / elapsed if elapsed else float("inf"),
             "best": ranked[0] if ranked else None}
 

@@ -1,25 +1,26 @@
 """Benchmark: does trial mode pick a plan within 5 % of the best, measuring at most a third of a real CPU grid?
 
     python -m trainer.planner.tune.bench_trials [--root DIR] [--steps 20] [--warmup 5] [--remeasure] [--json OUT]
-                                        [--replay OUT.json]
+                                                [--replay OUT.json]
 
 The grid: 16 plans of the "tiny" preset (4 layers, d_model 64, 16 sequences of 64 tokens a step, fp32, native
-engine) on 2 and 4 processes of this machine — data parallel (DDP, FSDP2), tensor parallel with and without
+engine) on 2 and 4 local processes — data parallel (DDP, FSDP2), tensor parallel with and without
 sequence parallel, pipelines (GPipe, 1F1B, interleaved), their 4-process combinations, micro-batch and activation
 checkpointing variations. Every plan comes out of the tuner's own enumeration (the contract's rules) and its RunSpec
-is validated before launch; the trainer's own refusals (``parallelize.unsupported``: other engines, MoE, fp16 with
-FSDP2) do not touch a dense fp32 native grid.
+is validated before launch.
 
 1. Ground truth: every plan is measured by a short real run (``LocalTrials``: the trainer under torchrun on gloo).
 2. Trial mode: ``run_trials`` over the grid ordered by the planner's estimate, with max_fraction 1/3 and the
    (compute, communication) features ``tune`` gives it. Its ``measure`` answers from the ground-truth measurements
    of step 1 — only for the plans trial mode asks for, one at a time, so the strategy sees nothing it did not pay
    for. Reusing the numbers is what makes "picked" and "best of all measured" comparable: a second run of the same
-   plan on a shared 2-core machine differs by a few per cent, and that noise would otherwise be scored as the
-   strategy's error. ``--remeasure`` runs trial mode's measurements for real again instead, and reports both.
+   plan differs by a few per cent or more when other processes share the cores, and that noise would otherwise be
+   scored as the strategy's error. ``--remeasure`` runs trial mode's measurements for real again instead, and
+   reports both.
 
-Four processes on two cores are oversubscribed: the measured times are what this machine does, not what four
-devices would, and the planner (one CPU "device" per process) does not know that — trial mode has to find out.
+With fewer than four cores the 4-process plans run oversubscribed: the measured times are what the machine does,
+not what four devices would, and the planner (one CPU "device" per process) does not know that — trial mode has to
+find out.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from typing import Callable
 
 from trainer.contract.presets import DEMO_TEXT, MODELS, local_cpu_cluster
 from trainer.contract import DatasetSpec, ParallelPlan
+from trainer.planner.estimate.calibrate import TimeFeatures
 from trainer.planner.tune.measure import LocalTrials, plan_label
 from trainer.planner.tune.search import Candidate, rank_plans, trial_features
 from trainer.planner.tune.space import SearchSpace
@@ -70,24 +72,29 @@ def grid_plans() -> list[ParallelPlan]:
     return [ParallelPlan(**_NATIVE, **fields) for fields in GRID]
 
 
-def estimated_grid(model, plans: list[ParallelPlan]) -> tuple[list[Candidate], list[tuple[float, float]]]:
-    """The grid's Candidates, fastest estimate first, and their (compute, communication) features.
+@dataclass
+class EstimatedGrid:
+    pool: list[Candidate]             # fastest estimate first
+    features: list[TimeFeatures]      # the same plans' compute and communication seconds, for trial mode's refit
+
+
+def estimated_grid(model, plans: list[ParallelPlan]) -> EstimatedGrid:
+    """The grid's Candidates and trial features.
 
     Estimates come from the tuner's enumeration on each world size's cluster, so a plan the rules reject would be
     missing here and is reported rather than measured."""
     space = SearchSpace(precisions=("fp32",), engines=("native",), max_virtual_stages=4)
-    by_plan: dict[ParallelPlan, tuple[Candidate, tuple[float, float]]] = {}
+    by_plan: dict[ParallelPlan, tuple[Candidate, TimeFeatures]] = {}
     for world in sorted({p.world_size for p in plans}):
         clu = local_cpu_cluster(world)
-        ranked, _, _ = rank_plans(model, clu, GLOBAL_BATCH, space)
-        wanted = [c for c in ranked if c.plan in set(plans)]
+        wanted = [c for c in rank_plans(model, clu, GLOBAL_BATCH, space).ranked if c.plan in set(plans)]
         for c, f in zip(wanted, trial_features(model, clu, None, [c.plan for c in wanted])):
             by_plan[c.plan] = (c, f)
     missing = [plan_label(p) for p in plans if p not in by_plan]
     if missing:
         raise ValueError(f"not valid (or do not fit) for the tuner: {missing}")
     order = sorted(plans, key=lambda p: by_plan[p][0].step_time_s)
-    return [by_plan[p][0] for p in order], [by_plan[p][1] for p in order]
+    return EstimatedGrid([by_plan[p][0] for p in order], [by_plan[p][1] for p in order])
 
 
 @dataclass
@@ -123,7 +130,8 @@ def run(root: Path, steps: int = 20, warmup: int = 5, remeasure: bool = False,
         replay: dict[str, float] | None = None, progress: Callable[[str], None] = print) -> BenchResult:
     model = MODELS["tiny"]
     started, load_before = time.perf_counter(), os.getloadavg()
-    pool, features = estimated_grid(model, grid_plans())
+    grid = estimated_grid(model, grid_plans())
+    pool = grid.pool
     dataset = DatasetSpec(path=str(DEMO_TEXT), prepared_dir=str(root / "data"))
     truth: dict[ParallelPlan, float] = {}
     if replay is not None:  # earlier ground truth, for looking at trial mode again without the minutes of runs
@@ -145,7 +153,7 @@ def run(root: Path, steps: int = 20, warmup: int = 5, remeasure: bool = False,
             return remeasured[plan]
         return truth[plan]
 
-    result = run_trials(pool, measure, MAX_FRACTION, TOLERANCE, features=features)
+    result = run_trials(pool, measure, MAX_FRACTION, TOLERANCE, features=grid.features)
     return BenchResult(pool, truth, result, asked, remeasured, time.perf_counter() - started,
                        (load_before, os.getloadavg()))
 
@@ -154,12 +162,13 @@ def report(out: BenchResult, steps: int, warmup: int) -> str:
     best = out.truth[out.best_plan]
     picked = out.trials.best.plan
     n = len(out.pool)
+    cores = os.cpu_count() or 1
     lines = [f"tiny (4 layers, d_model 64), {GLOBAL_BATCH} × 64 tokens a step, fp32, native engine, gloo on "
-             f"{os.cpu_count()} CPU cores; each trial {warmup} warm-up + {steps} timed steps, median",
-             "4-process plans run oversubscribed here (4 ranks on "
-             f"{os.cpu_count()} cores): measured as they are, which the planner's one-device-per-rank estimate "
-             "does not know", "",
-             f"{'#':>2}  {'plan':<36} {'procs':>5} {'estimate ms':>11} {'measured ms':>11} {'/best':>6}  trial"]
+             f"{cores} CPU cores; each trial {warmup} warm-up + {steps} timed steps, median"]
+    if cores < 4:
+        lines.append(f"4-process plans run oversubscribed here (4 ranks on {cores} cores): measured as they are, "
+                     "which the planner's one-device-per-rank estimate does not know")
+    lines += ["", f"{'#':>2}  {'plan':<36} {'procs':>5} {'estimate ms':>11} {'measured ms':>11} {'/best':>6}  trial"]
     for i, c in enumerate(out.pool, 1):
         t = out.truth[c.plan]
         order = (f"#{out.asked.index(c.plan) + 1}" if c.plan in out.asked else "")
@@ -183,19 +192,23 @@ def report(out: BenchResult, steps: int, warmup: int) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.planner.tune.bench_trials", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.planner.tune.bench_trials",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--root", default="", help="where the trial folders go (default: a new temporary folder)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per trial")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps before them")
     parser.add_argument("--remeasure", action="store_true", help="trial mode measures for real again")
     parser.add_argument("--json", default="", help="write the whole result here")
-    parser.add_argument("--replay", default="", help="a --json file: reuse its ground truth, run trial mode only")
+    parser.add_argument("--replay", default="", help="a --json file (or the committed cpu_trials.json): reuse its "
+                                                      "ground truth, run trial mode only")
     args = parser.parse_args(argv)
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="bench-trials-"))
     root.mkdir(parents=True, exist_ok=True)
     replay = None
     if args.replay:
-        replay = {row["label"]: row["measured_step_time_s"] for row in json.loads(Path(args.replay).read_text())["pool"]}
+        data = json.loads(Path(args.replay).read_text())
+        # a --json file lists its "pool"; tests/trainer/planner/data/cpu_trials.json its "runs"
+        replay = {row["label"]: row["measured_step_time_s"] for row in data.get("pool") or data["runs"]}
     print(f"trial folders under {root}", flush=True)
     out = run(root, args.steps, args.warmup, args.remeasure, replay, progress=lambda s: print(s, flush=True))
     print()

@@ -1,4 +1,4 @@
-"""Short real trials on this machine: the ``measure(plan) -> seconds per step`` that trial mode calls.
+"""Short real trials on the local machine: the ``measure(plan) -> seconds per step`` that trial mode calls.
 
     measure = LocalTrials(model, dataset, root=Path("trials"))
     seconds = measure(plan)          # one trainer launch; its run folder stays under root
@@ -14,7 +14,6 @@ Standard library only, like the rest of the planner: torch runs in the child pro
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -23,14 +22,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from trainer.contract.command import trainer_command
 from trainer.contract.presets import local_cpu_cluster
-from trainer.contract.runfolder import EVENTS, METRICS, SPEC, write_json_atomic
+from trainer.contract.records import Event, step_times
+from trainer.contract.runfolder import EVENTS, METRICS, SPEC, read_jsonl, write_json_atomic
 from trainer.contract import DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan, RunSpec, SpecError
 
+# The repository root goes on the children's PYTHONPATH: a trial runs this checkout's trainer, installed or not.
 REPO = Path(__file__).resolve().parents[3]
 LAUNCH_LOG = "launch.log"      # the launcher's stdout and stderr (each rank also writes logs/rank-<r>.log)
 RESULT = "trial.json"          # what the trial measured, beside metrics.jsonl
@@ -62,22 +64,23 @@ def plan_label(plan: ParallelPlan) -> str:
     return "-".join(parts)
 
 
-def step_time_from_metrics(path: Path, warmup: int) -> tuple[float, int]:
-    """(median step_time_s of the steps numbered above ``warmup``, how many there were) from a metrics.jsonl.
+@dataclass(frozen=True)
+class StepTiming:
+    median_s: float    # median step_time_s of the counted steps
+    steps: int         # how many steps were counted
+
+
+def step_time_from_metrics(path: Path, warmup: int) -> StepTiming:
+    """The step times of a metrics.jsonl after the first ``warmup`` steps.
 
     Evaluation records carry no step_time_s and are skipped; so is a torn last line (the file discipline allows one).
     """
-    times = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if "step_time_s" in record and record.get("step", 0) > warmup:
-            times.append(float(record["step_time_s"]))
+    if not Path(path).is_file():
+        raise ValueError(f"{path} does not exist")
+    times = step_times([record for _, record in read_jsonl(path)], after_step=warmup)
     if not times:
         raise ValueError(f"{path} has no step after the {warmup} warm-up step(s)")
-    return statistics.median(times), len(times)
+    return StepTiming(statistics.median(times), len(times))
 
 
 def _tail(path: Path, chars: int = TAIL_CHARS) -> str:
@@ -89,22 +92,12 @@ def _tail(path: Path, chars: int = TAIL_CHARS) -> str:
 
 def _failure_reason(run_dir: Path) -> str:
     """The trainer's own account: the last 'failed' event's error, if it wrote one."""
-    try:
-        lines = (run_dir / EVENTS).read_text().splitlines()
-    except OSError:
-        return ""
-    for line in reversed(lines):
-        try:
-            event = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if event.get("event") == "failed":
-            return str(event.get("error", ""))
-    return ""
+    failures = [record for _, record in read_jsonl(run_dir / EVENTS) if record.get("event") == Event.FAILED]
+    return str(failures[-1].get("error", "")) if failures else ""
 
 
 class LocalTrials:
-    """``measure(plan) -> seconds per step`` by short trainer runs on this machine.
+    """``measure(plan) -> seconds per step`` by short trainer runs on the local machine.
 
     ``steps`` measured steps follow ``warmup`` discarded ones. Every trial reads the same prepared dataset: when
     ``dataset.prepared_dir`` is empty it is pointed at ``root/data``, so the first trial tokenizes the text (under the
@@ -131,11 +124,9 @@ class LocalTrials:
                        log_every=self.warmup + self.steps, name=f"trial {plan_label(plan)}").validate()
 
     def command(self, plan: ParallelPlan, spec_path: Path) -> list[str]:
-        trainer = ["-m", "trainer", "--spec", str(spec_path)]
-        if plan.world_size == 1:
-            return [self.python, *trainer]  # a world of one needs no launcher (and saves its start-up)
-        return [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={plan.world_size}",
-                *trainer]
+        # one node, standalone rendezvous for several ranks; a world of one runs the trainer alone
+        return trainer_command(["--spec", str(spec_path)], nproc_per_node=plan.world_size, launcher_for_one=False,
+                               python=self.python)
 
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -175,10 +166,11 @@ class LocalTrials:
             raise TrialError(f"trial {label} {what}" + (f": {reason}" if reason else ""), plan, run_dir,
                              returncode, _tail(log))
         try:
-            seconds, counted = step_time_from_metrics(run_dir / METRICS, self.warmup)
+            timing = step_time_from_metrics(run_dir / METRICS, self.warmup)
         except (OSError, ValueError) as exc:
             raise TrialError(f"trial {label} finished without step times: {exc}", plan, run_dir, 0,
                              _tail(log)) from None
+        seconds, counted = timing.median_s, timing.steps
         record = {"plan": plan.to_dict(), "label": label, "processes": plan.world_size, "step_time_s": seconds,
                   "steps_counted": counted, "warmup": self.warmup, "wall_s": wall, "run_dir": str(run_dir),
                   "command": cmd}
@@ -191,7 +183,7 @@ class LocalTrials:
     def _launch(self, cmd: list[str], run_dir: Path) -> int | None:
         """The exit status, or None when the trial outran the timeout (then its whole process group is killed)."""
         with open(run_dir / LAUNCH_LOG, "wb") as log:
-            # its own session: on a timeout, torchrun and every rank it started go down together
+            # a process group of its own: on a timeout, torchrun and every rank it started go down together
             proc = subprocess.Popen(cmd, cwd=run_dir, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
             try:

@@ -10,11 +10,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from trainer.planner.estimate import flops as F
+from trainer.planner.estimate.calibrate import TimeFeatures, ideal_options, time_features
 from trainer.planner.estimate.core import GB, Planner, rank_of
 from trainer.planner.estimate.explain import estimate
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-from trainer.planner.estimate.calibrate import ideal_options, time_features
 from trainer.planner.tune.space import SearchSpace, enumerate_plans
 from trainer.planner.tune.trials import run_trials
 
@@ -92,36 +93,45 @@ def pareto_front(candidates: Iterable[Candidate]) -> list[Candidate]:
     return front
 
 
+@dataclass
+class Ranking:
+    ranked: list[Candidate]      # the fitting plans, fastest per token first
+    rejected: dict[str, int]     # reason → count: rule violations pruned early, and memory
+    evaluated: int               # valid plans estimated
+
+
 def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[int],
                space: SearchSpace | None = None, options: EstimateOptions | None = None,
-               progress: Progress | None = None) -> tuple[list[Candidate], dict[str, int], int]:
-    """All fitting plans, fastest per token first; the rejection counts; how many plans were estimated."""
+               progress: Progress | None = None) -> Ranking:
+    """Estimate every valid plan; keep those that fit, fastest per token first, and count why the others do not."""
     batches = (global_batch,) if isinstance(global_batch, int) else tuple(global_batch)
     planner = Planner(model, cluster, options)
     rejected: dict[str, int] = {}
     fitting: list[Candidate] = []
     evaluated = 0
-    cap = planner.capacity_bytes
+    cap, peak_tflops = planner.capacity_bytes, cluster.gpu.peak_tflops
     for batch in batches:
         tokens = batch * model.seq_len
         for plan in enumerate_plans(model, cluster, batch, space, rejected):
-            step_s, peak, stage, model_flops, states, activations = planner.quick(plan)
+            q = planner.quick(plan)
             evaluated += 1
-            if peak > cap:
-                reason = memory_reason(states, activations, cap)
+            if q.peak_bytes > cap:
+                reason = memory_reason(q.peak_state_bytes, q.peak_activation_bytes, cap)
                 rejected[reason] = rejected.get(reason, 0) + 1
                 continue
-            fitting.append(Candidate(plan, step_s, peak, rank_of(plan, stage),
-                                     model_flops / (step_s * plan.world_size * planner.peak_flops), tokens / step_s))
+            step_s = q.step_s
+            fitting.append(Candidate(plan, step_s, q.peak_bytes, rank_of(plan, q.peak_stage),
+                                     F.mfu(q.model_flops_per_step, step_s, peak_tflops, plan.world_size),
+                                     tokens / step_s))
             if progress and evaluated % 20000 == 0:
                 progress({"phase": "rank", "evaluated": evaluated, "fitting": len(fitting)})
     fitting.sort(key=lambda c: (c.step_time_s / (c.plan.global_batch * model.seq_len), c.peak_memory_bytes))
-    return fitting, rejected, evaluated
+    return Ranking(fitting, rejected, evaluated)
 
 
 def trial_features(model: ModelSpec, cluster: ClusterSpec, options: EstimateOptions | None,
-                   plans: Sequence[ParallelPlan]) -> list[tuple[float, float]]:
-    """(compute, communication) seconds of each plan at ideal efficiency: what trials refit on."""
+                   plans: Sequence[ParallelPlan]) -> list[TimeFeatures]:
+    """Compute and communication seconds of each plan at ideal efficiency: what trials refit on."""
     planner = Planner(model, cluster, ideal_options(options or EstimateOptions()))
     return [time_features(planner, p) for p in plans]
 
@@ -155,9 +165,10 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[in
     started = time.perf_counter()
     if progress:
         progress({"phase": "enumerate", "message": "enumerating and estimating plans"})
-    ranked, rejected, evaluated = rank_plans(model, cluster, global_batch, space, options, progress)
+    ranking = rank_plans(model, cluster, global_batch, space, options, progress)
+    ranked, evaluated = ranking.ranked, ranking.evaluated
     result = TuneResult(model, cluster, (global_batch,) if isinstance(global_batch, int) else tuple(global_batch),
-                        evaluated, len(ranked), rejected, ranked, pareto_front(ranked), 0.0, top_k)
+                        evaluated, len(ranked), ranking.rejected, ranked, pareto_front(ranked), 0.0, top_k)
     result.details = [estimate(model, c.plan, cluster, options).to_dict() for c in ranked[:explain_top]]
     if measure is not None and ranked:
         pool = ranked[:trial_pool]

@@ -2,8 +2,9 @@
 
 The loops walk the choices in order (tp, pp, dp, micro-batch, sequence parallel, ep, engine/ZeRO/offload,
 checkpointing, schedule/virtual stages) and apply, at the first level where they can fail, the same rules as
-``ParallelPlan.problems()`` and ``spec.check_plan`` — inline, because building and checking a spec object per raw
-combination would dominate the search. tests/trainer/test_tune_space.py checks that the two agree on whole grids.
+``ParallelPlan.problems()`` and ``rules.check_plan`` — inline, because building and checking a spec object per raw
+combination would dominate the search. tests/trainer/planner/test_plan_space.py checks that the two agree on whole
+grids.
 
 Two choices are not enumerated because they change nothing: the pipeline schedule when pp = 1 (one plan with the
 default '1f1b'), and ep > 1 for a dense model.
@@ -11,9 +12,11 @@ default '1f1b'), and ep > 1 for a dense model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, get_args
 
-from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
+from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
+from trainer.contract.specjson import from_dict
+from trainer.contract.specs import Checkpointing, Engine, Precision, Schedule
 
 
 def divisors(n: int) -> list[int]:
@@ -37,32 +40,59 @@ class SearchSpace:
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "SearchSpace":
-        data = dict(data or {})
-        for key in ("precisions", "engines", "checkpointing", "schedules", "micro_batches", "sequence_parallel"):
-            if data.get(key) is not None:
-                data[key] = tuple(data[key])
-        return cls(**data)
+        """A space from JSON values (lists for the tuples), type-checked field by field; raises SpecError."""
+        return from_dict(cls, dict(data or {})).validate()
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        for name, kind in (("precisions", Precision), ("engines", Engine), ("checkpointing", Checkpointing),
+                           ("schedules", Schedule)):
+            allowed, values = get_args(kind), getattr(self, name)
+            if not values or any(v not in allowed for v in values):
+                p[name] = [f"{name}={list(values)} must be a non-empty list among {list(allowed)}"]
+        if not self.sequence_parallel:
+            p["sequence_parallel"] = ["sequence_parallel must list true, false or both"]
+        if self.micro_batches is not None and (not self.micro_batches or min(self.micro_batches) < 1):
+            p["micro_batches"] = [f"micro_batches={list(self.micro_batches)} must be positive integers"]
+        for name in ("max_micro_batch", "max_virtual_stages"):
+            if getattr(self, name) < 1:
+                p[name] = [f"{name}={getattr(self, name)} must be at least 1"]
+        return p
+
+    def validate(self) -> "SearchSpace":
+        problems = self.problems()
+        if problems:
+            raise SpecError(problems)
+        return self
 
 
-def _engine_choices(space: SearchSpace, tp: int, sp: bool, pp: int, precision: str, moe: bool):
-    """(engine, zero_stage, offload_optimizer, offload_params) allowed for this tp, sp, pp (spec._engine_problems)."""
-    out = []
+@dataclass(frozen=True, slots=True)
+class EngineChoice:
+    engine: str
+    zero_stage: int = 0
+    offload_optimizer: bool = False
+    offload_params: bool = False
+
+
+def _engine_choices(space: SearchSpace, tp: int, sp: bool, pp: int, precision: str, moe: bool) -> list[EngineChoice]:
+    """The engine, ZeRO stage and offload combinations allowed for this tp, sp, pp (rules.engine_problems)."""
+    out: list[EngineChoice] = []
     if moe and tp > 1:  # experts are spread over dp (ep), not split by tensor parallel
         return out
     if "native" in space.engines:
-        out.append(("native", 0, False, False))
+        out.append(EngineChoice("native", 0))
         if not (precision == "fp16") and not moe:  # native MoE is not sharded with FSDP2
-            out.append(("native", 3, False, False))
+            out.append(EngineChoice("native", 3))
     if "deepspeed" in space.engines and tp == 1 and not sp:
         for zero in (1,) if pp > 1 else (0, 1, 2, 3):  # DeepSpeed's pipeline: ZeRO-1 only
             if moe and zero == 3:
                 continue
-            out.append(("deepspeed", zero, False, False))
+            out.append(EngineChoice("deepspeed", zero))
             if space.offload and zero >= 1:
-                out.append(("deepspeed", zero, True, False))
+                out.append(EngineChoice("deepspeed", zero, offload_optimizer=True))
             if space.offload and zero == 3:
-                out.append(("deepspeed", zero, True, True))
-                out.append(("deepspeed", zero, False, True))
+                out.append(EngineChoice("deepspeed", zero, offload_optimizer=True, offload_params=True))
+                out.append(EngineChoice("deepspeed", zero, offload_params=True))
     return out
 
 
@@ -113,13 +143,13 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                             reject("ep does not divide n_experts")
                             continue
                         for precision in space.precisions:
-                            for engine, zero, off_opt, off_par in _engine_choices(space, tp, sp, pp, precision, moe):
+                            for c in _engine_choices(space, tp, sp, pp, precision, moe):
                                 for ckpt in space.checkpointing:
                                     yield from _schedules(space, model, pp, m, reject, dict(
                                         dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
-                                        sequence_parallel=sp, ep=ep, engine=engine, zero_stage=zero,
+                                        sequence_parallel=sp, ep=ep, engine=c.engine, zero_stage=c.zero_stage,
                                         activation_checkpointing=ckpt, precision=precision,
-                                        offload_optimizer=off_opt, offload_params=off_par))
+                                        offload_optimizer=c.offload_optimizer, offload_params=c.offload_params))
 
 
 def _schedules(space: SearchSpace, model: ModelSpec, pp: int, m: int, reject, fields: dict):

@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from trainer.planner.estimate.calibrate import solve_least_squares
+from trainer.planner.estimate.calibrate import TimeFeatures, TimeFit, solve_least_squares
 from trainer.contract import ParallelPlan, SpecError
 
 
@@ -45,29 +45,26 @@ class TrialResult:
                 "error_bound": self.error_bound, "note": self.note}
 
 
-def _fit(points: list[tuple[float, float]], times: list[float]) -> tuple[float, float] | None:
-    """(x_c, x_n) ≥ 0 minimising Σ (x_c·C + x_n·N − t)²; one term alone when the other does not fit."""
+def _fit(points: list[TimeFeatures], times: list[float]) -> TimeFit:
+    """x_c > 0, x_n ≥ 0 minimising Σ (x_c·C + x_n·N − t)²; one scale for both when they do not fit apart."""
     try:
-        xc, xn = solve_least_squares([(c, n) for c, n in points], times)
+        xc, xn = solve_least_squares([(p.compute_s, p.communication_s) for p in points], times)
         if xc > 0 and xn >= 0:
-            return xc, xn
+            return TimeFit(xc, xn)
     except ValueError:
         pass
-    total = [c + n for c, n in points]
+    total = [p.compute_s + p.communication_s for p in points]
     scale = sum(t * s for t, s in zip(times, total)) / sum(s * s for s in total)
-    return scale, scale
-
-
-def _predict(x: tuple[float, float], point: tuple[float, float]) -> float:
-    return x[0] * point[0] + x[1] * point[1]
+    return TimeFit(scale, scale)
 
 
 def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fraction: float = 1 / 3,
                tolerance: float = 0.05, progress: Callable[[dict], None] | None = None, error_bound: float = 0.0,
-               min_trials: int = 3, features: Sequence[tuple[float, float]] | None = None) -> TrialResult:
+               min_trials: int = 3, features: Sequence[TimeFeatures] | None = None) -> TrialResult:
     """Measure plans of ``pool`` (Candidates) until the bound or the budget says stop; see the module docstring.
 
-    ``features``: (compute seconds, communication seconds) at ideal efficiency for each pool entry, same order.
+    ``features``: compute and communication seconds at ideal efficiency for each pool entry, same order
+    (``search.trial_features``).
     """
     if not 0 < max_fraction <= 1:
         raise SpecError.single("max_fraction", f"max_fraction={max_fraction} must be in (0, 1]")
@@ -100,8 +97,9 @@ def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fra
         result.measured.append(measured)
         if result.best is None or seconds < result.best.measured_step_time_s:
             result.best = measured
-        predicted, delta = _recalibrate(pool, features, done, min_trials)
-        result.error_bound = max(delta, error_bound)
+        predictions = _recalibrate(pool, features, done, min_trials)
+        predicted = predictions.step_s
+        result.error_bound = max(predictions.error_bound, error_bound)
         if progress:
             progress({"phase": "trial", "done": len(done), "budget": budget, "pool": n,
                       "measured_step_time_s": seconds, "estimated_step_time_s": pool[i].step_time_s,
@@ -128,13 +126,19 @@ def _next(predicted: list[float], done: dict, features, exploring: bool) -> int:
     if not exploring or features is None or not done:
         return best
     half = sorted(rest, key=lambda j: predicted[j])[:max(1, len(predicted) // 2)]
-    share = {j: features[j][1] / (features[j][0] + features[j][1] or 1.0) for j in half}
-    measured_shares = [features[j][1] / (features[j][0] + features[j][1] or 1.0) for j in done]
+    share = {j: features[j].communication_share for j in half}
+    measured_shares = [features[j].communication_share for j in done]
     # the candidate whose communication share is farthest from every measured one
     return max(half, key=lambda j: (min(abs(share[j] - m) for m in measured_shares), -predicted[j]))
 
 
-def _recalibrate(pool, features, done: dict[int, float], min_trials: int) -> tuple[list[float], float]:
+@dataclass(frozen=True)
+class Predictions:
+    step_s: list[float]       # for every pool entry, same order
+    error_bound: float        # δ: how far off a prediction may be, relatively
+
+
+def _recalibrate(pool, features, done: dict[int, float], min_trials: int) -> Predictions:
     """Predictions for every pool entry from the measured ones, and the error bound δ of those predictions."""
     idx = list(done)
     if features is not None and len(idx) >= min_trials:
@@ -143,9 +147,9 @@ def _recalibrate(pool, features, done: dict[int, float], min_trials: int) -> tup
         errors = []
         for k in range(len(idx)):  # leave-one-out: how wrong the refit is on a plan it did not see
             xk = _fit(points[:k] + points[k + 1:], times[:k] + times[k + 1:])
-            errors.append(abs(_predict(xk, points[k]) - times[k]) / times[k])
-        return [_predict(x, f) for f in features], SAFETY * max(errors)
+            errors.append(abs(xk.predict(points[k]) - times[k]) / times[k])
+        return Predictions([x.predict(f) for f in features], SAFETY * max(errors))
     ratios = sorted(done[i] / pool[i].step_time_s for i in idx)
     median = ratios[len(ratios) // 2]
     spread = (ratios[-1] - ratios[0]) / ratios[-1]
-    return [c.step_time_s * median for c in pool], SAFETY * spread
+    return Predictions([c.step_time_s * median for c in pool], SAFETY * spread)

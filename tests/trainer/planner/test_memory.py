@@ -46,9 +46,17 @@ TABLE = [  # (t, sequence parallel, checkpointing, bytes per layer from the tabl
 ]
 
 
+def _layer(t=1, sp=False, ckpt="none", e=2, dropout=True):
+    """One layer's terms under Korthikanti's conventions: materialised scores, no small terms."""
+    shape = M.LayerShape(d_model=H, ffn=4 * H, kv_dim=H, n_heads=A, seq_len=S, dropout=dropout)
+    settings = M.ActivationSettings(micro_batch=B, tp=t, sequence_parallel=sp, checkpointing=ckpt,
+                                    bytes_per_element=e, attention="math", small_terms=False)
+    return dict(M.layer_activations(shape, settings))
+
+
 @pytest.mark.parametrize("t,sp,ckpt,expected", TABLE)
 def test_it_matches_korthikanti_table_term_by_term(t, sp, ckpt, expected):
-    terms = dict(M.layer_activations(H, 4 * H, H, A, S, B, t, sp, ckpt, 2, "math", True, False))
+    terms = _layer(t, sp, ckpt)
     assert sum(terms.values()) == pytest.approx(expected, rel=1e-12)
     T = S * B
     r = t if sp else 1
@@ -70,22 +78,27 @@ def test_it_matches_korthikanti_table_term_by_term(t, sp, ckpt, expected):
 
 
 def test_it_drops_mask_terms_without_dropout_and_doubles_two_byte_terms_in_fp32():
-    with_dropout = dict(M.layer_activations(H, 4 * H, H, A, S, B, 1, False, "none", 2, "math", True, False))
-    no_dropout = dict(M.layer_activations(H, 4 * H, H, A, S, B, 1, False, "none", 2, "math", False, False))
-    fp32 = dict(M.layer_activations(H, 4 * H, H, A, S, B, 1, False, "none", 4, "math", False, False))
+    with_dropout = _layer(dropout=True)
+    no_dropout = _layer(dropout=False)
+    fp32 = _layer(e=4, dropout=False)
     T = S * B
     assert sum(no_dropout.values()) == pytest.approx(T * H * (32 + 2 * A * S / H))
     assert sum(with_dropout.values()) - sum(no_dropout.values()) == pytest.approx(T * H * (2 + 3 * A * S / H))
     assert sum(fp32.values()) == pytest.approx(2 * sum(no_dropout.values()))
 
 
+def _pipeline(schedule, pp, m, v=1):
+    """A plan of ``pp`` stages running ``m`` micro-batches a step under ``schedule`` with ``v`` chunks a stage."""
+    return ParallelPlan(pp=pp, micro_batch=1, global_batch=m, pipeline_schedule=schedule, virtual_stages=v)
+
+
 def test_it_counts_micro_batches_in_flight_by_schedule():
-    assert M.in_flight("1f1b", 1, 64, 1, 0) == 1
-    assert M.in_flight("gpipe", 8, 64, 1, 0) == 64
-    assert M.in_flight("1f1b", 8, 64, 1, 0) == 8 and M.in_flight("1f1b", 8, 64, 1, 7) == 1
-    assert M.in_flight("1f1b", 8, 3, 1, 0) == 3
+    assert M.in_flight(_pipeline("1f1b", 1, 64), 0) == 1
+    assert M.in_flight(_pipeline("gpipe", 8, 64), 0) == 64
+    assert M.in_flight(_pipeline("1f1b", 8, 64), 0) == 8 and M.in_flight(_pipeline("1f1b", 8, 64), 7) == 1
+    assert M.in_flight(_pipeline("1f1b", 8, 3), 0) == 3
     # interleaved: p·(1 + (p−1)/(p·v)) on the first stage
-    assert M.in_flight("interleaved", 8, 64, 4, 0) == pytest.approx(8 * (1 + 7 / 32))
+    assert M.in_flight(_pipeline("interleaved", 8, 64, 4), 0) == pytest.approx(8 * (1 + 7 / 32))
 
 
 def test_it_makes_the_1f1b_first_stage_hold_the_activations_of_all_layers():

@@ -1,4 +1,4 @@
-"""The tuner's inline validity rules agree with ParallelPlan.problems() and spec.check_plan on whole grids."""
+"""The tuner's inline validity rules agree with ParallelPlan.problems() and rules.check_plan on whole grids."""
 import itertools
 
 import pytest

@@ -32,7 +32,8 @@ def test_it_measures_a_one_process_trial_and_leaves_its_run_folder(dataset, tmp_
     assert 0 < seconds < 10
     run_dir = Path(trials.runs[0]["run_dir"])
     assert run_dir.parent == tmp_path
-    assert step_time_from_metrics(run_dir / "metrics.jsonl", WARMUP) == (seconds, STEPS)
+    timing = step_time_from_metrics(run_dir / "metrics.jsonl", WARMUP)
+    assert (timing.median_s, timing.steps) == (seconds, STEPS)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + WARMUP + 1))
     spec = json.loads((run_dir / "spec.json").read_text())
@@ -52,7 +53,7 @@ def test_it_measures_a_two_process_trial_under_torchrun(dataset, tmp_path):
 
 
 def test_it_measures_a_deepspeed_plan_in_one_process(dataset, tmp_path):
-    # The trainer now runs both engines, so a DeepSpeed plan is measured like a native one (no torchrun for one rank).
+    # The trainer runs both engines, so a DeepSpeed plan is measured like a native one (no torchrun for one rank).
     trials, events = _trials(dataset, tmp_path)
     seconds = trials(ParallelPlan(micro_batch=2, global_batch=4, engine="deepspeed", zero_stage=1))
     assert 0 < seconds < 10

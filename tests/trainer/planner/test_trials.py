@@ -1,6 +1,6 @@
 """Trial mode: measure at most a third of a grid and still pick a plan within 5 % of the best measured.
 
-``measure`` here is a deterministic stand-in for the short real trials the launcher will run (documented, seeded):
+``measure`` here is a deterministic stand-in for the short real trials (``LocalTrials``), documented and seeded:
 - "noise": the planner's estimate × a per-plan factor drawn uniformly from [0.95, 1.05] by a RNG seeded with the plan;
 - "structured": the step time under different efficiencies than the planner assumes (compute 0.42 instead of 0.5,
   communication 0.35 instead of 0.8: communication-heavy plans are slower than estimated, which reorders the grid),
@@ -38,7 +38,7 @@ def _truths(model, clu, pool, scenario, seed):
 @pytest.mark.parametrize("scenario", ["noise", "structured"])
 def test_it_picks_within_5_percent_measuring_at_most_a_third(model, nodes, batch, scenario):
     spec, clu = MODELS[model], cluster("A100-SXM-80GB", nodes)
-    ranked, _, _ = rank_plans(spec, clu, batch)
+    ranked = rank_plans(spec, clu, batch).ranked
     pool = ranked[:30]
     features = trial_features(spec, clu, None, [c.plan for c in pool])
     hits = 0
@@ -54,7 +54,7 @@ def test_it_runs_trials_from_tune_with_progress_on_a_twelve_plan_grid():
     spec, clu = MODELS["gpt2-xl"], cluster("A100-SXM-80GB", 1)
     events = []
     calls = []
-    pool = rank_plans(spec, clu, 32)[0][:12]
+    pool = rank_plans(spec, clu, 32).ranked[:12]
     truth = _truths(spec, clu, pool, "noise", 7)
 
     def measure(plan):
@@ -73,6 +73,6 @@ def test_it_runs_trials_from_tune_with_progress_on_a_twelve_plan_grid():
 
 def test_it_refuses_a_measure_that_returns_nonsense():
     spec, clu = MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 1)
-    pool = rank_plans(spec, clu, 32)[0][:6]
+    pool = rank_plans(spec, clu, 32).ranked[:6]
     with pytest.raises(ValueError, match="positive step time"):
         run_trials(pool, lambda plan: -1.0)

@@ -1,12 +1,12 @@
 """The planner against real multi-rank runs of the native trainer (gloo on the CPU, fp32).
 
-Reuses the trainer suite's session launches (tests/trainer/conftest.py): 2-rank tp2, tp2 + sequence parallel,
-pp2 with GPipe / 1F1B / interleaved, dp2 DDP, dp2 FSDP2; 4-rank tp2×dp2, pp2×tp2, FSDP2×tp2 + sequence parallel;
-single-process references and the three checkpointing modes; and, from the engine launches, the native MoE model
-with ep = 2 over dp = 2 (capacity factor 2, no drops; 0.5, half the assignments dropped) and its single-process
-reference. Each rank records params/grads/optimizer bytes and
-the bytes autograd saved in one micro-batch's forward; the planner must give the model states exactly and the
-saved activations within 3 % on every rank (rank = (stage·dp + d)·tp + j).
+Reads the run folders of the trainer suite's batched launches (tests/trainer/conftest.py): 2-rank tp2, tp2 + sequence
+parallel, pp2 with GPipe / 1F1B / interleaved, dp2 DDP, dp2 FSDP2; 4-rank tp2×dp2, pp2×tp2, FSDP2×tp2 + sequence
+parallel; single-process references and the three checkpointing modes; and, from the engine launches, the native MoE
+model with ep = 2 over dp = 2 (capacity factor 2, no drops; 0.5, half the assignments dropped) and its
+single-process reference. Each rank records params/grads/optimizer bytes and the bytes autograd saved in one
+micro-batch's forward; the planner must give the model states exactly and the saved activations within 3 % on every
+rank (rank = (stage·dp + d)·tp + j).
 """
 import json
 from pathlib import Path

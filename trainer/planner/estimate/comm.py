@@ -1,0 +1,101 @@
+"""Communication: where a group of ranks sits, what a ring collective costs, and how many collectives a step issues.
+
+Rank layout (the native trainer's device mesh): a (pp, dp, tp) grid with tp innermost, so
+rank = (stage·dp + d)·tp + j. A group of n ranks with stride k sits inside one node when n·k ≤ gpus_per_node
+(tp: stride 1; dp and ep: t; pp: t·d) and then uses the intra-node bandwidth, else the inter-node one.
+
+Costs follow the α–β ring model (docs/formulas.md, Communication cost model): bandwidth prices a collective by its
+bytes, S/β times a ring factor; latency α is paid per ring step, which is what the hop counts below are for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.contract import ParallelPlan
+
+# DDP's default bucket_cap_mb: gradients are all-reduced in ~25 MB buckets, one collective each
+DDP_BUCKET_BYTES = 25 * 1024 * 1024
+# DeepSpeed's default reduce_bucket_size, in elements
+ZERO_BUCKET_ELEMENTS = 5e8
+
+
+def rank_of(plan: ParallelPlan, stage: int, d: int = 0, j: int = 0) -> int:
+    """Global rank of pipeline stage ``stage``, data-parallel index d, tensor-parallel index j."""
+    return (stage * plan.dp + d) * plan.tp + j
+
+
+def fits_in_node(size: int, stride: int, gpus_per_node: int) -> bool:
+    return size * stride <= gpus_per_node
+
+
+def ring_all_reduce_s(nbytes: float, n: int, bandwidth: float) -> float:
+    """2·(n−1)/n · S/β."""
+    return 2 * (n - 1) / n * nbytes / bandwidth if n > 1 else 0.0
+
+
+def ring_gather_s(nbytes: float, n: int, bandwidth: float) -> float:
+    """All-gather or reduce-scatter of S bytes in total: (n−1)/n · S/β."""
+    return (n - 1) / n * nbytes / bandwidth if n > 1 else 0.0
+
+
+@dataclass(slots=True)
+class Collectives:
+    """What one rank issues per step, by group (tp, ep, pp, dp): collectives (messages) and the ring steps they take.
+
+    Step time adds α · hops for each group."""
+
+    calls: dict[str, float]
+    hops: dict[str, float]
+
+
+def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: int, grad_bytes: float,
+                      params_first: int) -> Collectives:
+    """The collectives one rank issues per step, and their latency hops, by group.
+
+    Bandwidth alone prices a collective by its bytes; small ones (tiny models, gloo, many FSDP units) are paid per
+    call. In the ring model an all-reduce over n ranks is 2·(n−1) steps, 2·(n−1)·α + 2·(n−1)/n·S/β; an all-gather
+    or reduce-scatter (n−1)·α + (n−1)/n·S/β; an all-to-all (n−1)·α + …; a point-to-point message α + S/β.
+    Hops = Σ collectives × their steps. Counts follow what the trainer issues:
+      tp  m · [layers · n + edges] all-reduces, n = 4 a layer (2 forward, 2 backward; docs/formulas.md,
+          Communication cost model) or 6 with full recompute (the forward runs twice); edges: the
+          vocabulary-parallel embedding forward and the head input backward (2; with a pipeline the first stage
+          holds one and the last the other: 1); sequence parallel replaces each by an all-gather and a
+          reduce-scatter (twice the calls, the same hops)
+      ep  m · moe_layers · 4 all-to-alls (dispatch and combine, forward and backward)
+      pp  m · v · 2 messages (an activation forward and its gradient back, per micro-batch per chunk)
+      dp  ZeRO-3 (FSDP2: one unit per block + a root per chunk, v with interleaving): m · (units + layers)
+          all-gathers (forward, and the backward re-gather of each block; not with a pipeline, which keeps blocks
+          gathered, nor for the root, which FSDP2 does not reshard) + units reduce-scatters (once a step: gradient
+          sync on the last micro-batch); DDP: ⌈grad bytes / 25 MiB⌉ bucket all-reduces; tp > 1 or pp > 1 (the
+          trainer's flat gradient sync after backward): 1 all-reduce; DeepSpeed ZeRO 0–2: ⌈P_rank / 5e8⌉ buckets.
+    """
+    m = plan.grad_accum
+    calls: dict[str, float] = {}
+    hops: dict[str, float] = {}
+    layers = n_layers // plan.pp
+    v = plan.model_chunks
+    if plan.tp > 1:
+        per = 6 if plan.activation_checkpointing == "full" else 4
+        all_reduces = m * (layers * per + (2 if plan.pp == 1 else 1))
+        calls["tp"] = float(all_reduces * (2 if plan.sequence_parallel else 1))
+        hops["tp"] = float(all_reduces * 2 * (plan.tp - 1))
+    if plan.ep > 1 and moe_layers_per_stage:
+        calls["ep"] = float(m * moe_layers_per_stage * 4)
+        hops["ep"] = calls["ep"] * (plan.ep - 1)
+    if plan.pp > 1:
+        calls["pp"] = hops["pp"] = float(m * v * 2)
+    if plan.dp > 1:
+        if plan.zero_stage >= 3:
+            units = layers + v
+            regather = layers if plan.pp == 1 else 0
+            calls["dp"] = float(m * (units + regather) + units)
+            hops["dp"] = calls["dp"] * (plan.dp - 1)
+        else:
+            if plan.engine == "deepspeed":
+                calls["dp"] = float(-(-params_first // ZERO_BUCKET_ELEMENTS))
+            elif plan.tp > 1 or plan.pp > 1:
+                calls["dp"] = 1.0
+            else:
+                calls["dp"] = float(-(-grad_bytes // DDP_BUCKET_BYTES))
+            hops["dp"] = calls["dp"] * 2 * (plan.dp - 1)
+    return Collectives(calls, hops)

@@ -1,0 +1,126 @@
+"""The planner's results as named values: a stage's memory, a step's time, a plan's numbers, the tuner's summary.
+
+``PlanNumbers`` is what ``Planner.evaluate`` gives (every named term); ``PlanSummary`` is what ``Planner.quick``
+gives the tuner (the totals it ranks and rejects by). The types the tuner creates once per plan are slotted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from trainer.planner.estimate.comm import Collectives
+from trainer.contract import ParallelPlan
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    params: int                    # parameters stored on the rank before data-parallel sharding
+    params_sharded: int            # after ZeRO-3 / FSDP sharding
+    states: dict[str, float]       # weights, gradients, optimizer, host
+    activations_per_microbatch: dict[str, float]
+    in_flight: float
+    layers: int
+    buffers: dict[str, float]
+    overhead: float
+
+    @property
+    def activations(self) -> float:
+        return self.in_flight * sum(self.activations_per_microbatch.values())
+
+    @property
+    def model_state_bytes(self) -> float:
+        s = self.states
+        return s["weights"] + s["gradients"] + s["optimizer"]
+
+    @property
+    def total(self) -> float:
+        return self.model_state_bytes + self.activations + sum(self.buffers.values()) + self.overhead
+
+
+@dataclass(slots=True)
+class StageStatic:
+    """The parts of a stage's memory that do not depend on the global batch or the schedule (the tuner caches them):
+    model states, activations of one micro-batch, buffers (bytes), and the rank's parameters before and after
+    data-parallel sharding."""
+
+    state_bytes: float
+    activation_bytes_per_microbatch: float
+    buffer_bytes: float
+    params: int
+    params_sharded: int
+
+
+@dataclass(slots=True)
+class StepTime:
+    """One step's seconds by named part, with the FLOPs and the rates they came from."""
+
+    parts: dict[str, float]            # compute, tensor_parallel, pipeline_bubble, … (seconds)
+    seconds: float                     # their sum
+    model_flops: float                 # per step, without recompute
+    hardware_flops: float              # per step, with recompute
+    efficiency: float                  # fraction of peak the compute term runs at
+    bandwidths: Mapping[str, float]    # bytes/s of the tp, pp, dp and ep groups (shared between plans: read only)
+    collectives: Collectives
+
+
+@dataclass
+class PlanNumbers:
+    plan: ParallelPlan
+    stages: list[StageMemory]
+    peak_stage: int
+    peak_bytes: float
+    peak_rank: int
+    capacity_bytes: float
+    step_time: StepTime
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+    @property
+    def time(self) -> dict[str, float]:
+        """Named seconds per step."""
+        return self.step_time.parts
+
+    @property
+    def step_s(self) -> float:
+        return self.step_time.seconds
+
+    @property
+    def model_flops_per_step(self) -> float:
+        return self.step_time.model_flops
+
+    @property
+    def hardware_flops_per_step(self) -> float:
+        return self.step_time.hardware_flops
+
+    @property
+    def efficiency(self) -> float:
+        return self.step_time.efficiency
+
+    @property
+    def bandwidths(self) -> Mapping[str, float]:
+        return self.step_time.bandwidths
+
+    @property
+    def collectives(self) -> dict[str, float]:
+        """Collectives (messages) per step, by group."""
+        return self.step_time.collectives.calls
+
+    @property
+    def latency_hops(self) -> dict[str, float]:
+        """Ring steps those collectives take: α multiplies these."""
+        return self.step_time.collectives.hops
+
+
+@dataclass(slots=True)
+class PlanSummary:
+    """What ``Planner.quick`` gives the tuner: the totals of ``PlanNumbers`` without the named parts."""
+
+    step_s: float
+    peak_bytes: float
+    peak_stage: int
+    model_flops_per_step: float
+    peak_state_bytes: float          # the peak stage's model states
+    peak_activation_bytes: float     # and its activations in flight
