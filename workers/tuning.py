@@ -8,6 +8,7 @@ from django.conf import settings
 
 from trainer.planner.estimate.api import model_from_json
 from trainer.planner.tune.api import tune_json
+from trainer.planner.tune.measure import LocalTrials
 from webapp import services
 from webapp.models import TuneJob
 
@@ -28,7 +29,8 @@ def _progress_writer(job_id: int):
 
 
 def _measurable(request: dict) -> dict:
-    """Trials can only measure what the trainer runs: the native engine until the DeepSpeed engine exists."""
+    """Trials search the native engine unless the request names engines: a DeepSpeed trial spends seconds in
+    deepspeed.initialize before its first step, which would swamp the few steps a trial times."""
     space = dict(request.get("space") or {})
     space.setdefault("engines", ["native"])
     return {**request, "space": space}
@@ -39,8 +41,6 @@ def tune_job_run(job_id: int) -> str:
     if job is None:
         return "skipped"
     try:
-        from trainer.planner.tune.measure import LocalTrials
-
         root = Path(settings.WORKBENCH["RUNS_ROOT"]) / f"tune-{job.pk}"
         dataset = job.dataset.dataset_spec().replace(prepared_dir=str(root / "data"))
         steps = job.trial_steps

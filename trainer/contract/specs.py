@@ -7,6 +7,7 @@ its model and cluster, what each engine refuses) are in ``rules``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
@@ -26,15 +27,21 @@ __all__ = ["ModelSpec", "ParallelPlan", "GPUSpec", "ClusterSpec", "DatasetSpec",
            "RunSpec", "check_run"]
 
 
+@functools.cache
+def _float_fields(cls: type) -> tuple[str, ...]:
+    """Names of a spec's float fields, looked up once per class: the tuner builds specs by the hundred thousand."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type in ("float", float))
+
+
 class _Spec:
     """JSON in and out, shared by every spec. Subclasses add ``problems()``."""
 
     def __post_init__(self):
         # Store 80 given for a float field as 80.0, so that equal specs always write the same JSON text.
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("float", float) and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))
+        for name in _float_fields(type(self)):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, name, float(value))
 
     def problems(self) -> dict[str, list[str]]:
         return {}

@@ -22,7 +22,7 @@ from trainer.engine.base import Engine
 from trainer.engine.native import NativeEngine
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
 from trainer.optim import lr_at
-from trainer.flops import flops_per_step as model_flops_per_step, mfu
+from trainer.planner.estimate.flops import mfu, model_flops_per_step
 from trainer.profiling.memory import max_allocated_bytes
 from trainer.profiling.profiler import StepProfiler
 

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from trainer.flops import flops_per_token, matmul_params
+from trainer.planner.estimate.flops import matmul_params, model_flops_per_token
 from trainer.profiling.memory import SavedActivations
 from trainer.model import GPT, build_model, count_parameters, loss_fn
 from trainer.parallel.ac import apply_ac
@@ -66,7 +66,7 @@ def test_it_counts_model_flops_like_palm():
     spec = MODELS["gpt2-small"]
     h, L = spec.d_model, spec.n_layers
     assert matmul_params(spec) == L * 12 * h * h + spec.vocab_size * h
-    assert flops_per_token(spec) == 6 * matmul_params(spec) + 12 * L * h * spec.seq_len
+    assert model_flops_per_token(spec) == 6 * matmul_params(spec) + 12 * L * h * spec.seq_len
 
 
 def _saved_bytes(mode: str, spec: ModelSpec = TINY) -> tuple[int, float]:

@@ -15,16 +15,15 @@ routing, and the planner's bound (every expert full) must be at or above the mea
 import copy
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-model_mod = pytest.importorskip("trainer.model")
-memory_mod = pytest.importorskip("trainer.profiling.memory")
-ac_mod = pytest.importorskip("trainer.parallel.ac")
-pipeline_mod = pytest.importorskip("trainer.parallel.pipeline")
-
-from trainer.planner.estimate.core import Planner  # noqa: E402
-from trainer.contract.presets import local_cpu_cluster  # noqa: E402
-from trainer.contract import ModelSpec, ParallelPlan  # noqa: E402
+from trainer import model as model_mod
+from trainer.contract import ModelSpec, ParallelPlan
+from trainer.contract.presets import local_cpu_cluster
+from trainer.parallel import ac as ac_mod
+from trainer.parallel import pipeline as pipeline_mod
+from trainer.planner.estimate.core import Planner
+from trainer.profiling import memory as memory_mod
 
 BASE = dict(n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512)
 CASES = [  # (id, model fields, micro-batch, checkpointing, pp, stage[, precision, zero_stage])

@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.trainer.conftest import (AC_MODES, DS_STAGES, FOUR_RANK_PLANS, MOE_STEPS, PARITY_STEPS, TWO_RANK_PLANS,
+                                    moe_model)
+from tests.trainer.launch import tiny_spec
 from trainer.planner.estimate.core import Planner
-
-pytest.importorskip("torch")
-from tests.trainer.conftest import (AC_MODES, DS_STAGES, FOUR_RANK_PLANS, MOE_STEPS, PARITY_STEPS,  # noqa: E402
-                                    TWO_RANK_PLANS, moe_model)
-from tests.trainer.launch import tiny_spec  # noqa: E402
 
 ONE_RANK_PLANS = {"ref-tied": {}, "ref-untied": dict(tied=False),
                   **{f"ac-{mode}": dict(activation_checkpointing=mode) for mode in AC_MODES}}

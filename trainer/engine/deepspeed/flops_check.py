@@ -1,4 +1,4 @@
-"""DeepSpeed's flops profiler as a cross-check of trainer.flops (PaLM's formula), reported, never used for MFU.
+"""DeepSpeed's flops profiler as a cross-check of the planner's formula (trainer/planner/estimate/flops.py, PaLM's), reported, never used for MFU.
 
 The profiler counts what it sees in one forward: 2·MACs of every F.linear (blocks and LM head: the formula's
 2·N per token), the attention product of F.scaled_dot_product_attention, and elementwise work the formula leaves
@@ -21,7 +21,7 @@ from torch import nn
 from deepspeed.profiling.flops_profiler import get_model_profile
 
 from trainer.contract import ModelSpec
-from trainer.flops import flops_per_token
+from trainer.planner.estimate.flops import model_flops_per_token
 
 
 def profile_forward_flops(model: nn.Module, spec: ModelSpec, batch: int = 1) -> dict[str, float]:
@@ -36,5 +36,5 @@ def profile_forward_flops(model: nn.Module, spec: ModelSpec, batch: int = 1) -> 
         model.train(was_training)
     tokens = batch * spec.seq_len
     profiler = 3.0 * float(forward)
-    formula = float(flops_per_token(spec) * tokens)
+    formula = float(model_flops_per_token(spec) * tokens)
     return {"profiler_flops": profiler, "formula_flops": formula, "ratio": profiler / formula, "tokens": tokens}
