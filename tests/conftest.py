@@ -1,5 +1,6 @@
-"""Shared test settings: the real Redis the tests use."""
+"""Shared test settings: the real Redis the tests use, and a counter of the planner's work."""
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,25 @@ def redis_url() -> str:
     except redis.ConnectionError as exc:
         pytest.fail(f"these tests need a Redis server at {TEST_REDIS_URL} ({exc}); scripts/test.sh starts one")
     return TEST_REDIS_URL
+
+
+# A valid tune request whose tune estimates tens of thousands of plans (175B on 64 CPU ranks, five global batches),
+# almost none of which fit: what a check that must not tune is tried with.
+HEAVY_TUNE = {"model": "gpt3-175b", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 64},
+              "global_batch": [512, 1024, 1536, 2048, 3072]}
+
+
+@pytest.fixture
+def planner_calls(monkeypatch):
+    """How often each Planner entry point runs: the real methods, counted."""
+    from trainer.planner.estimate.core import Planner
+
+    calls = Counter()
+    for name in ("evaluate", "quick", "stage_memory"):
+        real = getattr(Planner, name)
+
+        def spy(self, *args, _real=real, _name=name, **kwargs):
+            calls[_name] += 1
+            return _real(self, *args, **kwargs)
+        monkeypatch.setattr(Planner, name, spy)
+    return calls
