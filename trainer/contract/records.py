@@ -18,7 +18,7 @@ from trainer.contract.runfolder import LAUNCH, read_json, write_json_atomic
 
 
 class Event:
-    """Kinds of events.jsonl records. A run's last event is one of ``ENDINGS``."""
+    """Kinds of events.jsonl records. A run's last event is finished, stopped or failed."""
 
     STARTED = "started"
     CHECKPOINT_SAVED = "checkpoint_saved"
@@ -27,7 +27,6 @@ class Event:
     FINISHED = "finished"
     STOPPED = "stopped"  # SIGTERM or --until-step: a checkpoint was saved, the run can resume
     FAILED = "failed"
-    ENDINGS = (FINISHED, STOPPED, FAILED)
     # Events that say where a run stands (the web app's status follows the last of these)
     MILESTONES = (STARTED, FINISHED, STOPPED, FAILED)
 

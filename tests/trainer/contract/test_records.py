@@ -28,7 +28,7 @@ def test_it_writes_routing_figures_as_top_level_keys_of_a_step_row():
 def test_it_stamps_events_with_kind_time_and_rank():
     record = event(Event.CHECKPOINT_SAVED, 1, step=5)
     assert record["event"] == "checkpoint_saved" and record["rank"] == 1 and record["step"] == 5 and record["time"]
-    assert Event.STOPPED in Event.ENDINGS and Event.STARTED in Event.MILESTONES
+    assert Event.STOPPED in Event.MILESTONES and Event.CHECKPOINT_SAVED not in Event.MILESTONES
 
 
 def test_it_reads_back_the_launch_record_it_wrote(tmp_path):
