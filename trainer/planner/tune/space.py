@@ -1,10 +1,11 @@
 """Every valid plan for a model, cluster and global batch, with counts of why the others are not.
 
 The loops walk the choices in order (tp, pp, dp, micro-batch, sequence parallel, ep, engine/ZeRO/offload,
-checkpointing, schedule/virtual stages) and apply, at the first level where they can fail, the same rules as
-``ParallelPlan.problems()`` and ``rules.check_plan`` — inline, because building and checking a spec object per raw
-combination would dominate the search. tests/trainer/planner/test_plan_space.py checks that the two agree on whole
-grids.
+checkpointing, schedule/virtual stages) and apply, at the first level where they can fail, the same divisibility
+rules as ``ParallelPlan.problems()`` and ``rules.check_plan`` — inline, because building and checking a spec object
+per raw combination would dominate the search. What each engine refuses is asked of the contract itself, once per
+(tp, sp, pp, precision). tests/trainer/planner/test_plan_space.py checks that the tuner and the contract agree on
+whole grids.
 
 Two choices are not enumerated because they change nothing: the pipeline schedule when pp = 1 (one plan with the
 default '1f1b'), and ep > 1 for a dense model.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Iterator, get_args
 
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
+from trainer.contract.rules import check_plan, engine_problems
 from trainer.contract.specjson import from_dict
 from trainer.contract.specs import Checkpointing, Engine, Precision, Schedule
 
@@ -74,25 +76,31 @@ class EngineChoice:
     offload_params: bool = False
 
 
-def _engine_choices(space: SearchSpace, tp: int, sp: bool, pp: int, precision: str, moe: bool) -> list[EngineChoice]:
-    """The engine, ZeRO stage and offload combinations allowed for this tp, sp, pp (rules.engine_problems)."""
-    out: list[EngineChoice] = []
-    if moe and tp > 1:  # experts are spread over dp (ep), not split by tensor parallel
-        return out
-    if "native" in space.engines:
-        out.append(EngineChoice("native", 0))
-        if not (precision == "fp16") and not moe:  # native MoE is not sharded with FSDP2
-            out.append(EngineChoice("native", 3))
-    if "deepspeed" in space.engines and tp == 1 and not sp:
-        for zero in (1,) if pp > 1 else (0, 1, 2, 3):  # DeepSpeed's pipeline: ZeRO-1 only
-            if moe and zero == 3:
-                continue
+def _candidate_engines(space: SearchSpace) -> list[EngineChoice]:
+    """Every engine, ZeRO stage and offload combination the space names, in the order the tuner lists them."""
+    out = [EngineChoice("native", 0), EngineChoice("native", 3)] if "native" in space.engines else []
+    if "deepspeed" in space.engines:
+        for zero in (0, 1, 2, 3):
             out.append(EngineChoice("deepspeed", zero))
-            if space.offload and zero >= 1:
-                out.append(EngineChoice("deepspeed", zero, offload_optimizer=True))
-            if space.offload and zero == 3:
-                out.append(EngineChoice("deepspeed", zero, offload_optimizer=True, offload_params=True))
-                out.append(EngineChoice("deepspeed", zero, offload_params=True))
+            if space.offload:
+                out += [EngineChoice("deepspeed", zero, offload_optimizer=True),
+                        EngineChoice("deepspeed", zero, offload_optimizer=True, offload_params=True),
+                        EngineChoice("deepspeed", zero, offload_params=True)]
+    return out
+
+
+def _engine_choices(space: SearchSpace, model: ModelSpec, tp: int, sp: bool, pp: int,
+                    precision: str) -> list[EngineChoice]:
+    """The combinations the contract's engine rules allow for this tp, sp, pp and precision: asked of
+    ``rules.engine_problems`` and ``rules.check_plan`` themselves, once per distinct case, so the tuner holds no
+    copy of what each engine refuses."""
+    out = []
+    for c in _candidate_engines(space):
+        probe = ParallelPlan(tp=tp, pp=pp, sequence_parallel=sp, precision=precision, engine=c.engine,
+                             zero_stage=c.zero_stage, offload_optimizer=c.offload_optimizer,
+                             offload_params=c.offload_params)
+        if not engine_problems(probe) and not check_plan(model, probe):
+            out.append(c)
     return out
 
 
@@ -107,6 +115,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
 
     world, gpn = cluster.world_size, cluster.gpus_per_node
     moe = model.is_moe
+    engines: dict[tuple, list[EngineChoice]] = {}  # engine choices per (tp, sp, pp, precision)
     for tp in divisors(world):
         if tp > gpn:
             reject("tp spans nodes (tp > gpus_per_node)")
@@ -143,7 +152,10 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                             reject("ep does not divide n_experts")
                             continue
                         for precision in space.precisions:
-                            for c in _engine_choices(space, tp, sp, pp, precision, moe):
+                            key = (tp, sp, pp, precision)
+                            if key not in engines:
+                                engines[key] = _engine_choices(space, model, tp, sp, pp, precision)
+                            for c in engines[key]:
                                 for ckpt in space.checkpointing:
                                     yield from _schedules(space, model, pp, m, reject, dict(
                                         dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
