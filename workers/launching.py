@@ -22,7 +22,7 @@ from django.utils import timezone
 from trainer.contract import RunSpec, SpecError
 from trainer.contract.manifest import latest_checkpoint
 from trainer.contract.records import LaunchRecord
-from trainer.contract.runfolder import SPEC, write_json_atomic
+from trainer.contract.runfolder import SPEC, used, write_json_atomic
 from webapp.models import Run, RunStatus
 
 from .launchers import LaunchError, Launcher, StartedJob, launcher_for
@@ -53,12 +53,15 @@ def run_launch(run_id: int) -> str:
     try:
         claim.run_dir.mkdir(parents=True, exist_ok=True)
         _write_spec_once(claim.run_dir, claim.spec)
-        resume = latest_checkpoint(claim.run_dir) is not None
+        # An earlier attempt's folder is continued (the trainer refuses a used folder otherwise): from its newest
+        # checkpoint, or from step 0 when it saved none, the new records superseding the old ones.
+        resume = used(claim.run_dir)
+        from_checkpoint = latest_checkpoint(claim.run_dir) is not None
         started = claim.launcher.start(claim.run_dir, claim.spec.plan.world_size, resume, claim.env_setup)
     except (LaunchError, OSError) as exc:
         _release(claim, f"could not launch: {exc}")
         return "failed"
-    return _record(claim, started, resume)
+    return _record(claim, started, resume, from_checkpoint)
 
 
 def _locked(run_id: int) -> Run:
@@ -89,7 +92,7 @@ def _claim(run_id: int) -> Claim | str:
                      env_setup=run.cluster.env_setup, attempt=run.attempts + 1)
 
 
-def _record(claim: Claim, started: StartedJob, resume: bool) -> str:
+def _record(claim: Claim, started: StartedJob, resume: bool, from_checkpoint: bool) -> str:
     with transaction.atomic():
         run = _locked(claim.run_id)
         ours = run.launching_since == claim.since
@@ -100,7 +103,7 @@ def _record(claim: Claim, started: StartedJob, resume: bool) -> str:
             run.ingest_state = {**run.ingest_state, "job_ended": False}
             if run.status == RunStatus.QUEUED:
                 run.transition(RunStatus.SUBMITTED, f"attempt {run.attempts} started"
-                                                    + (" from a checkpoint" if resume else ""))
+                                                    + (" from a checkpoint" if from_checkpoint else ""))
             run.save()
     if ours:
         LaunchRecord(backend=claim.backend, job_id=started.job_id, attempt=claim.attempt, resume=resume,

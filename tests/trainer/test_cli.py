@@ -102,3 +102,51 @@ def test_it_stops_every_rank_at_the_same_step_under_torchrun(tmp_path, dataset):
     assert (run / "checkpoints" / f"step-{step}" / "manifest.json").is_file()
     assert sorted(p.name for p in (run / "checkpoints" / f"step-{step}").glob("rng-rank*.pt")) == \
         ["rng-rank0.pt", "rng-rank1.pt"]
+
+
+def _run(tmp_path, data: dict, *args, env=None) -> subprocess.CompletedProcess:
+    (tmp_path / "spec.json").write_text(json.dumps(data))
+    return subprocess.run([PYTHON, "-m", "trainer", "--spec", str(tmp_path / "spec.json"), *args], cwd=REPO,
+                          env={**_env(), **(env or {})}, capture_output=True, text=True, timeout=300)
+
+
+def test_it_refuses_a_wrong_process_count_in_one_line_before_building_anything(tmp_path, dataset):
+    error_file = tmp_path / "torchrun-error.json"
+    started = time.perf_counter()
+    done = _run(tmp_path, tiny_spec(tmp_path / "run", dataset, tp=2).to_dict(),
+                env={"WORLD_SIZE": "3", "RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)})
+    assert done.returncode == 2 and time.perf_counter() - started < 30
+    lines = done.stderr.strip().splitlines()
+    assert lines == ["error: the plan needs dp×tp×pp=1×2×1=2 processes but this job started 3: launch with "
+                     "--nproc_per_node=2 (or as many tasks)"]
+    # under torchrun, its failure summary shows this reason instead of a pointer to its documentation
+    assert "needs dp×tp×pp=1×2×1=2 processes" in json.loads(error_file.read_text())["message"]
+    # the other ranks refuse silently: one line in all
+    assert _run(tmp_path, tiny_spec(tmp_path / "run", dataset, tp=2).to_dict(),
+                env={"WORLD_SIZE": "3", "RANK": "1"}).stderr == ""
+
+
+@pytest.mark.slow
+def test_it_refuses_a_used_run_folder_unless_told_to_resume_or_start_over(tmp_path, dataset):
+    run = tmp_path / "run"
+    data = tiny_spec(run, dataset, steps=2).to_dict()
+    assert _run(tmp_path, data).returncode == 0
+    events = (run / "events.jsonl").read_text()
+
+    again = _run(tmp_path, data)
+    assert again.returncode == 2 and "--resume to continue it or --restart to start over" in again.stderr
+    assert (run / "events.jsonl").read_text() == events  # another run's folder: nothing written into it
+
+    assert _run(tmp_path, data, "--restart").returncode == 0
+    assert [r["step"] for r in records(run) if "loss" in r] == [1, 2]  # one series, not two
+    assert [e["event"] for e in records(run, "events.jsonl")] == ["started", "finished"]
+
+
+@pytest.mark.slow
+def test_it_runs_on_this_machines_cpu_ranks_when_the_spec_names_no_cluster(tmp_path, dataset):
+    data = tiny_spec(tmp_path / "run", dataset, steps=2).to_dict()
+    del data["cluster"]
+    done = _run(tmp_path, data)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [r["step"] for r in records(tmp_path / "run") if "loss" in r] == [1, 2]
+    assert records(tmp_path / "run")[0]["mfu"] > 0  # against the CPU device's figures

@@ -42,3 +42,31 @@ def test_it_reads_steps_evaluations_milestones_and_complete_checkpoints_once(ali
     append_jsonl(folder / EVENTS, event(Event.FINISHED, 0, step=2))
     run = run_ingest(run.pk)
     assert run.status == "completed" and run.ingest_state["last_event"] == Event.FINISHED
+
+
+def test_it_keeps_the_last_record_of_a_redone_step_and_forgets_pruned_checkpoints(alice, plan222, corpus):
+    run = services.run_create(owner=alice, name="r", plan=plan222, dataset=corpus)
+    folder = Path(run.run_dir)
+    for step in (1, 2, 3):
+        append_jsonl(folder / METRICS, _step(step))
+    for step in (2, 4):
+        CheckpointManifest(step=step, format=FORMAT_DCP, tokens_seen=64 * step, model={}, plan={}, world_size=1,
+                           tokenizer="tokenizer.json", seed=1).write(step_dir(folder, step))
+        append_jsonl(folder / EVENTS, event(Event.CHECKPOINT_SAVED, 0, step=step, path=f"checkpoints/step-{step}"))
+    run_ingest(run.pk)
+    assert sorted(run.checkpoints.values_list("step", flat=True)) == [2, 4]
+
+    # a second attempt resumes from step 2 and redoes step 3 (within one read and across reads); retention at its
+    # next save deletes step-2
+    append_jsonl(folder / METRICS, {**_step(3), "loss": 0.5})
+    append_jsonl(folder / METRICS, {**_step(3), "loss": 0.25})
+    for path in step_dir(folder, 2).iterdir():
+        path.unlink()
+    step_dir(folder, 2).rmdir()
+    CheckpointManifest(step=6, format=FORMAT_DCP, tokens_seen=384, model={}, plan={}, world_size=1,
+                       tokenizer="tokenizer.json", seed=1).write(step_dir(folder, 6))
+    append_jsonl(folder / EVENTS, event(Event.CHECKPOINT_SAVED, 0, step=6, path="checkpoints/step-6"))
+    run = run_ingest(run.pk)
+    assert run.metrics.get(kind="train", step=3).loss == 0.25
+    assert run.metrics.filter(kind="train").count() == 3
+    assert sorted(run.checkpoints.values_list("step", flat=True)) == [4, 6]

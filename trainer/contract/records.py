@@ -82,10 +82,16 @@ def is_eval_row(record: dict[str, Any]) -> bool:
     return "val_loss" in record and isinstance(record.get("step"), int)
 
 
+def last_step_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training-step rows, one per step in step order: the last record of each (a resumed attempt redoes the
+    steps after its checkpoint, and its records supersede the earlier ones)."""
+    rows = {r["step"]: r for r in records if is_step_row(r)}
+    return [rows[step] for step in sorted(rows)]
+
+
 def step_times(records: list[dict[str, Any]], after_step: int = 0) -> list[float]:
     """step_time_s of the training steps numbered above ``after_step`` (the first ones pay for start-up)."""
-    return [float(r["step_time_s"]) for r in records
-            if "step_time_s" in r and isinstance(r.get("step"), int) and r["step"] > after_step]
+    return [float(r["step_time_s"]) for r in last_step_rows(records) if "step_time_s" in r and r["step"] > after_step]
 
 
 @dataclass(frozen=True)

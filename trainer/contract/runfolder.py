@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -80,3 +81,22 @@ def read_json(path: str | os.PathLike) -> Any | None:
             return json.load(f)
     except (FileNotFoundError, ValueError):
         return None
+
+
+# What a run writes (spec.json and launch.json come from the launcher and stay).
+RUN_OUTPUTS = (EVENTS, METRICS, CHECKPOINTS, PROFILES)
+
+
+def used(run_dir: str | os.PathLike) -> bool:
+    """Whether a run has already written into ``run_dir``: training into it again must resume or start over."""
+    return any((Path(run_dir) / name).exists() for name in RUN_OUTPUTS)
+
+
+def clear_outputs(run_dir: str | os.PathLike) -> None:
+    """Start over: remove what earlier runs wrote (logs stay, and go on being appended to)."""
+    for name in RUN_OUTPUTS:
+        path = Path(run_dir) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)

@@ -28,6 +28,7 @@ from trainer.parallel.clip import clip_grads_
 from trainer.parallel.expert import routing_metrics
 from trainer.parallel.mesh import init_distributed
 from trainer.parallel.parallelize import DTYPES, ParallelModel, parallelize
+from trainer.planner.estimate.params import count
 from trainer.profiling.memory import SavedActivations, gradient_bytes, model_state_bytes
 
 
@@ -64,9 +65,10 @@ class NativeEngine:
 
     def describe(self) -> tuple[dict[str, Any], str]:
         plan, pm = self.spec.plan, self.pm
-        n_params = sum(p.numel() for p in self.params)
+        held = sum(_plain(p).numel() for p in self.params)  # a DTensor's numel() is the whole tensor's
         return ({"plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}, "device": str(self.device)},
-                f"mesh pp={plan.pp} dp={plan.dp} tp={plan.tp}; stages {pm.stage_ids}; {n_params:,} local parameters")
+                f"mesh pp={plan.pp} dp={plan.dp} tp={plan.tp}; stages {pm.stage_ids}; this rank holds {held:,} "
+                f"of the model's {count(self.spec.model).total:,} parameters")
 
     def announce(self, files: RunFiles) -> None:
         """Nothing beyond the loop's own "started" event."""

@@ -15,15 +15,47 @@ Within one block, with t ranks in the tensor-parallel group:
   and the partial lookups are summed). The LM head is a column split of the same table (tied weights stay one
   tensor); with ``loss_parallel`` the logits stay split over the vocabulary and the cross-entropy is computed from
   per-rank max and sum-exp, never gathering the T × V logits.
+- Dropout: tensor-parallel partners start every step from the same random state, so a dropout on an activation they
+  share (the residual stream without sequence parallel, the embedding) draws one mask on all of them, as one process
+  would. A dropout on what each rank holds alone — its H/t heads' attention probabilities, and with sequence parallel
+  its T/t positions of the stream — must differ between ranks, or head h and head h + H/t (position i and i + T/t)
+  would be dropped together. ``apply_tp`` runs those from a stream of the rank's own (Megatron-LM's model-parallel
+  RNG tracker does the same), derived from one draw of the shared stream, so recomputation redraws the same masks.
 """
 from __future__ import annotations
 
+from functools import wraps
+from typing import Callable
+
+import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
                                                RowwiseParallel, SequenceParallel, parallelize_module)
 
 from trainer.model import GPT
+
+
+def _own_stream(fn: Callable, tp_rank: int) -> Callable:
+    """``fn`` run from this tensor-parallel rank's own random stream: one number drawn from the shared stream (the
+    same on every partner, and the same again when a checkpoint recomputes), mixed with the rank, seeds it."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+
+    @wraps(fn)
+    def run(*args, **kwargs):
+        shared = int(torch.randint(0, 2 ** 62, (1,)).item())
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(hash((shared, tp_rank)) % (2 ** 63))
+            return fn(*args, **kwargs)
+    return run
+
+
+def _rank_local_dropout(model: GPT, tp_rank: int, sequence_parallel: bool) -> None:
+    for block in model.layers.values():
+        block.attn.attend = _own_stream(block.attn.attend, tp_rank)
+        if sequence_parallel:  # the stream between blocks holds this rank's positions only
+            block.attn.resid_drop.forward = _own_stream(block.attn.resid_drop.forward, tp_rank)
+            block.mlp.drop.forward = _own_stream(block.mlp.drop.forward, tp_rank)
 
 
 def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool) -> None:
@@ -70,3 +102,5 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_para
                                           use_local_output=True),
             })
         parallelize_module(block, tp_mesh, plan)
+    if model.spec.dropout > 0:
+        _rank_local_dropout(model, tp_mesh.get_local_rank(), sp)

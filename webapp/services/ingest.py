@@ -1,6 +1,8 @@
 """Reading a run folder into the database: events move the status, metrics become rows, checkpoints and profiles are
 registered. Idempotent and incremental: byte offsets into the JSONL files are kept on the run, a torn last line is
-left for next time, and reading a record twice changes nothing (unique constraints, ignore on conflict)."""
+left for next time, and reading a record twice changes nothing (unique constraints). A step recorded again (a resumed
+attempt redoing steps after its checkpoint) replaces the earlier record: the last record of a step is the one that
+counts. Checkpoints that retention has deleted leave the registry."""
 from pathlib import Path
 
 from django.db import transaction
@@ -17,7 +19,7 @@ def _folder_size(folder: Path) -> int:
 
 
 def _metric_rows(run: Run, records: list[dict]) -> list[Metric]:
-    rows = []
+    rows: dict[tuple[str, int], Metric] = {}  # one row per (kind, step): the last record of it
     for record in records:
         if is_eval_row(record):
             kind, loss = "val", record["val_loss"]
@@ -26,8 +28,8 @@ def _metric_rows(run: Run, records: list[dict]) -> list[Metric]:
         else:
             continue
         if record["step"] >= 0:  # a damaged line may say anything; steps are stored unsigned
-            rows.append(Metric(run=run, kind=kind, step=record["step"], loss=loss, values=record))
-    return rows
+            rows[(kind, record["step"])] = Metric(run=run, kind=kind, step=record["step"], loss=loss, values=record)
+    return list(rows.values())
 
 
 def checkpoint_register(run: Run, event: dict) -> Checkpoint | None:
@@ -40,6 +42,14 @@ def checkpoint_register(run: Run, event: dict) -> Checkpoint | None:
         defaults={"path": str(folder), "manifest": manifest.to_dict(), "size_bytes": _folder_size(folder),
                   "tokens_seen": manifest.tokens_seen})
     return checkpoint
+
+
+def checkpoints_follow_retention(run: Run) -> None:
+    """Drop the checkpoints whose folders the trainer's retention deleted. One a deployment was made from stays on
+    record: the deployment's model repository holds its own copy of the weights, and its lineage must not break."""
+    for checkpoint in run.checkpoints.filter(deployments__isnull=True):
+        if read_manifest(checkpoint.path) is None:
+            checkpoint.delete()
 
 
 def profile_register(run: Run, event: dict) -> Profile:
@@ -76,18 +86,22 @@ def run_ingest(run_id: int) -> Run:
     metrics, offset = [], state.get("metrics_offset", 0)
     for offset, record in read_jsonl(folder / METRICS, offset):
         metrics.append(record)
-    Metric.objects.bulk_create(_metric_rows(run, metrics), ignore_conflicts=True)
+    Metric.objects.bulk_create(_metric_rows(run, metrics), update_conflicts=True,
+                               unique_fields=["run", "kind", "step"], update_fields=["loss", "values", "recorded_at"])
     state["metrics_offset"] = offset
     train_steps = [r["step"] for r in metrics if is_step_row(r)]
     if train_steps:
         run.last_step = max(run.last_step, *train_steps)
 
-    offset = state.get("events_offset", 0)
+    offset, saved = state.get("events_offset", 0), False
     for offset, event in read_jsonl(folder / EVENTS, offset):
         _apply_event(run, event)
+        saved = saved or event.get("event") == Event.CHECKPOINT_SAVED
         if event.get("event") in Event.MILESTONES:
             state["last_event"] = event["event"]
     state["events_offset"] = offset
+    if saved:  # retention prunes when a checkpoint is saved
+        checkpoints_follow_retention(run)
 
     run.ingest_state = state
     run.save()

@@ -6,7 +6,7 @@ from trainer.contract.manifest import (FORMAT_DCP, CheckpointManifest, complete_
                                        latest_checkpoint, read_manifest, step_dir)
 from trainer.contract.presets import MODELS
 from trainer.contract.records import (Event, EvalMetrics, LaunchRecord, StepMetrics, event, is_eval_row, is_step_row,
-                                      step_times)
+                                      last_step_rows, step_times)
 
 
 def _manifest(step: int, plan: ParallelPlan = ParallelPlan(dp=2, micro_batch=1, global_batch=2)):
@@ -63,3 +63,12 @@ def test_it_finds_complete_checkpoints_oldest_first_and_the_ones_that_died(tmp_p
     assert latest_checkpoint(tmp_path, "deepspeed") is None and latest_checkpoint(tmp_path).name == "step-10"
     assert incomplete_before(tmp_path, 10) == [step_dir(tmp_path, 6)]
     assert read_manifest(step_dir(tmp_path, 8)) is None
+
+
+def test_it_reads_the_last_record_of_each_step():
+    first = {"step": 2, "loss": 3.0, "step_time_s": 0.9}
+    redone = {"step": 2, "loss": 2.5, "step_time_s": 0.2}
+    rows = [{"step": 1, "loss": 3.5, "step_time_s": 1.0}, first, {"step": 3, "loss": 2.0, "step_time_s": 0.3}, redone,
+            {"step": 2, "val_loss": 2.4}]
+    assert last_step_rows(rows) == [rows[0], redone, rows[2]]
+    assert step_times(rows, after_step=1) == [0.2, 0.3]

@@ -35,6 +35,7 @@ from trainer.engine.deepspeed.pipeline import build_pipeline
 from trainer.model import build_model, loss_fn
 from trainer.parallel.expert import routing_metrics
 from trainer.parallel.mesh import init_distributed
+from trainer.planner.estimate.params import count
 from trainer.profiling.memory import SavedActivations
 
 
@@ -82,10 +83,11 @@ class DeepSpeedEngine:
 
     def describe(self) -> tuple[dict[str, Any], str]:
         plan = self.spec.plan
-        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())
+        n_params = count(self.spec.model).total  # ZeRO-3 and the pipeline leave each rank a part; this is the whole
         return ({"engine": "deepspeed", "plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp,
                                                  "zero_stage": plan.zero_stage}, "device": str(self.device)},
-                f"deepspeed ZeRO-{plan.zero_stage} dp={plan.dp}; {n_params:,} parameters; config {CONFIG_FILE}")
+                f"deepspeed ZeRO-{plan.zero_stage} dp={plan.dp} pp={plan.pp}; the model's {n_params:,} parameters on "
+                f"{self.world_size} ranks; config {CONFIG_FILE}")
 
     def announce(self, files: RunFiles) -> None:
         """What only this engine records once built: the config it made, the flops profiler against the formula."""
