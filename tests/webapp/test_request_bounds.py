@@ -75,6 +75,9 @@ def test_it_checks_every_field_of_a_tune_request_by_type_and_range(alice, api, b
     ({"inference": {"beams": 4}}, "inference", "unknown field"),
     ({"options": {"compute_efficiency": "x"}}, "options.compute_efficiency", "must be a number, got 'x'"),
     ({"options": {"step_overhead_s": 1e300}}, "options.step_overhead_s", "outside what the planner computes with"),
+    ({"cluster": {**ONE_GPU, "nodes": "1"}}, "cluster.nodes", "must be an integer, got '1'"),
+    ({"cluster": {**ONE_GPU, "gpus_per_node": 2.5}}, "cluster.gpus_per_node", "must be an integer, got 2.5"),
+    ({"cluster": {**ONE_GPU, "gpu_hour_cost": True}}, "cluster.gpu_hour_cost", "must be a number, got True"),
     ({"plan_id": True}, "plan_id", "must be an object's id (an integer), got bool True"),
     ({"plan_id": 10**18}, "plan_id", "no parallelism plan 1000000000000000000 that you can see"),
 ])

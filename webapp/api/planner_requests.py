@@ -15,14 +15,14 @@ from trainer.planner.tune.api import parse_tune_request
 
 from .. import models
 from ..spec_errors import spec_field_errors
-from .specfields import api_field
 from .fields import StrictFloatField, StrictIntegerField, StrictSerializer, UsablePlanField, VisibleRelatedField
+from .specfields import api_field
 
 # Every number of a planner request is 0 or has a magnitude within these: counts, sizes in bytes, rates in GB/s and
 # TFLOP/s, fractions, seconds and costs of real machines all do, and products of a few of them stay far from the
 # largest float (1.8e308). A value outside (1e300 layers, a 1e-300 TFLOP/s GPU) can only make figures overflow.
 PLANNER_SMALLEST, PLANNER_LARGEST = 1e-9, 1e15
-MAX_TOKEN_BUDGET = 1e16  # tokens; the largest published pre-training runs are near 1e14
+MAX_TOKEN_BUDGET = 1e16  # tokens; the largest published pre-training runs are near 1e13 (Llama 3: 1.5e13)
 MAX_GLOBAL_BATCHES = 64  # one tune searches each of them
 INFERENCE_PRECISIONS = ["fp32", "bf16", "fp16", "int8"]
 
@@ -93,7 +93,9 @@ class EstimateRequestSerializer(StrictSerializer):
 
 def _spec_problems(attrs: dict) -> dict[str, list[str]]:
     """The contract's problems with the specs first (their own messages and ranges), then the planner's bounds."""
-    problems: dict[str, list[str]] = {}
+    problems = _preset_cluster_problems(attrs.get("cluster"))
+    if problems:
+        return problems
     for key, parse in (("model", model_from_json), ("plan", _plan), ("cluster", cluster_from_json),
                        ("options", _options)):
         if key in attrs:
@@ -109,6 +111,28 @@ def _number_problems(attrs: dict) -> dict[str, list[str]]:
     for key in ("model", "plan", "cluster", "options", "space"):
         if key in attrs:
             problems.update(planner_number_problems(attrs[key], key))
+    return problems
+
+
+# A cluster given as a preset GPU by name: the fields the preset takes, each of its type (the preset builds the spec
+# from them as they are, so "8" or 2.5 nodes would otherwise reach the planner).
+_PRESET_CLUSTER_TYPES = {"gpu": str, "name": str, "nodes": int, "gpus_per_node": int,
+                         "inter_node_bandwidth_gbs": float, "gpu_hour_cost": float}
+
+
+def _preset_cluster_problems(value) -> dict[str, list[str]]:
+    if not isinstance(value, dict) or not isinstance(value.get("gpu"), str):
+        return {}
+    problems = {}
+    for key, kind in _PRESET_CLUSTER_TYPES.items():
+        if key not in value:
+            continue
+        given = value[key]
+        number = isinstance(given, (int, float)) and not isinstance(given, bool)
+        fits = isinstance(given, str) if kind is str else number and (kind is float or isinstance(given, int))
+        if not fits:
+            wanted = {str: "a string", int: "an integer", float: "a number"}[kind]
+            problems[f"cluster.{key}"] = [f"must be {wanted}, got {given!r}"]
     return problems
 
 
@@ -179,6 +203,9 @@ class TuneRequestSerializer(StrictSerializer):
 
     def validate(self, attrs):
         # The planner's own check of a tune request (every field, no plan estimated), then the bounds on numbers.
+        problems = _preset_cluster_problems(attrs.get("cluster"))
+        if problems:
+            raise serializers.ValidationError(problems)
         try:
             parse_tune_request({k: v for k, v in attrs.items() if k != "trials"})
         except SpecError as exc:
