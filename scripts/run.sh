@@ -2,7 +2,11 @@
 # The run command: the whole product on one machine with embedded defaults: SQLite in var/, a local Redis,
 # a Celery worker with beat, and the web server. Ctrl-C stops everything it started.
 # PORT (default 8000) and the variables in webapp/settings.py change the defaults.
+# This is the development command: it turns DEBUG on (DJANGO_DEBUG=1) unless told otherwise, which also allows the
+# built-in secret key and plain HTTP. Production starts the server otherwise, with DJANGO_SECRET_KEY set
+# (docs/security.md).
 set -euo pipefail
+export DJANGO_DEBUG="${DJANGO_DEBUG:-1}"
 source "$(dirname "$0")/setup-env.sh"
 cd "$REPO"
 PORT="${PORT:-8000}"

@@ -56,6 +56,16 @@ class ClusterAdmin(admin.ModelAdmin):
     formfield_overrides = OwnedAdmin.formfield_overrides
 
 
+@admin.register(models.DataRoot)
+class DataRootAdmin(admin.ModelAdmin):
+    """Folders staff open to some users or groups for their datasets (the global data roots are settings)."""
+
+    list_display = ("path", "description", "created_at")
+    search_fields = ("path", "description")
+    filter_horizontal = ("users", "groups")
+    formfield_overrides = OwnedAdmin.formfield_overrides
+
+
 class MetricInline(admin.TabularInline):
     model = models.Metric
     extra = 0

@@ -3,19 +3,82 @@
 DATABASE_URL   e.g. postgres://user@127.0.0.1:5432/db (default: SQLite in var/)
 REDIS_URL      Celery broker and result backend (default redis://127.0.0.1:6379/0)
 WORKBENCH_VAR  folder for the SQLite file, run folders and Triton repositories (default: <repo>/var)
+
+Production is the default: DEBUG is off unless DJANGO_DEBUG=1 (the development run command, scripts/run.sh, sets
+it), the built-in secret key is refused outside DEBUG, and HTTPS-only cookies, HSTS and the HTTPS redirect are on
+unless DJANGO_SECURE=0. docs/security.md describes every security variable and why it defaults as it does.
 """
 import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("WORKBENCH_VAR", BASE_DIR / "var"))
 VAR_DIR.mkdir(parents=True, exist_ok=True)
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "dev-only-insecure-key-change-me-in-production")
-DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    if value not in ("0", "1"):
+        raise ImproperlyConfigured(f"{name}={value!r}: set it to 1 (on) or 0 (off)")
+    return value == "1"
+
+
+def _number(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    if not value:
+        return default
+    if not value.isascii() or not value.isdigit():
+        raise ImproperlyConfigured(f"{name}={value!r}: set it to a whole number of 0 or more")
+    return int(value)
+
+
+def _folders(name: str, default: str) -> list[Path]:
+    """Folders from a colon-separated variable."""
+    return [Path(p) for p in os.environ.get(name, default).split(":") if p]
+
+
+DEBUG = _flag("DJANGO_DEBUG", False)
+# A test run (pytest sets PYTEST_VERSION for itself and the processes it starts) signs nothing that outlives it and
+# talks plain HTTP to the test client: the secret-key refusal and the HTTPS defaults below are not for it.
+TESTING = "PYTEST_VERSION" in os.environ
+
+_BUILT_IN_KEY = "dev-only-insecure-key-change-me-in-production"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", _BUILT_IN_KEY)
+if SECRET_KEY == _BUILT_IN_KEY and not DEBUG and not TESTING:
+    raise ImproperlyConfigured(
+        "DJANGO_SECRET_KEY is not set, and outside development the built-in key is refused (anyone could forge "
+        "sessions and CSRF tokens with it): set DJANGO_SECRET_KEY to a random value of 50 characters or more, e.g. "
+        "the output of: python -c 'import secrets; print(secrets.token_urlsafe(50))'; or set DJANGO_DEBUG=1 for "
+        "development on this machine")
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
+CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+# HTTPS. On by default outside DEBUG; DJANGO_SECURE=0 turns all of it off (plain HTTP on a trusted network).
+SECURE = _flag("DJANGO_SECURE", not DEBUG and not TESTING)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE
+SECURE_SSL_REDIRECT = SECURE and _flag("DJANGO_SSL_REDIRECT", True)
+SECURE_HSTS_SECONDS = _number("DJANGO_HSTS_SECONDS", 31_536_000) if SECURE else 0
+SECURE_HSTS_INCLUDE_SUBDOMAINS = SECURE and _flag("DJANGO_HSTS_INCLUDE_SUBDOMAINS", True)
+SECURE_HSTS_PRELOAD = SECURE and _flag("DJANGO_HSTS_PRELOAD", True)
+# Behind a proxy that terminates TLS, requests arrive as plain HTTP: trust its X-Forwarded-Proto header (only then:
+# a client could send the header itself) so that the redirect and secure cookies see the original scheme.
+if _flag("DJANGO_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SESSION_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
+# Error reports (the DEBUG page, mails to admins) hide settings whose names say they hold credentials; URLs of the
+# database and the broker carry passwords, so those are hidden too.
+DEFAULT_EXCEPTION_REPORTER_FILTER = "webapp.errorreports.SettingsHidingFilter"
+
+# Requests are bounded before any code reads them: the body's bytes (the JSON parser and form parsing both enforce
+# it; uploaded files have their own limit, WORKBENCH["MAX_UPLOAD_BYTES"]) and the nesting depth of JSON.
+DATA_UPLOAD_MAX_MEMORY_SIZE = _number("DJANGO_MAX_REQUEST_BYTES", 1024 * 1024)
+DATA_UPLOAD_MAX_NUMBER_FIELDS = 1000
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -94,7 +157,21 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "webapp.api.pagination.Pagination",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "webapp.api.errors.exception_handler",
+    # JSON only (bounded in size and depth); the dataset upload takes multipart on its own.
+    "DEFAULT_PARSER_CLASSES": ["webapp.api.parsers.BoundedJSONParser"],
+    # Sign-in attempts (token, session and admin logins), per client address and per username.
+    "DEFAULT_THROTTLE_RATES": {"login": os.environ.get("WORKBENCH_LOGIN_RATE", "10/min")},
+    # Proxies in front of the server that append to X-Forwarded-For; 0 uses the connection's address, so that a
+    # client cannot choose the address its sign-in attempts are counted under.
+    "NUM_PROXIES": _number("DJANGO_NUM_PROXIES", 0),
 }
+
+# Throttle counts live in this cache. The default is per process; with several web processes give them a shared
+# Redis (DJANGO_CACHE_URL=redis://127.0.0.1:6379/2) so that the limit holds across all of them.
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache",
+                      "LOCATION": os.environ["DJANGO_CACHE_URL"]}
+          if os.environ.get("DJANGO_CACHE_URL") else
+          {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 SPECTACULAR_SETTINGS = {
     "TITLE": "LLM workbench API",
@@ -107,17 +184,30 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every operation documents the error answers it can give (400, 401, 403, 404, 409, …) with their bodies.
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
+                             "webapp.api.schema.document_errors"],
 }
 
 CELERY_BROKER_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_RESULT_BACKEND = CELERY_BROKER_URL
 CELERY_TASK_ALWAYS_EAGER = False
 
+
+
+_RUNS_ROOT = Path(os.environ.get("WORKBENCH_RUNS_ROOT", VAR_DIR / "runs"))
 WORKBENCH = {
-    "RUNS_ROOT": Path(os.environ.get("WORKBENCH_RUNS_ROOT", VAR_DIR / "runs")),
-    # Datasets must lie under one of these folders, so that a user cannot point a run at any file on the server.
-    "DATA_ROOTS": [Path(p) for p in os.environ.get(
-        "WORKBENCH_DATA_ROOTS", f"{VAR_DIR / 'data'}:{BASE_DIR / 'trainer' / 'data' / 'corpus'}").split(":") if p],
+    "RUNS_ROOT": _RUNS_ROOT,
+    # A cluster's own runs root (set by staff) must lie under one of these.
+    "RUNS_ROOTS": _folders("WORKBENCH_RUNS_ROOTS", str(_RUNS_ROOT)),
+    # Datasets must lie under one of these folders (every user may read them), under a root staff gave the user or
+    # one of their groups (DataRoot), or in the user's own upload folder; so no run reads any file on the server.
+    "DATA_ROOTS": _folders("WORKBENCH_DATA_ROOTS", f"{VAR_DIR / 'data'}:{BASE_DIR / 'trainer' / 'data' / 'corpus'}"),
+    # Uploaded datasets: <UPLOAD_ROOT>/<user id>/<file>, each user's folder readable by that user only.
+    "UPLOAD_ROOT": Path(os.environ.get("WORKBENCH_UPLOAD_ROOT", VAR_DIR / "data" / "uploads")),
+    "MAX_UPLOAD_BYTES": _number("WORKBENCH_MAX_UPLOAD_MB", 100) * 1024 * 1024,
+    # JSON nested deeper than this is refused before it is parsed (no spec nests more than a few levels).
+    "MAX_JSON_DEPTH": _number("WORKBENCH_MAX_JSON_DEPTH", 64),
 }
 
 LOGGING = {

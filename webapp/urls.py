@@ -1,11 +1,19 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from webapp.api.auth import TokenView, throttle_logins
+
 urlpatterns = [
+    # Sign-in pages count their attempts (webapp.api.auth); these come first, before the pages they stand in for.
+    path("admin/login/", throttle_logins(admin.site.login), name="admin-login"),
+    path("api/auth/login/", throttle_logins(auth_views.LoginView.as_view(template_name="rest_framework/login.html")),
+         name="login"),
     path("admin/", admin.site.urls),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger"),
     path("api/auth/", include("rest_framework.urls")),
+    path("api/token/", TokenView.as_view(), name="token"),
     path("api/", include("webapp.api.urls")),
 ]

@@ -24,6 +24,7 @@ from trainer.contract.manifest import latest_checkpoint
 from trainer.contract.records import LaunchRecord
 from trainer.contract.runfolder import SPEC, used, write_json_atomic
 from webapp.models import Run, RunStatus
+from webapp.services import run_access_problems
 
 from .launchers import LaunchError, Launcher, StartedJob, launcher_for
 
@@ -37,7 +38,7 @@ class Claim:
     spec: RunSpec
     launcher: Launcher
     backend: str
-    env_setup: str
+    env_setup: tuple[str, ...]
     attempt: int
 
     @property
@@ -74,11 +75,16 @@ def _claim(run_id: int) -> Claim | str:
         run = _locked(run_id)
         if run.status != RunStatus.QUEUED:
             return f"skipped: run is {run.status}"
+        # Sharing may have been withdrawn, or the dataset's file changed, since the run was queued.
+        problems = run_access_problems(run)
         try:
             launcher = launcher_for(run.cluster.kind)
             spec = run.run_spec()
         except (LaunchError, SpecError) as exc:
-            run.transition(RunStatus.FAILED, f"could not launch: {exc}")
+            problems = {"": [str(exc)], **problems}
+        if problems:
+            reasons = "; ".join(message for messages in problems.values() for message in messages)
+            run.transition(RunStatus.FAILED, f"could not launch: {reasons}")
             run.launching_since = None
             run.save()
             return "failed"
@@ -89,7 +95,7 @@ def _claim(run_id: int) -> Claim | str:
         run.launching_since = now
         run.save(update_fields=["launching_since", "updated_at"])
         return Claim(run_id=run.pk, since=now, spec=spec, launcher=launcher, backend=run.cluster.kind,
-                     env_setup=run.cluster.env_setup, attempt=run.attempts + 1)
+                     env_setup=tuple(run.cluster.env_setup or ()), attempt=run.attempts + 1)
 
 
 def _record(claim: Claim, started: StartedJob, resume: bool, from_checkpoint: bool) -> str:

@@ -3,6 +3,7 @@ any worker can pick up where another stopped, and every step is safe to repeat."
 from datetime import timedelta
 from pathlib import Path
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
@@ -47,9 +48,16 @@ def run_reconcile(run_id: int) -> Run:
             run.save()
         if run.status == RunStatus.QUEUED:
             services.enqueue(LAUNCH_TASK, run.pk)
-    retry = run.status == RunStatus.FAILED and run.ingest_state.get("job_ended") and run.job_id
+    retry = run.status == RunStatus.FAILED and run.ingest_state.get("job_ended") and run.job_id \
+        and not run.ingest_state.get("retry_refused")
     if retry and run.attempts < run.max_attempts:
-        run = services.run_queue(run)  # resumes from its newest checkpoint, if any
+        try:
+            run = services.run_queue(run)  # resumes from its newest checkpoint, if any
+        except ValidationError as exc:  # its owner may no longer use its parts: say so once, do not ask again
+            Run.objects.filter(pk=run.pk).update(
+                status_message=f"{run.status_message}; not retried: {' '.join(exc.messages)}",
+                ingest_state={**run.ingest_state, "retry_refused": True})
+            run.refresh_from_db()
     return run
 
 

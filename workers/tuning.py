@@ -40,6 +40,10 @@ def tune_job_run(job_id: int) -> str:
     job = services.tune_job_start(job_id)
     if job is None:
         return "skipped"
+    problem = services.tune_job_dataset_problem(job.owner, job.dataset)
+    if problem:  # sharing withdrawn, or the file changed, since the job was queued
+        services.tune_job_finish(job_id, error=f"the trials cannot read their dataset: {problem}")
+        return TuneJob.Status.FAILED
     try:
         root = Path(settings.WORKBENCH["RUNS_ROOT"]) / f"tune-{job.pk}"
         dataset = job.dataset.dataset_spec().replace(prepared_dir=str(root / "data"))

@@ -1,6 +1,7 @@
 """Personas and objects for the web tests: alice and bob are ordinary users, staff is staff."""
 import pytest
 from django.contrib.auth.models import User
+from django.core.cache import cache
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
@@ -46,12 +47,28 @@ def cluster8(db):
     return models.Cluster.objects.create(name="a100x8", spec=presets.cluster("A100-SXM-80GB", 1, 8).to_dict())
 
 
+@pytest.fixture(autouse=True)
+def fast_password_hashing(settings):
+    """Hashing a persona's password the production way takes most of a second; the tests make hundreds."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_throttles():
+    """Sign-in attempts are counted in the cache, which outlives a test: each test starts with none."""
+    cache.clear()
+    yield
+    cache.clear()
+
+
 @pytest.fixture
 def data_root(tmp_path, settings):
+    """The one data root every user reads, with a corpus in it; uploads go to a folder inside it, as by default."""
     root = tmp_path / "data"
     root.mkdir()
     (root / "corpus.txt").write_text("To be, or not to be, that is the question.\n" * 50)
-    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [root], "RUNS_ROOT": tmp_path / "runs"}
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [root], "RUNS_ROOT": tmp_path / "runs",
+                          "RUNS_ROOTS": [tmp_path / "runs"], "UPLOAD_ROOT": root / "uploads"}
     return root
 
 

@@ -6,7 +6,7 @@ from trainer.contract import presets
 from webapp import models, services
 
 ADMIN_MODELS = ["modelconfig", "parallelismplan", "cluster", "dataset", "run", "metric", "checkpoint", "profile",
-                "tritonserver", "deployment", "prompttemplate", "tunejob"]
+                "tritonserver", "deployment", "prompttemplate", "tunejob", "dataroot"]
 
 
 @pytest.fixture

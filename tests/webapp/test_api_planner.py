@@ -18,7 +18,7 @@ def test_it_estimates_a_stored_plan_by_id(alice, bob, api, plan222):
     response = api(alice).post("/api/estimate/", {"plan_id": plan222.id}, format="json")
     assert response.status_code == 200, response.data
     hidden = api(bob).post("/api/estimate/", {"plan_id": plan222.id}, format="json")
-    assert hidden.status_code == 400 and "no plan" in hidden.data["plan_id"][0]
+    assert hidden.status_code == 400 and "no parallelism plan" in hidden.data["plan_id"][0]
 
 
 @pytest.mark.parametrize("payload, field, message", [
@@ -71,4 +71,4 @@ def test_it_refuses_trials_on_another_users_private_dataset(bob, api, corpus):
     request = {"model": "tiny", "cluster": {"gpu": "cpu", "nodes": 1, "gpus_per_node": 2}, "global_batch": 8,
                "trials": {"dataset": corpus.id}}
     response = api(bob).post("/api/tune/", request, format="json")
-    assert response.status_code == 400 and "dataset" in response.data
+    assert response.status_code == 400 and "no dataset" in response.data["trials"]["dataset"][0]

@@ -28,7 +28,10 @@ def worker_database_url() -> str:
 @pytest.fixture(scope="session")
 def worker(redis_url, tmp_path_factory, django_db_setup):
     """One worker process for the session, on the tests' Redis database and the test database."""
-    env = {**os.environ, "REDIS_URL": redis_url, "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var"))}
+    env = {**os.environ, "REDIS_URL": redis_url, "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var")),
+           # the tests' datasets lie in their own temporary folders, all under this one
+           "WORKBENCH_DATA_ROOTS": str(tmp_path_factory.getbasetemp()),
+           "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789"}
     env["DATABASE_URL"] = worker_database_url()
     log = tmp_path_factory.mktemp("worker") / "worker.log"
     with open(log, "w") as out:

@@ -29,7 +29,7 @@ def spy_start(monkeypatch):
     """LocalLauncher.start as it is, after running ``during`` hooks whose answers are kept with what it started."""
     real_start, calls, during = LocalLauncher.start, [], []
 
-    def start(self, run_dir, nproc, resume, env_setup=""):
+    def start(self, run_dir, nproc, resume, env_setup=()):
         seen = {"in_atomic_block": connection.in_atomic_block}
         for hook in during:
             seen.update(hook())
@@ -140,7 +140,7 @@ def test_it_stops_the_job_it_just_started_when_the_run_was_cancelled_meanwhile(s
 
 def test_it_fails_a_run_whose_job_cannot_start_with_the_reason(spy_start, tiny_run_parts):
     owner, plan, dataset = tiny_run_parts
-    plan.cluster.env_setup = "module load cuda"
+    plan.cluster.env_setup = ["module load cuda"]
     plan.cluster.save()
     run = _queued(owner, plan, dataset)
     assert run_launch(run.pk) == "failed" and spy_start.calls == []

@@ -34,6 +34,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from trainer.contract.datapath import DataPathError, data_files
 from trainer.data.errors import DataError
 from trainer.data.tokenizer import BYTE_ALPHABET, MIN_VOCAB, SPECIALS, TOKENIZER, load_tokenizer, train_tokenizer
 
@@ -68,19 +69,19 @@ class PreparedData:
 
 
 def _source_files(path: Path, prepared_dir: Path) -> list[Path]:
+    """The files to read, checked by the contract's one rule for dataset paths (regular files only, no link out of
+    the folder) just before they are read."""
     if not path.exists():
         raise DataError(f"dataset path {path} does not exist: set dataset.path to a text file or a folder of them")
+    try:
+        found = data_files(path)
+    except DataPathError as exc:
+        raise DataError(str(exc)) from None
     if path.is_file():
-        return [path]
+        return found
     skip = prepared_dir.resolve()
-    files = []
-    for f in sorted(path.rglob("*"), key=lambda p: p.relative_to(path).as_posix()):
-        rel = f.relative_to(path)
-        if not f.is_file() or any(part.startswith(".") for part in rel.parts):
-            continue
-        if skip in f.resolve().parents:
-            continue  # a prepared dir placed inside the dataset folder is not data
-        files.append(f)
+    # a prepared dir placed inside the dataset folder is not data
+    files = [f for f in found if skip not in f.resolve().parents]
     if not files:
         raise DataError(f"dataset folder {path} holds no files: put text files in it or point dataset.path at a file")
     return files

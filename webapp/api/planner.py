@@ -4,48 +4,65 @@ from rest_framework import serializers, status, viewsets
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from trainer.planner.estimate.api import estimate_json
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
+from trainer.planner.estimate.api import estimate_json
 from trainer.planner.tune.api import tune_json
 
 from .. import models, services
+from .errors import computing_on, require_finite
+from .planner_requests import (INFERENCE_PRECISIONS, MAX_GLOBAL_BATCHES, MAX_TOKEN_BUDGET, EstimateRequestSerializer,
+                               TuneRequestSerializer)
 from .specfields import json_schema
 
 _MODEL = {"oneOf": [{"type": "string", "description": "a preset name, e.g. gpt3-175b"}, json_schema(ModelSpec)]}
 _CLUSTER = {"oneOf": [
-    {"type": "object", "description": "a preset GPU by name with a node count",
+    {"type": "object", "description": "a preset GPU by name with a node count", "additionalProperties": False,
      "properties": {"gpu": {"type": "string"}, "nodes": {"type": "integer"}, "gpus_per_node": {"type": "integer"},
-                    "inter_node_bandwidth_gbs": {"type": "number"}, "gpu_hour_cost": {"type": "number"}},
+                    "name": {"type": "string"}, "inter_node_bandwidth_gbs": {"type": "number"},
+                    "gpu_hour_cost": {"type": "number"}},
      "required": ["gpu"]},
     json_schema(ClusterSpec)]}
 _OBJECT = {"type": "object", "additionalProperties": True}
+_OPTIONS = {**_OBJECT, "nullable": True, "description": "EstimateOptions fields (efficiencies, overheads, kernels)"}
 
-ESTIMATE_REQUEST = {"type": "object", "properties": {
-    "model": _MODEL, "plan": json_schema(ParallelPlan), "cluster": _CLUSTER, "options": _OBJECT,
-    "token_budget": {"type": "number", "nullable": True, "description": "tokens to train on, for time and cost"},
-    "inference": {**_OBJECT, "nullable": True, "description": "tp, batch, context, precision"},
-    "plan_id": {"type": "integer", "description": "a stored plan: model, plan and cluster come from it"}}}
-TUNE_REQUEST = {"type": "object", "required": ["model", "cluster", "global_batch"], "properties": {
+
+def _int(low: int, high: int, description: str = "") -> dict:
+    return {"type": "integer", "minimum": low, "maximum": high, **({"description": description} if description else {})}
+
+
+ESTIMATE_REQUEST = {"type": "object", "additionalProperties": False, "properties": {
+    "model": _MODEL, "plan": json_schema(ParallelPlan), "cluster": _CLUSTER, "options": _OPTIONS,
+    "token_budget": {"type": "number", "nullable": True, "minimum": 1, "maximum": MAX_TOKEN_BUDGET,
+                     "description": "tokens to train on, for time and cost"},
+    "inference": {"type": "object", "nullable": True, "additionalProperties": False,
+                  "description": "what serving takes: weights and KV cache per GPU, decode time per token",
+                  "properties": {"tp": _int(1, 1024), "batch": _int(1, 1_000_000),
+                                 "context": {**_int(1, 10_000_000, "default: the model's seq_len"), "nullable": True},
+                                 "precision": {"type": "string", "enum": INFERENCE_PRECISIONS},
+                                 "kv_precision": {"type": "string", "enum": INFERENCE_PRECISIONS, "nullable": True}}},
+    "plan_id": _int(1, 2**63 - 1, "a stored plan: model, plan and cluster come from it")}}
+_BATCH = _int(1, 10_000_000)
+TUNE_REQUEST = {"type": "object", "required": ["model", "cluster", "global_batch"], "additionalProperties": False,
+                "properties": {
     "model": _MODEL, "cluster": _CLUSTER,
-    "global_batch": {"oneOf": [{"type": "integer"}, {"type": "array", "items": {"type": "integer"}}]},
-    "space": _OBJECT, "options": _OBJECT, "top_k": {"type": "integer"}, "explain_top": {"type": "integer"},
-    "trials": {"type": "object", "required": ["dataset"], "description": "measure the best plans by real trials",
-               "properties": {"dataset": {"type": "integer"}, "steps": {"type": "integer"}}}}}
+    "global_batch": {"oneOf": [_BATCH, {"type": "array", "items": _BATCH, "minItems": 1,
+                                        "maxItems": MAX_GLOBAL_BATCHES}]},
+    "space": {**_OBJECT, "nullable": True, "description": "SearchSpace fields"}, "options": _OPTIONS,
+    "top_k": _int(1, 1000, "ranked plans in the answer"),
+    "explain_top": _int(0, 100, "of those, how many carry the whole explained estimate"),
+    "trial_pool": _int(1, 1000),
+    "max_fraction": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
+    "tolerance": {"type": "number", "minimum": 0, "maximum": 10},
+    "trials": {"type": "object", "required": ["dataset"], "additionalProperties": False,
+               "description": "measure the best plans by real trials",
+               "properties": {"dataset": _int(1, 2**63 - 1), "steps": _int(4, 200)}}}}
 
 
-def _from_stored_plan(payload: dict, user) -> dict:
-    """Replace ``plan_id`` by the stored plan's model, plan and cluster (a plan the user may see)."""
-    plan_id = payload.get("plan_id")
-    if plan_id is None:
-        return payload
-    if not isinstance(plan_id, int) or isinstance(plan_id, bool):
-        raise serializers.ValidationError({"plan_id": ["must be an integer"]})
-    plan = models.ParallelismPlan.objects.visible_to(user).select_related("model_config", "cluster") \
-        .filter(pk=plan_id).first()
-    if plan is None:
-        raise serializers.ValidationError({"plan_id": [f"no plan {plan_id} that you can see"]})
-    rest = {k: v for k, v in payload.items() if k != "plan_id"}
-    return {**rest, "model": plan.model_config.spec, "plan": plan.spec, "cluster": plan.cluster.spec}
+def _object(data):
+    if not isinstance(data, dict):
+        raise serializers.ValidationError({"non_field_errors": [
+            f"the request must be a JSON object, got {type(data).__name__}"]})
+    return data
 
 
 class EstimateView(APIView):
@@ -59,19 +76,11 @@ class EstimateView(APIView):
                                 "precision": "bf16"},
                        "token_budget": 3e11})])
     def post(self, request):
-        if not isinstance(request.data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["the request must be a JSON object"]})
-        return Response(estimate_json(_from_stored_plan(dict(request.data), request.user)))
-
-
-class TrialsSerializer(serializers.Serializer):
-    dataset = serializers.PrimaryKeyRelatedField(queryset=models.Dataset.objects.all(),
-                                                 help_text="The dataset the trials train on")
-    steps = serializers.IntegerField(min_value=4, max_value=200, default=8, help_text="Steps per trial")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.fields["dataset"].queryset = models.Dataset.objects.visible_to(self.context["request"].user)
+        body = EstimateRequestSerializer(data=_object(request.data), context={"request": request})
+        body.is_valid(raise_exception=True)
+        with computing_on("the estimate"):
+            answer = estimate_json(dict(body.validated_data))
+        return Response(require_finite(answer, "the estimate"))
 
 
 class TuneJobSerializer(serializers.ModelSerializer):
@@ -92,16 +101,15 @@ class TuneView(APIView):
 
     @extend_schema(request={"application/json": TUNE_REQUEST}, responses={200: _OBJECT, 202: TuneJobSerializer})
     def post(self, request):
-        if not isinstance(request.data, dict):
-            raise serializers.ValidationError({"non_field_errors": ["the request must be a JSON object"]})
-        payload = dict(request.data)
-        trials = payload.pop("trials", None)
-        if trials is None:
-            return Response(tune_json(payload))
-        body = TrialsSerializer(data=trials, context={"request": request})
+        body = TuneRequestSerializer(data=_object(request.data), context={"request": request})
         body.is_valid(raise_exception=True)
-        job = services.tune_job_create(owner=request.user, request=payload, dataset=body.validated_data["dataset"],
-                                       trial_steps=body.validated_data["steps"])
+        trials = body.validated_data.get("trials")
+        if trials is None:
+            with computing_on("the tune"):
+                answer = tune_json(body.tune_payload())
+            return Response(require_finite(answer, "the tune"))
+        job = services.tune_job_create(owner=request.user, request=body.tune_payload(), dataset=trials["dataset"],
+                                       trial_steps=trials["steps"])
         return Response(TuneJobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 

@@ -1,5 +1,11 @@
-"""REST representations. Validation goes through the contract (trainer.contract) so the API, admin and trainer agree."""
+"""REST representations. Validation goes through the contract (trainer.contract) so the API, admin and trainer agree.
+
+JSON bodies are type-checked field by field (webapp.api.fields): a number where a string belongs, a string where a
+number does, is a 400 naming the field, never coerced.
+"""
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import models as db
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from trainer.contract import presets
@@ -7,7 +13,11 @@ from trainer.contract import (ClusterSpec, ModelSpec, OptimizerSpec, ParallelPla
                               check_plan)
 
 from .. import models, services
+from ..models.clusterfields import ENV_SETUP_LINE_LENGTH, ENV_SETUP_LINES
+from ..models.configs import sharing_problem
 from ..spec_errors import spec_field_errors
+from .fields import (StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField,
+                     StrictPrimaryKeyRelatedField, UsablePlanField, VisibleRelatedField)
 from .specfields import api_field, spec_field
 
 
@@ -15,7 +25,19 @@ def _django_errors(exc: DjangoValidationError) -> serializers.ValidationError:
     return serializers.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
 
 
-class OwnedSerializer(serializers.ModelSerializer):
+class StrictModelSerializer(serializers.ModelSerializer):
+    """A model serializer whose fields take JSON values of their own type only."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        db.IntegerField: StrictIntegerField, db.PositiveIntegerField: StrictIntegerField,
+        db.BigIntegerField: StrictIntegerField, db.FloatField: StrictFloatField, db.BooleanField: StrictBooleanField,
+        db.CharField: StrictCharField, db.TextField: StrictCharField,
+    }
+    serializer_related_field = StrictPrimaryKeyRelatedField
+
+
+class OwnedSerializer(StrictModelSerializer):
     """Owner is the requesting user; names are unique per owner (checked here so a clash is a 400, not a 500)."""
 
     owner = serializers.ReadOnlyField(source="owner.username")
@@ -35,13 +57,6 @@ class OwnedSerializer(serializers.ModelSerializer):
     def create(self, validated_data):
         validated_data["owner"] = self.context["request"].user
         return super().create(validated_data)
-
-
-class VisibleRelatedField(serializers.PrimaryKeyRelatedField):
-    """A foreign key limited to the objects the requesting user may see."""
-
-    def get_queryset(self):
-        return super().get_queryset().visible_to(self.context["request"].user)
 
 
 class ModelConfigSerializer(OwnedSerializer):
@@ -65,8 +80,17 @@ class ModelConfigSerializer(OwnedSerializer):
         return attrs
 
 
-class ClusterSerializer(serializers.ModelSerializer):
+@extend_schema_field({
+    "type": "array", "items": {"type": "string", "maxLength": ENV_SETUP_LINE_LENGTH}, "maxItems": ENV_SETUP_LINES,
+    "description": "Shell lines run before the trainer, one string each, without line breaks. Trusted staff input: "
+                   "written into the batch script verbatim"})
+class EnvSetupField(serializers.JSONField):
+    """Shell lines, one string each (checked with the cluster: Cluster.clean)."""
+
+
+class ClusterSerializer(StrictModelSerializer):
     spec = spec_field(ClusterSpec)()
+    env_setup = EnvSetupField(required=False)
 
     class Meta:
         model = models.Cluster
@@ -92,7 +116,7 @@ class ClusterSerializer(serializers.ModelSerializer):
 class ParallelismPlanSerializer(OwnedSerializer):
     spec = spec_field(ParallelPlan)()
     model_config = VisibleRelatedField(queryset=models.ModelConfig.objects.all())
-    cluster = serializers.PrimaryKeyRelatedField(queryset=models.Cluster.objects.all())
+    cluster = StrictPrimaryKeyRelatedField(queryset=models.Cluster.objects.all())
     grad_accum = serializers.SerializerMethodField()
     world_size = serializers.SerializerMethodField()
 
@@ -111,6 +135,11 @@ class ParallelismPlanSerializer(OwnedSerializer):
     def validate(self, attrs):
         model_config = attrs.get("model_config") or self.instance.model_config
         cluster = attrs.get("cluster") or self.instance.cluster
+        shared = attrs.get("shared", self.instance.shared if self.instance else False)
+        name = attrs.get("name") or self.instance.name
+        problem = sharing_problem(name, shared, model_config)
+        if problem:
+            raise serializers.ValidationError({"shared": [problem]})
         plan = ParallelPlan.from_dict(attrs.get("spec") or self.instance.spec)
         problems = check_plan(model_config.model_spec(), plan, cluster.cluster_spec())
         if problems:
@@ -126,29 +155,47 @@ class DatasetSerializer(OwnedSerializer):
         read_only_fields = ["created_at", "updated_at"]
 
     def validate(self, attrs):
-        current = {f: getattr(self.instance, f) for f in ("path", "tokenizer_vocab", "val_fraction")} \
-            if self.instance else {}
+        fields = ("path", "tokenizer_vocab", "val_fraction")
+        current = {f: getattr(self.instance, f) for f in fields} if self.instance else {}
+        owner = self.instance.owner if self.instance else self.context["request"].user
         try:
-            models.Dataset(**{**current, **{k: v for k, v in attrs.items() if k in
-                                             ("path", "tokenizer_vocab", "val_fraction")}}).clean()
+            models.Dataset(owner=owner, **{**current, **{k: v for k, v in attrs.items() if k in fields}}).clean()
         except DjangoValidationError as exc:
             raise _django_errors(exc) from None
         return attrs
+
+
+class DatasetUploadSerializer(serializers.Serializer):
+    """A text file sent as multipart/form-data, with the dataset's fields (form values are strings, so these
+    fields read them as DRF's do)."""
+
+    file = serializers.FileField(help_text="UTF-8 text; at most WORKBENCH_MAX_UPLOAD_MB megabytes")
+    name = serializers.CharField(max_length=120)
+    description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
+    tokenizer_vocab = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0,
+                                               help_text="0: the model's vocabulary size")
+    val_fraction = serializers.FloatField(min_value=0, max_value=1, default=0.05)
+    shared = serializers.BooleanField(default=False)
+
+    def validate_name(self, value):
+        if models.Dataset.objects.filter(owner=self.context["request"].user, name=value).exists():
+            raise serializers.ValidationError(f"you already have a dataset named {value!r}")
+        return value
 
 
 class RunSerializer(OwnedSerializer):
     unique_names = False  # runs are told apart by id; repeating a name is normal
     model_config = serializers.PrimaryKeyRelatedField(read_only=True)
     cluster = serializers.PrimaryKeyRelatedField(read_only=True)
-    plan = VisibleRelatedField(queryset=models.ParallelismPlan.objects.select_related("model_config", "cluster"),
-                               help_text="The plan; it names the model config and the cluster")
+    plan = UsablePlanField(queryset=models.ParallelismPlan.objects.select_related("model_config", "cluster"),
+                           help_text="The plan; it names the model config and the cluster (both visible to you)")
     dataset = VisibleRelatedField(queryset=models.Dataset.objects.all())
     optimizer = spec_field(OptimizerSpec)(required=False)
     profile = spec_field(ProfileSpec)(required=False, allow_null=True)
     spec = spec_field(RunSpec)(read_only=True, help_text="What every attempt launches with: checked and fixed when "
                                                          "the run is created")
-    launch = serializers.BooleanField(write_only=True, default=False,
-                                      help_text="Queue the run for launch right away instead of keeping a draft")
+    launch = StrictBooleanField(write_only=True, default=False,
+                                help_text="Queue the run for launch right away instead of keeping a draft")
 
     class Meta:
         model = models.Run

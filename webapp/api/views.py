@@ -1,15 +1,22 @@
 """Thin REST views: querysets limited to what the user may see, writes through serializers and services."""
 from drf_spectacular.utils import extend_schema
-from rest_framework import mixins, serializers, viewsets
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from .. import models, services
+from ..services.datasets import NotText, UploadTooLarge, upload_limit
 from . import filters
+from .fields import StrictCharField
+from .parsers import RequestTooLarge
 from .permissions import IsOwnerOrStaffToChange, IsStaffOrReadOnly
-from .serializers import (CheckpointSerializer, ClusterSerializer, DatasetSerializer, MetricSerializer,
-                          ModelConfigSerializer, ParallelismPlanSerializer, ProfileSerializer, RunSerializer)
+from .serializers import (CheckpointSerializer, ClusterSerializer, DatasetSerializer, DatasetUploadSerializer,
+                          MetricSerializer, ModelConfigSerializer, ParallelismPlanSerializer, ProfileSerializer,
+                          RunSerializer)
+
+FORM_OVERHEAD_BYTES = 64 * 1024  # a multipart body's boundaries, headers and form fields beside the file
 
 
 class OwnedViewSet(viewsets.ModelViewSet):
@@ -37,9 +44,32 @@ class ParallelismPlanViewSet(OwnedViewSet):
 
 
 class DatasetViewSet(OwnedViewSet):
+    """Datasets: a text file or folder under one of your data roots, registered by path, or a file uploaded."""
+
     queryset = models.Dataset.objects.all()
     serializer_class = DatasetSerializer
     filterset_fields = ["shared"]
+
+    @extend_schema(request={"multipart/form-data": DatasetUploadSerializer}, responses={201: DatasetSerializer})
+    @action(detail=False, methods=["post"], parser_classes=[MultiPartParser])
+    def upload(self, request):
+        """Upload a UTF-8 text file into your own upload folder and register it as a dataset."""
+        limit = upload_limit()
+        declared = request.META.get("CONTENT_LENGTH") or "0"
+        if declared.isdigit() and int(declared) > limit + FORM_OVERHEAD_BYTES:  # refused before a byte is read
+            raise RequestTooLarge(f"the upload is {int(declared):,} bytes; files of at most {limit:,} bytes are "
+                                  f"taken (WORKBENCH_MAX_UPLOAD_MB): split the file, or ask staff for a data root "
+                                  f"that holds it")
+        body = DatasetUploadSerializer(data=request.data, context={"request": request})
+        body.is_valid(raise_exception=True)
+        fields = dict(body.validated_data)
+        try:
+            dataset = services.dataset_upload(owner=request.user, upload=fields.pop("file"), **fields)
+        except UploadTooLarge as exc:
+            raise RequestTooLarge(str(exc)) from None
+        except NotText as exc:
+            raise serializers.ValidationError({"file": [str(exc)]}) from None
+        return Response(DatasetSerializer(dataset, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
 class ClusterViewSet(viewsets.ModelViewSet):
@@ -53,7 +83,7 @@ class ClusterViewSet(viewsets.ModelViewSet):
 
 
 class CancelSerializer(serializers.Serializer):
-    reason = serializers.CharField(required=False, default="cancelled by user", max_length=500)
+    reason = StrictCharField(required=False, default="cancelled by user", max_length=500)
 
 
 class RunViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,

@@ -3,16 +3,16 @@
 Specs are stored as the contract's JSON (trainer.contract) and validated through it, so the database, the API, the
 planner and the trainer agree on one definition.
 """
-from pathlib import Path
-
-from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
+from django.db.models import Q
 
 from trainer.contract import ClusterSpec, DatasetSpec, ModelSpec, ParallelPlan, SpecError, check_plan
 
 from ..spec_errors import spec_field_errors
-from .ownership import Owned
+from .clusterfields import cluster_field_errors
+from .dataroots import data_roots_for
+from .ownership import Owned, OwnedQuerySet
 
 
 def _on_spec(exc: SpecError) -> dict[str, list[str]]:
@@ -56,9 +56,15 @@ class Cluster(models.Model):
     account = models.CharField(max_length=120, blank=True)
     qos = models.CharField(max_length=120, blank=True)
     time_limit = models.CharField(max_length=32, blank=True, help_text="Slurm time limit, e.g. 02:00:00 or 1-00:00:00")
-    env_setup = models.TextField(blank=True, help_text="Shell lines run before the trainer (module load …, source …)")
-    container_image = models.CharField(max_length=300, blank=True)
-    runs_root = models.CharField(max_length=500, blank=True, help_text="Folder for run folders; empty: the default")
+    env_setup = models.JSONField(
+        default=list, blank=True,
+        help_text="Shell lines run before the trainer (module load …, source …), a JSON list of strings. Trusted "
+                  "staff input: each line is written into the batch script verbatim, as a shell command")
+    container_image = models.CharField(max_length=300, blank=True,
+                                       help_text="An image reference: [registry[:port]/]name[:tag][@digest]")
+    runs_root = models.CharField(max_length=500, blank=True,
+                                 help_text="Folder for run folders, under one of WORKBENCH_RUNS_ROOTS; empty: the "
+                                           "default")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -77,18 +83,29 @@ class Cluster(models.Model):
             self.spec = self.cluster_spec().to_dict()
         except SpecError as exc:
             errors.update(_on_spec(exc))
-        if self.time_limit and not _is_slurm_time(self.time_limit):
-            errors["time_limit"] = [f"{self.time_limit!r} is not a Slurm time: use MM, HH:MM:SS or D-HH:MM:SS"]
+        errors.update(cluster_field_errors(self))
         if self.kind == self.Kind.LOCAL and any((self.partition, self.account, self.qos)):
             errors["kind"] = ["partition, account and QOS apply to Slurm clusters only"]
         if errors:
             raise ValidationError(errors)
 
 
-def _is_slurm_time(value: str) -> bool:
-    days, _, clock = value.rpartition("-")
-    parts = clock.split(":")
-    return (not days or days.isdigit()) and 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)
+class PlanQuerySet(OwnedQuerySet):
+    def visible_to(self, user):
+        """Plans are seen together with their model config: another user's shared plan only while its model config
+        is visible to ``user`` as well. An owner always sees their own plans (to point them at another config or
+        delete them); the plan shows its config's id, never its spec."""
+        if user.is_staff:
+            return self
+        config_visible = Q(model_config__owner=user) | Q(model_config__shared=True)
+        return self.filter(Q(owner=user) | (Q(shared=True) & config_visible))
+
+    def usable_by(self, user):
+        """Plans ``user`` may estimate or run: visible, and their model config visible too (what the estimate and
+        the run's spec show)."""
+        if user.is_staff:
+            return self
+        return self.visible_to(user).filter(Q(model_config__owner=user) | Q(model_config__shared=True))
 
 
 class ParallelismPlan(Owned):
@@ -100,6 +117,8 @@ class ParallelismPlan(Owned):
     cluster = models.ForeignKey(Cluster, on_delete=models.PROTECT, related_name="plans")
     spec = models.JSONField(help_text="trainer.contract.ParallelPlan as JSON")
 
+    objects = PlanQuerySet.as_manager()
+
     class Meta:
         ordering = ["-created_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["owner", "name"], name="unique_plan_name_per_owner")]
@@ -110,16 +129,37 @@ class ParallelismPlan(Owned):
     def plan_spec(self) -> ParallelPlan:
         return ParallelPlan.from_dict(self.spec)
 
+    def is_usable_by(self, user) -> bool:
+        return user.is_staff or (self.is_visible_to(user) and self.model_config.is_visible_to(user))
+
     def clean(self):
         try:
             plan = self.plan_spec()
         except SpecError as exc:
             raise ValidationError(_on_spec(exc)) from None
         self.spec = plan.to_dict()
+        if self.model_config_id:
+            problem = sharing_problem(self.name, self.shared, self.model_config)
+            if problem:
+                raise ValidationError({"shared": [problem]})
         if self.model_config_id and self.cluster_id:
             problems = check_plan(self.model_config.model_spec(), plan, self.cluster.cluster_spec())
             if problems:
                 raise ValidationError(_on_spec(SpecError(problems)))
+
+
+def sharing_problem(plan_name: str, shared: bool, model_config: ModelConfig) -> str:
+    """Why a plan may not be shared, or ''.
+
+    Sharing a plan is refused while its model config is private, rather than sharing the config along with it: the
+    config is its owner's (perhaps another user's), and making it public is their decision, taken where it shows.
+    Every user who sees a plan can estimate and run it, which shows the model, so a shared plan needs a shared model.
+    """
+    if shared and not model_config.shared:
+        return (f"plan {plan_name!r} cannot be shared while its model config {model_config.name!r} is private: "
+                f"others could neither see nor run the plan without it; share the model config first, or keep the "
+                f"plan private")
+    return ""
 
 
 class Dataset(Owned):
@@ -144,10 +184,12 @@ class Dataset(Owned):
             self.dataset_spec().validate()
         except SpecError as exc:
             raise ValidationError(spec_field_errors(exc, lambda path: path or NON_FIELD_ERRORS)) from None
-        roots = settings.WORKBENCH["DATA_ROOTS"]
-        resolved = Path(self.path).resolve()
-        if not any(resolved.is_relative_to(Path(root).resolve()) for root in roots):
-            raise ValidationError({"path": [f"{self.path} is outside the data roots; put the data under one of: "
-                                            + ", ".join(str(r) for r in roots)]})
-        if not resolved.exists():
-            raise ValidationError({"path": [f"{self.path} does not exist"]})
+        if self.owner_id:
+            self.check_path()
+
+    def check_path(self, path: str | None = None) -> None:
+        """ValidationError on ``path`` unless its owner may read it (trainer.contract.datapath's rules, with the
+        owner's data roots); ``path`` defaults to the dataset's own, a run's stored copy of it is checked too."""
+        problem = data_roots_for(self.owner).problem(self.path if path is None else path)
+        if problem:
+            raise ValidationError({"path": [problem]})

@@ -11,7 +11,11 @@ from trainer.contract.manifest import read_manifest
 from trainer.contract.records import Event, is_eval_row, is_step_row
 from trainer.contract.runfolder import EVENTS, METRICS, read_json, read_jsonl
 
+from ..finite import finite
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
+
+
+MAX_STEP = 2**31 - 1
 
 
 def _folder_size(folder: Path) -> int:
@@ -20,14 +24,16 @@ def _folder_size(folder: Path) -> int:
 
 def _metric_rows(run: Run, records: list[dict]) -> list[Metric]:
     rows: dict[tuple[str, int], Metric] = {}  # one row per (kind, step): the last record of it
-    for record in records:
+    for record in map(finite, records):  # a diverged run logs NaN losses; stored as null, as JSON can hold them
         if is_eval_row(record):
             kind, loss = "val", record["val_loss"]
         elif is_step_row(record):
             kind, loss = "train", record["loss"]
         else:
             continue
-        if record["step"] >= 0:  # a damaged line may say anything; steps are stored unsigned
+        if not isinstance(loss, (int, float)) or isinstance(loss, bool):
+            loss = None
+        if 0 <= record["step"] <= MAX_STEP:  # a damaged line may say anything; steps are stored unsigned, 32 bits
             rows[(kind, record["step"])] = Metric(run=run, kind=kind, step=record["step"], loss=loss, values=record)
     return list(rows.values())
 
@@ -39,7 +45,7 @@ def checkpoint_register(run: Run, event: dict) -> Checkpoint | None:
         return None  # pruned since, or not complete: never registered
     checkpoint, _ = Checkpoint.objects.update_or_create(
         run=run, step=manifest.step,
-        defaults={"path": str(folder), "manifest": manifest.to_dict(), "size_bytes": _folder_size(folder),
+        defaults={"path": str(folder), "manifest": finite(manifest.to_dict()), "size_bytes": _folder_size(folder),
                   "tokens_seen": manifest.tokens_seen})
     return checkpoint
 
@@ -54,7 +60,7 @@ def checkpoints_follow_retention(run: Run) -> None:
 
 def profile_register(run: Run, event: dict) -> Profile:
     folder = Path(run.run_dir) / event.get("path", "")
-    summary = read_json(folder / "summary.json") or {}
+    summary = finite(read_json(folder / "summary.json") or {})
     profile, _ = Profile.objects.update_or_create(run=run, name=event.get("name", folder.name),
                                                   defaults={"path": str(folder), "summary": summary})
     return profile
@@ -89,7 +95,7 @@ def run_ingest(run_id: int) -> Run:
     Metric.objects.bulk_create(_metric_rows(run, metrics), update_conflicts=True,
                                unique_fields=["run", "kind", "step"], update_fields=["loss", "values", "recorded_at"])
     state["metrics_offset"] = offset
-    train_steps = [r["step"] for r in metrics if is_step_row(r)]
+    train_steps = [r["step"] for r in metrics if is_step_row(r) and 0 <= r["step"] <= MAX_STEP]
     if train_steps:
         run.last_step = max(run.last_step, *train_steps)
 

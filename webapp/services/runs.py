@@ -7,7 +7,7 @@ from django.db import transaction
 
 from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec, SpecError
 
-from ..models import Run, RunStatus
+from ..models import Run, RunStatus, data_roots_for
 from ..spec_errors import spec_field_errors
 from .tasks import enqueue
 
@@ -34,6 +34,33 @@ def _part(prefix: str, spec_class, data: dict):
 def _run_part(path: str) -> str:
     """A run's spec error lands on the part its path starts with (plan.tp → plan)."""
     return path.split(".")[0] or "plan"
+
+
+def run_access_problems(run: Run) -> dict[str, list[str]]:
+    """What of its parts the run's owner may not use (any more): ``{field: [messages]}``, empty when all is well.
+
+    Checked when a run is created, each time it is queued (launch, retry, resume) and by the worker right before
+    it starts the job: sharing can be withdrawn and a dataset's file can change in between. The plan and the model
+    config it was made of must be visible to the owner, the dataset too, and the dataset's path (the copy in the
+    run's spec, which is what the trainer will read) must still pass the data-path rules for the dataset's owner,
+    who registered it.
+    """
+    owner, problems = run.owner, {}
+    if not run.plan.is_visible_to(owner):
+        problems["plan"] = [f"plan {run.plan.name!r} is not shared with {owner}: ask its owner to share it (again), "
+                            f"or make a plan of your own"]
+    elif not run.model_config.is_visible_to(owner):
+        problems["plan"] = [f"model config {run.model_config.name!r} of plan {run.plan.name!r} is not shared with "
+                            f"{owner}: ask its owner to share it, or make a plan on a model config of your own"]
+    if not run.dataset.is_visible_to(owner):
+        problems["dataset"] = [f"dataset {run.dataset.name!r} is not shared with {owner}: ask its owner to share "
+                               f"it (again), or register a dataset of your own"]
+    else:
+        path = (run.spec or {}).get("dataset", {}).get("path", run.dataset.path)
+        problem = data_roots_for(run.dataset.owner).problem(path)
+        if problem:
+            problems["dataset"] = [f"dataset {run.dataset.name!r}: {problem}"]
+    return problems
 
 
 def run_check(run: Run) -> RunSpec:
@@ -69,6 +96,9 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     """
     run = Run(owner=owner, plan=plan, model_config=plan.model_config, cluster=plan.cluster, dataset=dataset, **fields)
     run.full_clean(exclude=["run_dir", "spec"])
+    problems = run_access_problems(run)
+    if problems:
+        raise ValidationError(problems)
     spec = run_check(run)
     run.save()
     run.run_dir = str(run_folder(run))
@@ -81,10 +111,16 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
 
 @transaction.atomic
 def run_queue(run: Run) -> Run:
-    """draft (or failed with attempts left) → queued; the launch task is sent when this commits."""
+    """draft (or failed with attempts left) → queued; the launch task is sent when this commits.
+
+    Raises ValidationError if the run may not be queued: no attempts left, or its owner may no longer use its parts.
+    """
     run = Run.objects.select_for_update().get(pk=run.pk)
     if run.status == RunStatus.FAILED and run.attempts >= run.max_attempts:
         raise ValidationError(f"run {run.pk} has used all {run.max_attempts} attempts")
+    problems = run_access_problems(run)
+    if problems:
+        raise ValidationError(problems)
     run.transition(RunStatus.QUEUED)
     run.save()
     enqueue(LAUNCH_TASK, run.pk)

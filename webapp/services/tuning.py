@@ -5,7 +5,8 @@ from django.utils import timezone
 
 from trainer.planner.tune.api import parse_tune_request
 
-from ..models import TuneJob
+from ..finite import finite
+from ..models import TuneJob, data_roots_for
 from .tasks import enqueue
 
 TUNE_TASK = "workbench.tune.run"
@@ -25,9 +26,21 @@ def tune_job_create(*, owner, request: dict, dataset, trial_steps: int = 8) -> T
         raise ValidationError({"cluster": [
             f"trials run on this machine's local CPU ranks; give a one-node cluster with gpu '{TRIAL_GPU}' "
             f"(got {cluster.nodes} node(s) of {cluster.gpu.name}), or tune without trials"]})
+    problem = tune_job_dataset_problem(owner, dataset)
+    if problem:
+        raise ValidationError({"dataset": [problem]})
     job = TuneJob.objects.create(owner=owner, request=request, dataset=dataset, trial_steps=trial_steps)
     enqueue(TUNE_TASK, job.pk)
     return job
+
+
+def tune_job_dataset_problem(owner, dataset) -> str:
+    """Why the trials may not read ``dataset`` for ``owner``, or '' (checked when the job is queued and when it
+    runs)."""
+    if not dataset.is_visible_to(owner):
+        return f"dataset {dataset.name!r} is not shared with {owner}: register a dataset of your own"
+    problem = data_roots_for(dataset.owner).problem(dataset.path)
+    return f"dataset {dataset.name!r}: {problem}" if problem else ""
 
 
 def tune_job_progress(job_id: int, event: dict) -> None:
@@ -36,7 +49,7 @@ def tune_job_progress(job_id: int, event: dict) -> None:
     progress = dict(job.progress or {})
     if event.get("phase") == "trial":
         progress["trials_done"] = progress.get("trials_done", 0) + 1
-    progress["last"] = event
+    progress["last"] = finite(event)
     TuneJob.objects.filter(pk=job_id).update(progress=progress)
 
 
@@ -52,5 +65,5 @@ def tune_job_start(job_id: int) -> TuneJob | None:
 
 def tune_job_finish(job_id: int, result: dict | None = None, error: str = "") -> None:
     TuneJob.objects.filter(pk=job_id).update(
-        status=TuneJob.Status.FAILED if error else TuneJob.Status.COMPLETED, result=result, error=error,
+        status=TuneJob.Status.FAILED if error else TuneJob.Status.COMPLETED, result=finite(result), error=error,
         finished_at=timezone.now())

@@ -1,6 +1,6 @@
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Sequence
 
 
 class LaunchError(RuntimeError):
@@ -24,8 +24,9 @@ class Launcher(Protocol):
     # belongs to a worker that died while starting.
     start_timeout_s: float
 
-    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: str = "") -> StartedJob:
-        """Start the trainer for the spec.json in ``run_dir``."""
+    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: Sequence[str] = ()) -> StartedJob:
+        """Start the trainer for the spec.json in ``run_dir``; ``env_setup`` are the cluster's shell lines that run
+        first (staff's, trusted, written verbatim)."""
 
     def poll(self, run_dir: Path, job_id: str) -> JobState: ...
 

@@ -4,6 +4,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from trainer.contract.command import trainer_command
 from trainer.contract.runfolder import SPEC, read_json
@@ -29,8 +30,8 @@ class LocalLauncher:
 
     start_timeout_s = 60.0  # the supervisor forks and returns at once; a minute means this machine is stuck
 
-    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: str = "") -> StartedJob:
-        if env_setup.strip():
+    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: Sequence[str] = ()) -> StartedJob:
+        if any(line.strip() for line in env_setup):
             raise LaunchError("environment setup lines apply to Slurm clusters; clear them on a local cluster")
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),

@@ -1,0 +1,39 @@
+"""What a cluster's fields put into a batch script: directives checked once more, setup lines verbatim, the command
+quoted word by word."""
+import shlex
+
+import pytest
+
+from trainer.contract import presets
+from webapp import models
+from workers.launchers.sbatch import UnsafeScriptValue, command_line, directives, setup_lines
+
+
+def _cluster(**fields) -> models.Cluster:
+    return models.Cluster(name="s", kind="slurm", spec=presets.cluster().to_dict(), **fields)
+
+
+def test_it_writes_the_directives_of_the_fields_that_are_set():
+    cluster = _cluster(partition="gpu", qos="high.v2", time_limit="1-12:00:00")
+    assert directives(cluster) == ["#SBATCH --partition=gpu", "#SBATCH --qos=high.v2", "#SBATCH --time=1-12:00:00"]
+
+
+@pytest.mark.parametrize("fields", [{"partition": "gpu\n#SBATCH --uid=0"}, {"account": "a b"},
+                                    {"time_limit": "02:00:00\nrm -rf /"}, {"qos": "q;id"}])
+def test_it_refuses_a_value_that_would_end_its_directive_even_if_it_was_stored(fields):
+    with pytest.raises(UnsafeScriptValue, match="is not a Slurm"):
+        directives(_cluster(**fields))
+
+
+def test_it_writes_setup_lines_as_given_and_refuses_a_line_with_a_break():
+    assert setup_lines(_cluster(env_setup=["module load cuda", "source $HOME/env.sh"])) == [
+        "module load cuda", "source $HOME/env.sh"]
+    with pytest.raises(UnsafeScriptValue, match="line 1 holds a line break"):
+        setup_lines(_cluster(env_setup=["module load cuda\nid"]))
+
+
+def test_it_quotes_every_word_of_the_command():
+    words = ["enroot", "start", "nvcr.io/nvidia/pytorch:24.05-py3", "python", "-m", "trainer", "--spec",
+             "/runs/it's here/spec.json", "$(id)"]
+    line = command_line(words)
+    assert shlex.split(line) == words and "'$(id)'" in line

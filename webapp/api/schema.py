@@ -1,0 +1,52 @@
+"""The error answers in the OpenAPI schema: every operation lists the 4xx it can give, each with its body.
+
+Errors have two shapes (webapp.api.errors): a field-by-field ``ValidationError`` for 400 (each field's messages,
+nested for a spec's fields, ``non_field_errors`` for the whole object) and ``{"detail": …}`` for the rest.
+"""
+ERROR = {"type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}},
+         "description": "What went wrong and what to change"}
+VALIDATION_ERROR = {
+    "type": "object", "description": "Messages by field: a list of messages, or an object of a spec's fields (a "
+                                     "dotted path's parts) to their messages; `non_field_errors` for the whole "
+                                     "object, `detail` for a body that could not be read",
+    "additionalProperties": {"oneOf": [{"type": "string"}, {"type": "array", "items": {}}, {"type": "object"}]}}
+
+_ANSWERS = {
+    "400": ("the request is not valid: the body names each field's problem", "ValidationError"),
+    "401": ("no credentials, or credentials that are not valid", "Error"),
+    "403": ("signed in, but not allowed to do this (or a session request without its CSRF token)", "Error"),
+    "404": ("no such object that you can see (or no such page of a list)", "Error"),
+    "409": ("conflicts with the stored objects: another one of the name, or objects that still use it", "Error"),
+    "413": ("the request body is over the size limit", "Error"),
+    "415": ("the body is not of a media type this operation reads", "Error"),
+    "429": ("too many requests of this kind (sign-in attempts); wait as Retry-After says", "Error"),
+}
+_WRITES = {"post", "put", "patch", "delete"}
+
+
+def _codes(path: str, method: str, operation: dict) -> list[str]:
+    codes = ["400", "401", "403", "404"]
+    if method in _WRITES:
+        codes.append("409")
+    if "requestBody" in operation:
+        codes += ["413", "415"]
+    if path == "/api/token/":
+        codes.append("429")
+    return codes
+
+
+def document_errors(result, generator, request, public):
+    """drf-spectacular postprocessing hook: add the error components and each operation's error answers."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    schemas.setdefault("Error", ERROR)
+    schemas.setdefault("ValidationError", VALIDATION_ERROR)
+    for path, operations in result.get("paths", {}).items():
+        for method, operation in operations.items():
+            if method not in _WRITES | {"get", "head", "options"}:
+                continue
+            responses = operation.setdefault("responses", {})
+            for code in _codes(path, method, operation):
+                description, component = _ANSWERS[code]
+                responses.setdefault(code, {"description": description, "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{component}"}}}})
+    return result
