@@ -1,5 +1,6 @@
 """Personas and objects for the web tests: alice and bob are ordinary users, staff is staff."""
 import pytest
+import redis
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from rest_framework.authtoken.models import Token
@@ -7,6 +8,7 @@ from rest_framework.test import APIClient
 
 from trainer.contract import presets
 from webapp import models
+from webapp.services import tasks
 
 
 def _user(username: str, is_staff: bool = False) -> User:
@@ -89,3 +91,15 @@ def plan222(alice, gpt2_small, cluster8):
 @pytest.fixture
 def corpus(alice, data_root):
     return models.Dataset.objects.create(owner=alice, name="corpus", path=str(data_root / "corpus.txt"))
+
+
+@pytest.fixture
+def test_broker(redis_url, settings):
+    """Point the web side's task client at the tests' Redis database, emptied first."""
+    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
+    tasks._client.cache_clear()
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    tasks._client.cache_clear()

@@ -1,11 +1,7 @@
 """Runs: created from a plan and a dataset, listed with filters and pages, launched and cancelled."""
 import json
 
-import pytest
-import redis
-
 from webapp import models
-from webapp.services import tasks
 
 
 def _create(client, plan, dataset, **extra):
@@ -57,18 +53,6 @@ def test_it_forbids_cancelling_another_users_shared_run(alice, bob, api, plan222
     run_id = _create(api(alice), plan222, corpus, shared=True).data["id"]
     assert api(bob).get(f"/api/runs/{run_id}/").status_code == 200
     assert api(bob).post(f"/api/runs/{run_id}/cancel/").status_code == 403
-
-
-@pytest.fixture
-def test_broker(redis_url, settings):
-    """Point the web side's task client at the tests' Redis database, emptied first."""
-    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
-    tasks._client.cache_clear()
-    client = redis.Redis.from_url(redis_url)
-    client.flushdb()
-    yield client
-    client.flushdb()
-    tasks._client.cache_clear()
 
 
 def _queued_tasks(client):
