@@ -11,6 +11,7 @@ of runs (the misses are runs in which the noise alone puts an unmeasured plan ah
 """
 import random
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,8 @@ from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract.presets import MODELS, cluster
 from trainer.planner.tune.search import rank_plans, trial_features, tune
-from trainer.planner.tune.trials import run_trials
+from trainer.planner.tune.measure import TrialError
+from trainer.planner.tune.trials import failure_reason, run_trials
 
 TRUTH = EstimateOptions(compute_efficiency=0.42, comm_efficiency=0.35)
 
@@ -76,3 +78,84 @@ def test_it_refuses_a_measure_that_returns_nonsense():
     pool = rank_plans(spec, clu, 32).ranked[:6]
     with pytest.raises(ValueError, match="positive step time"):
         run_trials(pool, lambda plan: -1.0)
+
+
+# A trial that fails: what run_trials must survive. The stand-in raises as LocalTrials does when a trial's
+# process dies; the exact estimate is the truth, so the only thing that varies is which plans fail.
+
+def _exact_pool(size=30):
+    spec, clu = MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 2)
+    pool = rank_plans(spec, clu, 64).ranked[:size]
+    return pool, trial_features(spec, clu, None, [c.plan for c in pool])
+
+
+def _failing(pool, failing, calls):
+    truth = {c.plan: c.step_time_s for c in pool}
+    bad = {pool[i].plan for i in failing}
+
+    def measure(plan):
+        calls.append(plan)
+        if plan in bad:
+            raise TrialError("trial dp1 failed (exit -9)", plan, Path("run"), -9, "a log tail\nof several lines")
+        return truth[plan]
+    return measure
+
+
+def test_a_failed_trial_is_recorded_with_its_reason_and_the_next_plan_is_measured():
+    pool, features = _exact_pool()
+    calls, events = [], []
+    result = run_trials(pool, _failing(pool, [0], calls), features=features, progress=events.append)
+    assert calls[0] == pool[0].plan and len(calls) == result.tried == len(result.measured) + 1
+    assert [f.candidate.plan for f in result.failed] == [pool[0].plan]
+    assert result.failed[0].reason == "trial dp1 failed (exit -9)"  # one line: the log's tail stays in the error
+    assert pool[0].plan not in [c.plan for c in result.measured]
+    # not the pick and no contender: the trials still stop by the bound, on the next-best plan
+    assert result.best.plan == pool[1].plan and result.stopped == "bound"
+    assert "1 more failed" in result.note and "trial dp1 failed (exit -9)" in result.note
+    failed_events = [e for e in events if "failed" in e]
+    assert len(failed_events) == 1 and failed_events[0]["phase"] == "trial"
+    assert failed_events[0]["failed"] == "trial dp1 failed (exit -9)" and failed_events[0]["done"] == 1
+    assert failed_events[0]["best_measured_s"] is None and "measured_step_time_s" not in failed_events[0]
+    assert [e["done"] for e in events] == list(range(1, len(calls) + 1))
+    out = result.to_dict()
+    assert out["tried"] == len(calls) and len(out["measured"]) == len(calls) - 1
+    assert out["failed"] == [{**pool[0].to_dict(), "failed": "trial dp1 failed (exit -9)"}]
+    assert out["failed"][0]["measured_step_time_s"] is None
+
+
+def test_failed_trials_count_against_the_budget():
+    pool, features = _exact_pool(12)   # budget 4
+    calls = []
+    result = run_trials(pool, _failing(pool, [0, 1], calls), features=features)
+    assert result.budget == 4 and len(calls) == 4 and result.stopped == "budget"
+    assert len(result.failed) == 2 and len(result.measured) == 2 and result.best.plan == pool[2].plan
+
+
+def test_when_every_trial_fails_the_tune_keeps_the_estimates_ranking_and_says_why():
+    spec, clu = MODELS["gpt2-xl"], cluster("A100-SXM-80GB", 1)
+    calls, events = [], []
+    pool = rank_plans(spec, clu, 32).ranked[:12]
+    result = tune(spec, clu, 32, measure=_failing(pool, range(12), calls), trial_pool=12, progress=events.append)
+    trials = result.trials
+    assert len(calls) == trials.budget == len(trials.failed) == 4 and trials.measured == []
+    assert trials.best is None and trials.stopped == "budget"
+    assert trials.note.startswith("all 4 trials failed: trial dp1 failed (exit -9);")
+    assert result.best is result.ranked[0] and result.best.measured_step_time_s is None
+    out = result.to_dict()
+    assert out["trials"]["best"] is None and len(out["trials"]["failed"]) == 4 and events[-1]["phase"] == "done"
+
+
+def test_a_failure_reason_is_one_short_line():
+    assert failure_reason(RuntimeError("first line\nsecond line")) == "first line"
+    assert failure_reason(MemoryError()) == "MemoryError"
+    assert len(failure_reason(OSError("x" * 2000))) == 500
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_an_interrupt_stops_the_trials_rather_than_failing_one(stop):
+    pool, features = _exact_pool(12)
+
+    def measure(plan):
+        raise stop()
+    with pytest.raises(stop):
+        run_trials(pool, measure, features=features)

@@ -13,7 +13,13 @@ Strategy (measure-and-recalibrate, then a stopping bound):
    prediction_j·(1 − δ). When even the lowest of those is ≥ best_measured / (1 + tolerance), no unmeasured plan
    can beat the best measured by more than the tolerance, and the trials stop.
    The bound is only trusted after half the budget (and at least ``min_trials``) has been measured.
-4. They also stop at the budget, ⌊max_fraction · pool⌋ measurements. The pick is the best measured plan.
+4. They also stop at the budget, ⌊max_fraction · pool⌋ trials. The pick is the best measured plan.
+
+A trial that fails (``measure`` raises) is recorded with its reason and the trials go on with the next plan. It
+counts against the budget, as a trial that ran: it spent the time it took (a timed-out trial, the most of any), and a
+budget of attempts keeps a machine on which every trial fails from running through the whole pool. It adds no point
+to the refit or the bound, cannot be the pick, and is not tried again. When every trial fails there is no pick: the
+result's ``best`` is None and its note lists the reasons; the caller keeps the estimates' ranking.
 """
 from __future__ import annotations
 
@@ -34,15 +40,41 @@ class TrialResult:
     pool: int
     budget: int
     measured: list = field(default_factory=list)   # Candidates with measured_step_time_s, in measuring order
-    best: Any = None
+    failed: list = field(default_factory=list)     # FailedTrials, in trying order
+    best: Any = None                                 # None when no trial gave a step time
     stopped: str = ""                                # "bound", "budget" or "pool"
     error_bound: float = 0.0                         # δ when the trials stopped
     note: str = ""
 
+    @property
+    def tried(self) -> int:
+        return len(self.measured) + len(self.failed)
+
     def to_dict(self) -> dict[str, Any]:
-        return {"pool": self.pool, "budget": self.budget, "measured": [c.to_dict() for c in self.measured],
+        return {"pool": self.pool, "budget": self.budget, "tried": self.tried,
+                "measured": [c.to_dict() for c in self.measured], "failed": [f.to_dict() for f in self.failed],
                 "best": self.best.to_dict() if self.best else None, "stopped": self.stopped,
                 "error_bound": self.error_bound, "note": self.note}
+
+
+@dataclass(frozen=True)
+class FailedTrial:
+    candidate: Any     # the Candidate as estimated; it has no measured time
+    reason: str        # one line
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.candidate.to_dict(), "failed": self.reason}
+
+
+REASON_CHARS = 500
+
+
+def failure_reason(exc: BaseException) -> str:
+    """The first line of an exception's message (TrialError puts the log's tail below it), or its type's name."""
+    lines = str(exc).strip().splitlines()
+    reason = lines[0].strip() if lines else ""
+    reason = reason or type(exc).__name__
+    return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
 
 
 def _fit(points: list[TimeFeatures], times: list[float]) -> TimeFit:
@@ -64,7 +96,10 @@ def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fra
     """Measure plans of ``pool`` (Candidates) until the bound or the budget says stop; see the module docstring.
 
     ``features``: compute and communication seconds at ideal efficiency for each pool entry, same order
-    (``search.trial_features``).
+    (``search.trial_features``). A ``measure`` that raises fails that trial only (it is in ``result.failed`` with
+    its reason, and ``progress`` hears a "trial" event with ``failed``); when every trial fails, ``result.best`` is
+    None and ``result.note`` says "all N trials failed: …". A ``measure`` that returns something other than a
+    positive finite number is a broken measure, not a failed trial: that raises ValueError.
     """
     if not 0 < max_fraction <= 1:
         raise SpecError.single("max_fraction", f"max_fraction={max_fraction} must be in (0, 1]")
@@ -78,18 +113,29 @@ def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fra
     # a bound fitted on very few residuals is overconfident: trust it only after half the budget
     settle = max(min_trials, math.ceil(budget / 2))
     result = TrialResult(pool=n, budget=budget)
+    result.error_bound = error_bound
     predicted = [c.step_time_s for c in pool]
-    done: dict[int, float] = {}
+    done: dict[int, float] = {}     # pool index → measured seconds
+    failed: set[int] = set()
     while True:
-        if len(done) == n:
+        if len(done) + len(failed) == n:
             result.stopped = "pool"
             break
-        if len(done) >= budget:
+        if len(done) + len(failed) >= budget:
             result.stopped = "budget"
             break
         # exploring costs trials that could go to the best predictions: only worth it with room for both
-        i = _next(predicted, done, features, len(done) < min_trials and budget >= 2 * min_trials)
-        seconds = float(measure(pool[i].plan))
+        i = _next(predicted, done, failed, features, len(done) < min_trials and budget >= 2 * min_trials)
+        try:
+            seconds = float(measure(pool[i].plan))
+        # Exception, not BaseException: whatever one plan's training raises (TrialError, OSError, MemoryError, …)
+        # is that plan's failure, while KeyboardInterrupt and SystemExit mean this process is being stopped and
+        # must stop the trials too.
+        except Exception as exc:
+            failed.add(i)
+            result.failed.append(FailedTrial(pool[i], failure_reason(exc)))
+            _report(progress, result, pool[i], failed=result.failed[-1].reason)
+            continue
         if not seconds > 0 or math.isinf(seconds):
             raise ValueError(f"measure() returned {seconds!r} for a plan; expected a positive step time in seconds")
         done[i] = seconds
@@ -100,28 +146,50 @@ def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fra
         predictions = _recalibrate(pool, features, done, min_trials)
         predicted = predictions.step_s
         result.error_bound = max(predictions.error_bound, error_bound)
-        if progress:
-            progress({"phase": "trial", "done": len(done), "budget": budget, "pool": n,
-                      "measured_step_time_s": seconds, "estimated_step_time_s": pool[i].step_time_s,
-                      "best_measured_s": result.best.measured_step_time_s, "error_bound": result.error_bound})
-        rest = [j for j in range(n) if j not in done]
+        _report(progress, result, pool[i], measured_step_time_s=seconds)
+        # a plan whose trial failed cannot run here: it is no contender the bound must rule out
+        rest = [j for j in range(n) if j not in done and j not in failed]
         if rest and len(done) >= min(settle, budget):
             floor = min(predicted[j] for j in rest) * (1 - result.error_bound)
             if floor >= result.best.measured_step_time_s / (1 + tolerance):
                 result.stopped = "bound"
                 break
-    result.note = (f"measured {len(done)} of {n} plans (budget {budget}); stopped by {result.stopped}" +
-                   (f": no unmeasured plan can beat the best measured by more than {tolerance:.0%} "
-                    f"(prediction error bound {result.error_bound:.3f})" if result.stopped == "bound" else
-                    "; the pick is the best measured plan"))
+    result.note = _note(result, tolerance)
     return result
 
 
-def _next(predicted: list[float], done: dict, features, exploring: bool) -> int:
-    """The unmeasured plan with the lowest prediction — except while exploring: then the first plans measured are
+def _report(progress, result: TrialResult, candidate, **outcome) -> None:
+    """One "trial" event: how many trials so far, and this one's outcome (measured_step_time_s or failed)."""
+    if progress:
+        progress({"phase": "trial", "done": result.tried, "budget": result.budget, "pool": result.pool,
+                  **outcome, "estimated_step_time_s": candidate.step_time_s,
+                  "best_measured_s": result.best.measured_step_time_s if result.best else None,
+                  "error_bound": result.error_bound, "failed_count": len(result.failed)})
+
+
+def _note(result: TrialResult, tolerance: float) -> str:
+    reasons = "; ".join(f.reason for f in result.failed)
+    if result.best is None:
+        return (f"all {result.tried} trials failed: {reasons}; no plan was measured, the ranking is the "
+                f"estimates'")
+    note = f"measured {len(result.measured)} of {result.pool} plans (budget {result.budget}"
+    note += f", {len(result.failed)} more failed)" if result.failed else ")"
+    note += f"; stopped by {result.stopped}"
+    if result.stopped == "bound":
+        note += (f": no unmeasured plan can beat the best measured by more than {tolerance:.0%} "
+                 f"(prediction error bound {result.error_bound:.3f})")
+    else:
+        note += "; the pick is the best measured plan"
+    if result.failed:
+        note += f"; failed: {reasons}"
+    return note
+
+
+def _next(predicted: list[float], done: dict, failed: set, features, exploring: bool) -> int:
+    """The untried plan with the lowest prediction — except while exploring: then the first plans measured are
     the best-predicted one and, among the better half, the most and the least communication-bound, so that the
     refit can tell compute from communication."""
-    rest = [j for j in range(len(predicted)) if j not in done]
+    rest = [j for j in range(len(predicted)) if j not in done and j not in failed]
     best = min(rest, key=lambda j: predicted[j])
     if not exploring or features is None or not done:
         return best
