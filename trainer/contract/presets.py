@@ -3,12 +3,13 @@
 GPT-2 from Radford et al. 2019; GPT-3 from Brown et al. 2020, Table 2.1. Two GPT-3 rows in that table do not divide:
 1.3B lists 24 heads of 128 for d_model 2048 and 13B lists d_model 5140 for 40 heads of 128; like Megatron-LM's
 reproductions, the presets use 16 heads for 1.3B and d_model 5120 for 13B so that head_dim = d_model / n_heads.
-GPU figures are the vendors' datasheet numbers (docs/formulas.md, Hardware peaks).
+GPUs are those of ``gpus``, with their datasheet figures.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from trainer.contract.gpus import GPU_FIGURES, PRESET_INTER_NODE_GBS, gpu_fields
 from trainer.contract.specs import ClusterSpec, GPUSpec, ModelSpec
 
 _GPT2 = dict(seq_len=1024, vocab_size=50257)
@@ -38,23 +39,15 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
               n_experts=4, top_k=2, moe_every=2),
 )}
 
-GPUS: dict[str, GPUSpec] = {g.name: g for g in (
-    GPUSpec(name="A100-SXM-80GB", memory_gb=80, peak_tflops=312, memory_bandwidth_gbs=2039),
-    GPUSpec(name="H100-SXM", memory_gb=80, peak_tflops=989, memory_bandwidth_gbs=3350),
-    GPUSpec(name="H200-SXM", memory_gb=141, peak_tflops=989, memory_bandwidth_gbs=4800),
-    # A CPU "device" for local runs: figures of the order of one core, so MFU on CPU is a number, not a claim.
-    GPUSpec(name="cpu", memory_gb=24, peak_tflops=0.1, memory_bandwidth_gbs=20),
-)}
-
-# NVLink bandwidths per GPU (one direction is half the datasheet's bidirectional figure); InfiniBand NDR 400 Gb/s.
-_NVLINK_GBS = {"A100-SXM-80GB": 300.0, "H100-SXM": 450.0, "H200-SXM": 450.0}
+GPUS: dict[str, GPUSpec] = {name: GPUSpec(**gpu_fields(name)) for name in GPU_FIGURES}
 
 
 def cluster(gpu: str = "A100-SXM-80GB", nodes: int = 1, gpus_per_node: int = 8, name: str = "",
-            inter_node_bandwidth_gbs: float = 50.0, gpu_hour_cost: float = 0.0) -> ClusterSpec:
+            inter_node_bandwidth_gbs: float = PRESET_INTER_NODE_GBS, gpu_hour_cost: float = 0.0) -> ClusterSpec:
     """A cluster of ``nodes`` × ``gpus_per_node`` of a named GPU with its NVLink figure."""
     return ClusterSpec(gpu=GPUS[gpu], nodes=nodes, gpus_per_node=gpus_per_node,
-                       name=name or f"{nodes}x{gpus_per_node} {gpu}", intra_node_bandwidth_gbs=_NVLINK_GBS.get(gpu, 10.0),
+                       name=name or f"{nodes}x{gpus_per_node} {gpu}",
+                       intra_node_bandwidth_gbs=GPU_FIGURES[gpu]["nvlink_gbs"],
                        inter_node_bandwidth_gbs=inter_node_bandwidth_gbs, gpu_hour_cost=gpu_hour_cost)
 
 

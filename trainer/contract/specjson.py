@@ -99,6 +99,9 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
 
 def from_dict(cls: type, data: Any, path: str = "") -> Any:
     """Build dataclass ``cls`` from ``data``, collecting every field error before raising."""
+    expand = getattr(cls, "expand_json", None)
+    if expand is not None:  # a spec's shorthand (a GPU by name) becomes its full form before the checks
+        data = expand(data, path)
     if not isinstance(data, dict):
         raise SpecError.single(path, f"must be an object, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)

@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
+from trainer.contract.gpus import GPU_FIGURES, PRESET_INTER_NODE_GBS, gpu_fields
 from trainer.contract.rules import add_problem as _add
 from trainer.contract.rules import check_plan, engine_problems, positive as _positive
 from trainer.contract.specjson import SCHEMA_VERSION, SpecError, from_dict, to_dict
@@ -231,6 +232,11 @@ class GPUSpec(_Spec):
     peak_tflops: float
     memory_bandwidth_gbs: float
 
+    @staticmethod
+    def preset_names() -> tuple[str, ...]:
+        """Names a cluster may give instead of a GPU's figures."""
+        return tuple(GPU_FIGURES)
+
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
         _positive(p, self, "memory_gb", "peak_tflops", "memory_bandwidth_gbs")
@@ -252,6 +258,21 @@ class ClusterSpec(_Spec):
     @property
     def world_size(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @staticmethod
+    def expand_json(data: Any, path: str = "") -> Any:
+        """``"gpu": "<preset name>"`` stands for that GPU's figures, with its NVLink bandwidth within a node, the
+        preset network between nodes and a name saying what the cluster is, unless those are given."""
+        if not isinstance(data, dict) or not isinstance(data.get("gpu"), str):
+            return data
+        name = data["gpu"]
+        if name not in GPU_FIGURES:
+            raise SpecError.single(f"{path}.gpu" if path else "gpu", f"unknown GPU {name!r}; presets: {', '.join(GPU_FIGURES)}, "
+                                                       f"or an object of GPUSpec fields")
+        shape = f"{data.get('nodes', 1)}x{data.get('gpus_per_node', ClusterSpec.gpus_per_node)}"
+        return {"intra_node_bandwidth_gbs": GPU_FIGURES[name]["nvlink_gbs"],
+                "inter_node_bandwidth_gbs": PRESET_INTER_NODE_GBS, "name": f"{shape} {name}",
+                **data, "gpu": gpu_fields(name)}
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}

@@ -93,9 +93,7 @@ class EstimateRequestSerializer(StrictSerializer):
 
 def _spec_problems(attrs: dict) -> dict[str, list[str]]:
     """The contract's problems with the specs first (their own messages and ranges), then the planner's bounds."""
-    problems = _preset_cluster_problems(attrs.get("cluster"))
-    if problems:
-        return problems
+    problems: dict[str, list[str]] = {}
     for key, parse in (("model", model_from_json), ("plan", _plan), ("cluster", cluster_from_json),
                        ("options", _options)):
         if key in attrs:
@@ -111,28 +109,6 @@ def _number_problems(attrs: dict) -> dict[str, list[str]]:
     for key in ("model", "plan", "cluster", "options", "space"):
         if key in attrs:
             problems.update(planner_number_problems(attrs[key], key))
-    return problems
-
-
-# A cluster given as a preset GPU by name: the fields the preset takes, each of its type (the preset builds the spec
-# from them as they are, so "8" or 2.5 nodes would otherwise reach the planner).
-_PRESET_CLUSTER_TYPES = {"gpu": str, "name": str, "nodes": int, "gpus_per_node": int,
-                         "inter_node_bandwidth_gbs": float, "gpu_hour_cost": float}
-
-
-def _preset_cluster_problems(value) -> dict[str, list[str]]:
-    if not isinstance(value, dict) or not isinstance(value.get("gpu"), str):
-        return {}
-    problems = {}
-    for key, kind in _PRESET_CLUSTER_TYPES.items():
-        if key not in value:
-            continue
-        given = value[key]
-        number = isinstance(given, (int, float)) and not isinstance(given, bool)
-        fits = isinstance(given, str) if kind is str else number and (kind is float or isinstance(given, int))
-        if not fits:
-            wanted = {str: "a string", int: "an integer", float: "a number"}[kind]
-            problems[f"cluster.{key}"] = [f"must be {wanted}, got {given!r}"]
     return problems
 
 
@@ -203,9 +179,6 @@ class TuneRequestSerializer(StrictSerializer):
 
     def validate(self, attrs):
         # The planner's own check of a tune request (every field, no plan estimated), then the bounds on numbers.
-        problems = _preset_cluster_problems(attrs.get("cluster"))
-        if problems:
-            raise serializers.ValidationError(problems)
         try:
             parse_tune_request({k: v for k, v in attrs.items() if k != "trials"})
         except SpecError as exc:

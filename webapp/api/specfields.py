@@ -36,6 +36,9 @@ def json_schema(tp: Any) -> dict:
         required = []
         for f in fields:
             properties[f.name] = json_schema(hints[f.name])
+            names = getattr(hints[f.name], "preset_names", None)
+            if names is not None:  # a spec that may also be given by a preset's name (a GPU)
+                properties[f.name] = {"oneOf": [properties[f.name], {"type": "string", "enum": list(names())}]}
             if f.default is not dataclasses.MISSING and not dataclasses.is_dataclass(f.default):
                 properties[f.name]["default"] = f.default
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:

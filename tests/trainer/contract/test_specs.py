@@ -110,3 +110,24 @@ def test_it_checks_clusters_and_gpus():
     with pytest.raises(SpecError) as caught:
         ClusterSpec(gpu=presets.GPUS["H100-SXM"].replace(memory_gb=0), gpus_per_node=0).validate()
     assert set(caught.value.errors) == {"gpu.memory_gb", "gpus_per_node"}
+
+
+def test_it_takes_a_gpu_by_preset_name_as_the_preset_cluster_would_build_it():
+    given = ClusterSpec.from_dict({"gpu": "H100-SXM", "nodes": 2, "gpus_per_node": 4, "gpu_hour_cost": 3})
+    assert given == presets.cluster("H100-SXM", nodes=2, gpus_per_node=4, gpu_hour_cost=3.0)
+    local = ClusterSpec.from_dict({"gpu": "cpu", "gpus_per_node": 2, "name": "local cpu x2",
+                                   "inter_node_bandwidth_gbs": 10})
+    assert local == presets.local_cpu_cluster(2)
+    # inside a run spec too, and what is stored is the full form
+    run = RunSpec.from_dict({**_run().to_dict(), "cluster": {"gpu": "A100-SXM-80GB"}})
+    assert run.cluster.gpu == presets.GPUS["A100-SXM-80GB"]
+
+
+def test_it_names_the_presets_when_a_gpu_name_is_unknown_and_checks_the_other_fields():
+    with pytest.raises(SpecError) as caught:
+        RunSpec.from_dict({**_run().to_dict(), "cluster": {"gpu": "V100", "nodes": 1}})
+    assert list(caught.value.errors) == ["cluster.gpu"]
+    assert "H100-SXM" in caught.value.errors["cluster.gpu"][0]
+    with pytest.raises(SpecError) as caught:
+        ClusterSpec.from_dict({"gpu": "cpu", "nodes": "2", "racks": 1})
+    assert set(caught.value.errors) == {"nodes", "racks"}

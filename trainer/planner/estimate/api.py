@@ -15,11 +15,8 @@ from typing import Any
 from trainer.planner.estimate.explain import estimate
 from trainer.planner.estimate.inference import inference_estimate
 from trainer.planner.estimate.options import EstimateOptions
-from trainer.contract.presets import GPUS, MODELS, cluster
+from trainer.contract.presets import MODELS
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-
-_PRESET_CLUSTER_KEYS = {"gpu", "nodes", "gpus_per_node", "name", "inter_node_bandwidth_gbs", "gpu_hour_cost"}
-
 
 def model_from_json(value: Any) -> ModelSpec:
     if isinstance(value, str):
@@ -35,22 +32,9 @@ def model_from_json(value: Any) -> ModelSpec:
 
 
 def cluster_from_json(value: Any) -> ClusterSpec:
-    """A ClusterSpec object, or a preset GPU name with nodes (and optional bandwidth, cost)."""
+    """A ClusterSpec object; its GPU may be a preset name (``ClusterSpec.expand_json``)."""
     if not isinstance(value, dict):
         raise SpecError.single("cluster", "cluster must be an object")
-    if isinstance(value.get("gpu"), str):
-        unknown = sorted(set(value) - _PRESET_CLUSTER_KEYS - {"schema_version"})
-        if unknown:
-            raise SpecError.single("cluster", f"unknown field(s) {unknown} for a preset GPU cluster")
-        if value["gpu"] not in GPUS:
-            raise SpecError.single("cluster.gpu", f"unknown GPU {value['gpu']!r}; presets: {', '.join(GPUS)}")
-        kw = {k: v for k, v in value.items() if k in _PRESET_CLUSTER_KEYS}
-        try:
-            return cluster(**kw).validate()
-        except TypeError as exc:
-            raise SpecError.single("cluster", str(exc)) from None
-        except SpecError as exc:
-            raise exc.prefixed("cluster") from None
     try:
         return ClusterSpec.from_dict(value)
     except SpecError as exc:
