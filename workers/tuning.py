@@ -20,6 +20,8 @@ def _progress_writer(job_id: int):
     last = {"time": 0.0, "phase": None}
 
     def write(event: dict) -> None:
+        if event.get("failed"):  # the tune goes on; the worker's log says why this trial gave no time
+            log.warning("tune job %s: a trial failed: %s", job_id, event["failed"])
         now = time.monotonic()
         if event.get("phase") in ("trial", "done") or event.get("phase") != last["phase"] \
                 or now - last["time"] >= PROGRESS_EVERY_S:

@@ -44,11 +44,14 @@ def tune_job_dataset_problem(owner, dataset) -> str:
 
 
 def tune_job_progress(job_id: int, event: dict) -> None:
-    """Record the latest progress event; counts of measured trials accumulate."""
+    """Record the latest progress event; counts of trials tried and of those that failed accumulate (a failed
+    trial's reason is in its event, and in the result once the job is done)."""
     job = TuneJob.objects.get(pk=job_id)
     progress = dict(job.progress or {})
     if event.get("phase") == "trial":
         progress["trials_done"] = progress.get("trials_done", 0) + 1
+        if event.get("failed"):
+            progress["trials_failed"] = progress.get("trials_failed", 0) + 1
     progress["last"] = finite(event)
     TuneJob.objects.filter(pk=job_id).update(progress=progress)
 
