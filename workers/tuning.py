@@ -39,6 +39,10 @@ def _measurable(request: dict) -> dict:
 
 
 def tune_job_run(job_id: int) -> str:
+    """Run a queued tuning job. A trial that fails is recorded in the result with its reason and the job goes on;
+    when every trial fails the job still completes, with the estimates' ranking, ``trials.best`` None and a note
+    "all N trials failed: …" — the ranking stands without trials, and the reasons say what to fix before measuring
+    again. The job fails only when the tune itself cannot run (a bad request, an unreadable dataset)."""
     job = services.tune_job_start(job_id)
     if job is None:
         return "skipped"
