@@ -185,6 +185,27 @@ class ActivationSettings:
         """Bytes per element of the residual stream: fp32 under autocast."""
         return 4 if self.autocast else self.bytes_per_element
 
+    @property
+    def ln_output_copies(self) -> int:
+        """Saved copies of each LayerNorm output: its 16-bit cast per consuming matmul under autocast, else 2 (the
+        two LayerNorms of a layer)."""
+        return AUTOCAST_LN_CONSUMERS if self.autocast else 2
+
+    @property
+    def ln_output_split(self) -> int:
+        """What the saved LayerNorm outputs are divided by: 1 when sequence parallel keeps them gathered."""
+        return 1 if self.sp_gathered else self.sp_split
+
+    @property
+    def rotary_table_bytes(self) -> float:
+        """Bytes per element of the saved cos/sin tables: fp32 under autocast, else the activation dtype."""
+        return 4.0 if self.autocast else self.bytes_per_element
+
+    def kv_saved(self, d_model: int, kv_dim: int) -> int:
+        """Width of the saved keys and values: repeated to h before the kernel, unless selective recompute reruns
+        the kernel and keeps the kv-wide projections only."""
+        return d_model if (self.repeat_kv and self.checkpointing != "selective") else kv_dim
+
 
 @lru_cache(maxsize=8192)
 def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
@@ -201,21 +222,20 @@ def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
     if settings.checkpointing == "full":
         return (("layer_input", T * h * stream / r),)
     small, mask_bytes = settings.small_terms, settings.mask_bytes
-    ln_out_copies = AUTOCAST_LN_CONSUMERS if settings.autocast else 2
     terms = [("layernorm_inputs", 2 * T * h * stream / r),
-             ("layernorm_outputs", ln_out_copies * T * h * e / (1 if settings.sp_gathered else r))]
+             ("layernorm_outputs", settings.ln_output_copies * T * h * e / settings.ln_output_split)]
     if small:
         terms.append(("layernorm_stats", 2 * 2 * T * settings.stat_bytes / r))
     if shape.dropout:
         terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
     selective = settings.checkpointing == "selective"
-    kv_saved = h if (settings.repeat_kv and not selective) else kv
+    kv_saved = settings.kv_saved(h, kv)
     terms += [("qkv", T * (h + 2 * kv_saved) * e / t), ("attention_output", T * h * e / t)]
     if shape.rope and not selective:
         # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
         terms.append(("rotary", T * h * e / t))
         if small:  # fp32 cos/sin buffers; a model running in 16 bits saves 16-bit casts of them
-            terms.append(("rotary_tables", 2 * s * (shape.head_dim // 2) * (4.0 if settings.autocast else e)))
+            terms.append(("rotary_tables", 2 * s * (shape.head_dim // 2) * settings.rotary_table_bytes))
     if not selective:
         if settings.attention in ("math", "sdpa_math"):
             terms.append(("attention_scores", T * a * s * e / t))
@@ -296,7 +316,7 @@ def edge_activations(model: ModelSpec, settings: ActivationSettings, first: bool
             terms.append(("embedding_dropout_mask", T * h * settings.mask_bytes / r))
     if last:
         terms += [("final_layernorm_input", T * h * settings.stream_bytes / r),
-                  ("final_layernorm_output", T * h * e / (1 if settings.sp_gathered else r)),
+                  ("final_layernorm_output", T * h * e / settings.ln_output_split),
                   ("log_probs", T * -(-V // settings.tp) * settings.loss_bytes)]
         if settings.small_terms:
             terms += [("final_layernorm_stats", 2 * T * settings.stat_bytes / r), ("targets", T * INDEX_BYTES),

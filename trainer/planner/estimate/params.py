@@ -102,6 +102,24 @@ class ParamCounts:
     matmul_per_token: int  # parameters a token multiplies by: active blocks' weights + the head (tied or not)
 
 
+def block_matmul_params(model: ModelSpec, moe: bool) -> int:
+    """Matmul parameters a token passes through in one block: every weight matrix (the router and k of E experts
+    in an MoE block); not the biases or LayerNorms, which cost O(h) per token, not O(h²). 0 for ``moe`` on a dense
+    model."""
+    if moe and not model.is_moe:
+        return 0
+    return sum(t.numel * (model.top_k if t.expert else 1) for t in block_tensors(model, moe) if t.cols > 1)
+
+
+def expert_params(model: ModelSpec) -> int:
+    """Parameters of one expert of an MoE block (up and down projections); 0 for a dense model."""
+    return _sum(t for t in block_tensors(model, True) if t.expert) if model.is_moe else 0
+
+
+def final_layernorm_params(model: ModelSpec) -> int:
+    return _sum(_layernorm("norm", model.d_model, model.bias))
+
+
 @lru_cache(maxsize=256)
 def count(model: ModelSpec) -> ParamCounts:
     dense = _sum(block_tensors(model, False))
@@ -114,13 +132,8 @@ def count(model: ModelSpec) -> ParamCounts:
     head = 0 if model.tied_embeddings else model.vocab_size * model.d_model
     blocks = n_dense * dense + n_moe * moe
     active_blocks = n_dense * dense + n_moe * moe_active
-    # matmul parameters: every block weight matrix a token passes through, plus the V·h head (tied or not); not
-    # the embedding lookups, biases or LayerNorms (they cost O(h) per token, not O(h²)).
-    weights = [t for t in block_tensors(model, False) if t.cols > 1]
-    dense_mm = sum(t.numel for t in weights)
-    moe_mm = sum(t.numel * (model.top_k if t.expert else 1) for t in block_tensors(model, True) if t.cols > 1) \
-        if model.is_moe else 0
-    matmul = n_dense * dense_mm + n_moe * moe_mm + model.vocab_size * model.d_model
+    matmul = n_dense * block_matmul_params(model, False) + n_moe * block_matmul_params(model, True) \
+        + model.vocab_size * model.d_model
     return ParamCounts(total=embedding + blocks + final, active=embedding + active_blocks + final,
                        embedding=embedding, non_embedding=blocks + final, per_dense_block=dense,
                        per_moe_block=moe, head=head, matmul_per_token=matmul)
@@ -154,23 +167,27 @@ def rank_params(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: 
 
     Experts: n_experts/ep per rank. ``shard`` > 1 is FSDP / ZeRO-3 style per-tensor sharding (native engine).
     """
+    p = rank_param_parts(model, tp, pp, virtual_stages, stage, ep, shard, tp_rank, shard_rank)
+    return p["n_dense_layers"] * p["dense_block"] + p["n_moe_layers"] * p["moe_block"] + p["embedding"] + p["final"]
+
+
+def rank_param_parts(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: int, ep: int = 1,
+                     shard: int = 1, tp_rank: int = 0, shard_rank: int = 0) -> dict[str, int]:
+    """``rank_params`` by part: the stage's dense and MoE layers, one block's share on this rank of each (E/ep
+    experts and the whole router in an MoE block), the embeddings (first stage) and the final LayerNorm + head
+    (last stage; 0 elsewhere)."""
     layers = stage_layers(model, pp, virtual_stages, stage)
     n_moe = sum(1 for i in layers if model.is_moe_layer(i))
-    n_dense = len(layers) - n_moe
     experts_local = model.n_experts // ep if model.is_moe else 0
 
     def size(tensors, expert_copies=1):
         return sum(local_numel(t, tp, tp_rank, shard, shard_rank) * (expert_copies if t.expert else 1)
                    for t in tensors)
 
-    total = n_dense * size(block_tensors(model, False))
-    if n_moe:
-        total += n_moe * size(block_tensors(model, True), experts_local)
-    if stage == 0:
-        total += size(embedding_tensors(model))
-    if stage == pp - 1:
-        total += size(final_tensors(model, pp > 1))
-    return total
+    return {"n_dense_layers": len(layers) - n_moe, "dense_block": size(block_tensors(model, False)),
+            "n_moe_layers": n_moe, "moe_block": size(block_tensors(model, True), experts_local) if n_moe else 0,
+            "embedding": size(embedding_tensors(model)) if stage == 0 else 0,
+            "final": size(final_tensors(model, pp > 1)) if stage == pp - 1 else 0}
 
 
 def rank_expert_params(model: ModelSpec, pp: int, virtual_stages: int, stage: int, ep: int = 1) -> int:
@@ -178,4 +195,4 @@ def rank_expert_params(model: ModelSpec, pp: int, virtual_stages: int, stage: in
     if not model.is_moe:
         return 0
     n_moe = sum(1 for i in stage_layers(model, pp, virtual_stages, stage) if model.is_moe_layer(i))
-    return n_moe * (model.n_experts // ep) * _sum(t for t in block_tensors(model, True) if t.expert)
+    return n_moe * (model.n_experts // ep) * expert_params(model)
