@@ -11,71 +11,124 @@ from typing import Any
 
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
+from trainer.planner.estimate import params as P
 from trainer.planner.estimate.core import GB, Planner, PlanNumbers, StageMemory, rank_of
-from trainer.planner.estimate.figure import Figure, fig, total
+from trainer.planner.estimate.figure import Figure, fig, symbolic, total
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError, check_plan
 
-# Formulas of the named terms (T = s·b tokens per micro-batch, e bytes per activation, r = t with sequence parallel).
+# Formulas of the named activation terms, per layer (a stage's figure is n_layers · the formula). T = s·b tokens per
+# micro-batch, e bytes per activation element, e_stream those of the residual stream (fp32 under autocast), r = t with
+# sequence parallel else 1, r_ln what the saved LayerNorm outputs are divided by (1 when sequence parallel keeps them
+# gathered), ln_copies the saved LayerNorm outputs (2; under autocast one 16-bit cast per consuming matmul, 4).
+# MoE layers (memory.moe_activations): cap = max(1, ⌈c·T·k/E⌉) slots per expert, M = min(T·k, E·min(cap, T)) kept
+# assignments (exact when c ≥ E/k; an upper bound otherwise).
 ACTIVATION_FORMULAS = {
-    "layernorm_inputs": "n_layers · 2·T·h·e / r",
-    "layernorm_outputs": "n_layers · 2·T·h·e / r  (/1 when sequence parallel keeps the gathered outputs)",
-    "layernorm_stats": "n_layers · 2·2·T·4 / r  (mean, 1/σ in fp32)",
-    "dropout_masks": "n_layers · 2·T·h·mask_bytes / r",
-    "qkv": "n_layers · T·(h + 2·kv)·e / t",
-    "attention_output": "n_layers · T·h·e / t",
-    "rotary": "n_layers · T·h·e / t  (rotated q, k)",
-    "rotary_tables": "n_layers · 2·s·(head_dim/2)·4",
-    "attention_scores": "n_layers · T·a·s·e / t  (softmax output)",
-    "attention_dropout": "n_layers · T·a·s·(mask_bytes + e) / t  (mask + dropped scores)",
-    "causal_mask": "n_layers · s² · 1",
-    "attention_logsumexp": "n_layers · T·a·4 / t",
-    "mlp": "n_layers · 2·T·f·e / t  (up-projection output, GELU output)",
-    # MoE layers (memory.moe_activations): cap = max(1, ⌈c·T·k/E⌉) slots per expert, M = min(T·k, E·min(cap, T))
-    # kept assignments (exact when c ≥ E/k; an upper bound otherwise)
-    "router_probs": "n_moe_layers · T·E·4  (softmax output, fp32)",
-    "dispatched_tokens": "n_moe_layers · M·h·e_stream  (index_copy keeps its gathered source)",
-    "expert_inputs": "n_moe_layers · E·cap·h·e  (the dispatch buffer at capacity)",
-    "expert_mlp": "n_moe_layers · 2·E·cap·f·e  (each expert's up-projection and GELU outputs)",
-    "combine": "n_moe_layers · 2·M·h·e  (gathered expert outputs, gated outputs kept by index_add)",
-    "routing_small": "n_moe_layers · (T·k·8 + T·k + 2·M·8 + M·e + E·4 [+ T·k·4 + T·4 when k > 1])  "
-                     "(top-k indices, kept mask, row/slot indices, gates, aux fractions, renormalisation)",
-    "layer_input": "n_layers · T·h·e / r  (full recompute keeps the layer input only)",
+    "layernorm_inputs": "2·T·h·e_stream / r",
+    "layernorm_outputs": "ln_copies·T·h·e / r_ln",
+    "layernorm_stats": "2·2·T·stat_bytes / r  (mean and 1/σ of two LayerNorms)",
+    "dropout_masks": "2·T·h·mask_bytes / r",
+    "qkv": "T·(h + 2·kv_saved)·e / t  (kv_saved = h when keys and values are repeated to the heads)",
+    "attention_output": "T·h·e / t",
+    "rotary": "T·h·e / t  (rotated q, k)",
+    "rotary_tables": "2·s·floor(head_dim/2)·table_bytes  (cos, sin)",
+    "attention_scores": "T·a·s·e / t  (softmax output)",
+    "attention_dropout": "T·a·s·(mask_bytes + e) / t  (mask + dropped scores)",
+    "causal_mask": "s²",
+    "attention_logsumexp": "T·a·4 / t",
+    "mlp": "2·T·f·e / t  (up-projection output, GELU output)",
+    "router_probs": "T·E·4  (softmax output, fp32)",
+    "dispatched_tokens": "M·h·e_stream  (index_copy keeps its gathered source)",
+    "expert_inputs": "E·cap·h·e  (the dispatch buffer at capacity)",
+    "expert_mlp": "2·E·cap·f·e  (each expert's up-projection and GELU outputs)",
+    "combine": "2·M·h·e  (gathered expert outputs, gated outputs kept by index_add)",
+    "routing_small": "T·k·8 + T·k + 2·M·8 + M·e + E·4  (top-k indices, kept mask, row/slot indices, gates, aux "
+                     "fractions)",
+    "layer_input": "T·h·e_stream / r  (full recompute keeps the layer input only)",
+}
+# with k > 1 the renormalisation of the top-k probabilities keeps T·k·4 + T·4 more
+ROUTING_SMALL_TOP_K = ("T·k·8 + T·k + 2·M·8 + M·e + E·4 + T·k·4 + T·4  (top-k indices, kept mask, row/slot indices, "
+                       "gates, aux fractions, renormalisation)")
+# What the embedding (first stage) and the final LayerNorm, head and loss (last stage) save, once a stage.
+EDGE_FORMULAS = {
     "token_ids": "T·8",
     "position_ids": "s·8",
     "embedding_dropout_mask": "T·h·mask_bytes / r",
-    "final_layernorm_input": "T·h·e / r",
-    "final_layernorm_output": "T·h·e / r  (/1 when sequence parallel keeps the gathered output)",
-    "final_layernorm_stats": "2·T·4 / r",
-    "log_probs": "T·ceil(V/t)·loss_bytes",
+    "final_layernorm_input": "T·h·e_stream / r",
+    "final_layernorm_output": "T·h·e / r_ln",
+    "final_layernorm_stats": "2·T·stat_bytes / r",
+    "log_probs": "T·⌈V/t⌉·loss_bytes",
     "targets": "T·8",
     "loss_scalars": "4",
 }
 BUFFER_FORMULAS = {
-    "logits_and_grad": "2·T·ceil(V/t)·loss_bytes",
-    "recompute_working_set": "one layer's activations without recompute",
+    "logits_and_grad": "2·T·⌈V/t⌉·loss_bytes  (the logits and their gradient)",
     "gathered_params": "2·(P_rank/layers)·e + (P_rank/layers)·grad_bytes  (two gathered layers + one gradient)",
     "ddp_buckets": "P_rank·grad_bytes  (DDP's flat gradient buckets)",
-    "zero_buckets": "2·min(5e8, P_rank)·grad_bytes",
+    "zero_buckets": "2·min(5e8, P_rank)·grad_bytes  (reduce + all-gather buckets of 5e8 elements)",
     "autocast_weight_copies": "2·P_rank  (16-bit casts of fp32 weights saved for backward)",
     "pipeline_p2p": "2·T·h·e / r  (send + receive)",
     "all_to_all": "2·T·k·c·h·e",
 }
+LATENCY_NOTE = ("  (α–β ring model: all-reduce 2·(n−1) steps, all-gather/reduce-scatter/all-to-all n−1, a pipeline "
+                "message 1; docs/formulas.md, Communication cost model)")
 TIME_FORMULAS = {
-    "compute": "(B·s/dp) · (F_blocks/p + F_head) / t / (peak · efficiency)  (the last pipeline stage, with the "
-               "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak · efficiency) at p = 1)",
-    "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / β_tp  (n = 4, 6 with full recompute)"
-                       " + α · hops_tp,  hops_tp = m·(layers_per_stage·n + edges) · 2·(t−1)  "
-                       "(edges 2; 1 with a pipeline)",
-    "expert_all_to_all": "m · moe_layers · 4 · (ep−1)/ep · T·k·c·h·e / β_ep + α · m·moe_layers·4·(ep−1)",
-    "pipeline_bubble": "(compute + tp + all-to-all) · (p−1)/(v·m)",
-    "pipeline_p2p": "m · v · 2 · (T·h·e/r) / β_pp + α · m·v·2",
-    "data_parallel": "(1 − overlap) · [ZeRO 0–2: 2·(d−1)/d · P_rank·grad_bytes / β_dp + α · buckets·2·(d−1);  "
-                     "ZeRO-3: (2m)·(d−1)/d·P_rank·e/β_dp + (d−1)/d·P_rank·grad_bytes/β_dp "
-                     "+ α · (m·(units + regathered) + units)·(d−1), units = layers_per_stage + v]",
-    "offload": "bytes moved over PCIe / pcie_bandwidth + 16·P_shard / host_memory_bandwidth (CPU Adam)",
-    "step_overhead": "options.step_overhead_s",
+    "compute": "B·s/dp · (F_blocks/p + F_head) / t / (peak_flops · efficiency)  (the last pipeline stage, with the "
+               "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak_flops · efficiency) at p = 1)",
+    "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / bandwidth_bytes_per_s + latency_s  "
+                       "(ring all-reduces; n_allreduce = 4 a layer, 6 with full recompute)",
+    "expert_all_to_all": "m · moe_layers · 4 · (ep − 1)/ep · T·k·c·h·e / bandwidth_bytes_per_s + latency_s  "
+                         "(dispatch and combine, forward and backward)",
+    "pipeline_p2p": "m · v · 2 · (T·h·e / r) / bandwidth_bytes_per_s + latency_s  (an activation forward and its "
+                    "gradient back, per micro-batch and model chunk)",
+    "data_parallel": "(1 − overlap) · (2·(d − 1)/d · P_rank·grad_bytes / bandwidth_bytes_per_s + latency_s)  "
+                     "(ring all-reduce of the gradients)",
+    "data_parallel_zero3": "(1 − overlap) · (2·m·(d − 1)/d · P_rank·e / bandwidth_bytes_per_s "
+                           "+ (d − 1)/d · P_rank·grad_bytes / bandwidth_bytes_per_s + latency_s)  (all-gathers of the "
+                           "weights for forward and backward of each micro-batch, one reduce-scatter of the gradients)",
+    "step_overhead": "step_overhead_s  (options.step_overhead_s)",
 }
+
+
+def _outer_sum(expr: str) -> bool:
+    """Whether ``expr`` adds or subtracts outside any parenthesis."""
+    depth = 0
+    for ch in expr:
+        if ch in "(⌈":
+            depth += 1
+        elif ch in ")⌉":
+            depth -= 1
+        elif depth == 0 and ch in "+−":
+            return True
+    return False
+
+
+def _times(count: str, formula: str) -> str:
+    """``count · formula``, the formula parenthesised when it is a sum; its note kept."""
+    expr, _, note = formula.partition("  ")
+    return f"{count} · " + (f"({expr})" if _outer_sum(expr) else expr) + (f"  {note}" if note else "")
+
+
+def _layer_formula(name: str, top_k: int) -> str:
+    if name == "routing_small" and top_k > 1:
+        return ROUTING_SMALL_TOP_K
+    return ACTIVATION_FORMULAS.get(name, name)
+
+
+def _activation_symbols(model: ModelSpec, settings: M.ActivationSettings) -> dict[str, float]:
+    """The values of the symbols of the activation and buffer formulas, for ``settings``."""
+    T = model.seq_len * settings.micro_batch
+    symbols = dict(T=T, s=model.seq_len, b=settings.micro_batch, h=model.d_model, a=model.n_heads, f=model.ffn,
+                   V=model.vocab_size, head_dim=model.head_dim, t=settings.tp, e=settings.bytes_per_element,
+                   e_stream=settings.stream_bytes, r=settings.sp_split, r_ln=settings.ln_output_split,
+                   ln_copies=settings.ln_output_copies, stat_bytes=settings.stat_bytes,
+                   mask_bytes=settings.mask_bytes, loss_bytes=settings.loss_bytes,
+                   table_bytes=settings.rotary_table_bytes,
+                   kv_saved=settings.kv_saved(model.d_model, model.kv_heads * model.head_dim))
+    if model.is_moe:
+        E, k, c = model.n_experts, model.top_k, model.capacity_factor
+        symbols.update(E=E, k=k, c=c, cap=M.expert_capacity(T, E, k, c), M=M.moe_kept(T, E, k, c))
+    return symbols
 
 
 @dataclass
@@ -142,130 +195,242 @@ def _gb(x: float) -> str:
 
 
 def _parameters(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
-    m, c = planner.model, planner.counts
+    m, c, plan = planner.model, planner.counts, numbers.plan
     h, L, V, s = m.d_model, m.n_layers, m.vocab_size, m.seq_len
+    n_moe = len(m.moe_layers) if m.is_moe else 0
+    layers = "n_dense_layers·per_dense_block + n_moe_layers·per_moe_block" if m.is_moe else "n_layers·per_dense_block"
     out = {
-        "total": fig(c.total, "parameters", "L_dense·block + L_moe·(attention + E·expert + router) + V·h (+ s·h) "
-                     "+ final LN (+ V·h untied head)", per_dense_block=c.per_dense_block,
-                     per_moe_block=c.per_moe_block, n_layers=L, vocab_size=V, d_model=h, seq_len=s,
-                     embedding=c.embedding, head=c.head,
+        "total": fig(c.total, "parameters", f"{layers} + embedding + final_layernorm + head  (a tied head is the "
+                     "embedding, counted once: head 0)", n_layers=L, n_dense_layers=L - n_moe, n_moe_layers=n_moe,
+                     per_dense_block=c.per_dense_block, per_moe_block=c.per_moe_block, embedding=c.embedding,
+                     final_layernorm=P.final_layernorm_params(m), head=c.head, vocab_size=V, d_model=h, seq_len=s,
                      block_formula="12h² + 13h for f = 4h, kv = h, biases (docs/formulas.md, Parameters)"),
-        "embedding": fig(c.embedding, "parameters", "V·h (+ s·h learned positions)", V=V, h=h, s=s),
+        "embedding": fig(c.embedding, "parameters", "V·h + s·h  (tokens, learned positions)"
+                         if m.positions == "learned" else "V·h", V=V, h=h, s=s),
         "non_embedding": fig(c.non_embedding, "parameters", "total − embedding", total=c.total, embedding=c.embedding),
-        "matmul_per_token": fig(c.matmul_per_token, "parameters", "block weight matrices (k of E experts) + V·h head"),
+        "matmul_per_token": fig(c.matmul_per_token, "parameters",
+                                ("n_dense_layers·dense_block_matmul + n_moe_layers·moe_block_matmul + V·h  (the "
+                                 "router and k of E experts in an MoE block; " if m.is_moe else
+                                 "n_layers·dense_block_matmul + V·h  (") + "block weight matrices and the head, "
+                                "tied or not; not embeddings, biases or LayerNorms)",
+                                n_layers=L, n_dense_layers=L - n_moe, n_moe_layers=n_moe,
+                                dense_block_matmul=P.block_matmul_params(m, False),
+                                moe_block_matmul=P.block_matmul_params(m, True), V=V, h=h),
     }
     if m.is_moe:
-        out["active"] = fig(c.active, "parameters", "total with k of E experts per MoE layer", top_k=m.top_k,
-                            n_experts=m.n_experts)
+        out["active"] = fig(c.active, "parameters", "total − n_moe_layers·(E − k)·expert  (k of E experts per MoE "
+                            "layer)", total=c.total, n_moe_layers=n_moe, E=m.n_experts, k=m.top_k,
+                            expert=P.expert_params(m))
     for st in numbers.stages:
+        parts = P.rank_param_parts(m, plan.tp, plan.pp, plan.model_chunks, st.stage, plan.ep)
+        named = [f"{n}·{b}" for n, b in (("n_dense_layers", "dense_block"), ("n_moe_layers", "moe_block"))
+                 if parts[n]] + [n for n in ("embedding", "final") if parts[n]]
         out[f"stage_{st.stage}_rank"] = fig(
-            st.params, "parameters", "layers_on_stage·block/t (+ embeddings on the first stage, final LN + head on "
-            "the last; a tied head on a pipeline's last stage is a copy; an MoE block holds E/ep experts and the "
-            "whole router)", stage=st.stage, tp=numbers.plan.tp,
-            pp=numbers.plan.pp, ep=numbers.plan.ep)
+            st.params, "parameters", " + ".join(named or ["0"]) + "  (one block's share on tensor rank 0, split as "
+            "torch.chunk does, biases of row-parallel layers and LayerNorms replicated; an MoE block holds E/ep "
+            "experts and the whole router; embeddings on the first stage, final LayerNorm + head on the last; a "
+            "tied head on a pipeline's last stage is a copy)", **parts, stage=st.stage, tp=plan.tp, pp=plan.pp,
+            ep=plan.ep)
     return out
 
 
 def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     m, plan = planner.model, numbers.plan
-    tokens = plan.global_batch * m.seq_len
-    per_token = fig(planner.model_flops_per_token, "FLOP/token", "6·N + 12·L·h·s (PaLM appendix B)",
-                    N=planner.counts.matmul_per_token, L=m.n_layers, h=m.d_model, s=m.seq_len)
-    recompute = planner.recompute_flops[plan.activation_checkpointing]
-    hw = fig(planner.model_flops_per_token + recompute, "FLOP/token", "model + recompute",
-             model=per_token, recompute=fig(recompute, "FLOP/token", "full: 2·N_blocks + 4·L·h·s; selective: "
-                                            "4·L·h·s; none: 0", checkpointing=plan.activation_checkpointing))
+    B, L, h, s, V = plan.global_batch, m.n_layers, m.d_model, m.seq_len, m.vocab_size
+    tokens = B * s
+    N = planner.counts.matmul_per_token
+    per_token = fig(planner.model_flops_per_token, "FLOP/token", "6·N + 12·L·h·s  (PaLM appendix B)",
+                    N=N, L=L, h=h, s=s)
+    ckpt = plan.activation_checkpointing
+    recompute = fig(planner.recompute_flops[ckpt], "FLOP/token",
+                    {"full": "2·N_blocks + 4·L·h·s  (full recompute: the blocks' forward again)",
+                     "selective": "4·L·h·s  (selective recompute: the attention core's forward again)",
+                     "none": "0  (no recompute)"}[ckpt],
+                    checkpointing=ckpt, N_blocks=N - V * h, L=L, h=h, s=s)
+    hw = fig(per_token.value + recompute.value, "FLOP/token", "model + recompute", model=per_token,
+             recompute=recompute)
     out = {"model_per_token": per_token, "hardware_per_token": hw,
-           "model_per_step": fig(numbers.model_flops_per_step, "FLOP", "model_per_token · B·s", tokens=tokens),
+           "model_per_step": fig(numbers.model_flops_per_step, "FLOP", "model_per_token · B·s",
+                                 model_per_token=per_token.value, B=B, s=s, tokens=tokens),
            "hardware_per_step": fig(numbers.hardware_flops_per_step, "FLOP", "hardware_per_token · B·s",
-                                    tokens=tokens)}
+                                    hardware_per_token=hw.value, B=B, s=s, tokens=tokens)}
     if not m.is_moe and m.ffn == 4 * m.d_model and m.kv_heads == m.n_heads:
-        full = plan.activation_checkpointing == "full"
-        out["narayanan_check"] = fig(F.narayanan_flops_per_step(m, plan.global_batch, full), "FLOP",
-                                     "96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))" if full else
-                                     "72·B·s·L·h²·(1 + s/(6h) + V/(12·h·L))",
+        full = ckpt == "full"
+        out["narayanan_check"] = fig(F.narayanan_flops_per_step(m, B, full), "FLOP",
+                                     "96·B·s·L·h²·(1 + s/(6·h) + V/(16·L·h))" if full else
+                                     "72·B·s·L·h²·(1 + s/(6·h) + V/(12·h·L))", B=B, s=s, L=L, h=h, V=V,
                                      note="Narayanan et al. 2021 eq. 3: equals model_per_step without recompute "
                                           "and hardware_per_step with full recompute (N = 12·L·h² + V·h)")
     return out
 
 
+def _in_flight_formula(plan: ParallelPlan) -> str:
+    if plan.pp <= 1:
+        return "1  (no pipeline: each micro-batch is freed after its backward)"
+    if plan.pipeline_schedule == "gpipe":
+        return "m  (GPipe: every micro-batch)"
+    if plan.pipeline_schedule == "interleaved":
+        return "min(m, (p − stage) + (p − 1)/v)  (interleaved 1F1B, Korthikanti 2022)"
+    return "min(m, p − stage)  (1F1B)"
+
+
+def _embedding_gradient_view(planner: Planner, plan: ParallelPlan, stage: int) -> bool:
+    """The native trainer's vocabulary-split embedding that is not also the head keeps a full V×h gradient of
+    which its 1/t view is used (measured; core.Planner.stage_memory adds it)."""
+    m = planner.model
+    return (stage == 0 and plan.tp > 1 and plan.engine == "native" and plan.zero_stage < 3
+            and (plan.pp > 1 or not m.tied_embeddings))
+
+
 def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dict[str, Any]:
+    m = planner.model
     per = M.state_bytes_per_param(plan.precision, plan.engine, plan.zero_stage)
+    g_bytes = M.state_bytes_per_param(plan.precision, plan.engine).gradients
     shard_w = "P_shard" if plan.zero_stage >= 3 else "P_rank"
     shard_g = "P_shard" if plan.zero_stage >= 2 else "P_rank"
     shard_o = "P_shard" if plan.zero_stage >= 1 else "P_rank"
     terms = dict(P_rank=st.params, P_shard=st.params_sharded, zero_stage=plan.zero_stage, dp=plan.dp)
+    gradients = f"{per.gradients}·{shard_g}"
+    if _embedding_gradient_view(planner, plan, st.stage):
+        gradients += (f" + (V − ⌈V/t⌉)·h·{g_bytes}  (the vocabulary-split embedding's gradient is a 1/t view of a "
+                      "full V×h gradient, which stays allocated)")
+        terms_g = dict(terms, V=m.vocab_size, h=m.d_model, t=plan.tp)
+    else:
+        terms_g = terms
     states = {
-        "weights": fig(st.states["weights"], "bytes",
-                       f"{per.weights}·{shard_w}" + (" (offloaded: 0)" if plan.offload_params else ""), **terms),
-        "gradients": fig(st.states["gradients"], "bytes", f"{per.gradients}·{shard_g}", **terms),
-        "optimizer": fig(st.states["optimizer"], "bytes", f"{per.optimizer}·{shard_o}" + (" (offloaded: 0)"
-                                                                             if plan.offload_optimizer else ""),
-                         **terms),
+        "weights": fig(st.states["weights"], "bytes", f"0  (offloaded: {per.weights}·{shard_w} in host memory)"
+                       if plan.offload_params else f"{per.weights}·{shard_w}", **terms),
+        "gradients": fig(st.states["gradients"], "bytes", gradients, **terms_g),
+        "optimizer": fig(st.states["optimizer"], "bytes", f"0  (offloaded: {per.optimizer}·{shard_o} in host "
+                         "memory)" if plan.offload_optimizer else f"{per.optimizer}·{shard_o}", **terms),
     }
-    e = M.activation_bytes_per_element(plan.precision)
-    common = dict(s=planner.model.seq_len, b=plan.micro_batch, h=planner.model.d_model, a=planner.model.n_heads,
-                  t=plan.tp, e=e, layers=st.layers, sequence_parallel=plan.sequence_parallel,
+    settings = planner.activation_settings(plan)
+    symbols = _activation_symbols(m, settings)
+    common = dict(s=m.seq_len, b=plan.micro_batch, h=m.d_model, a=m.n_heads, t=plan.tp,
+                  e=settings.bytes_per_element, layers=st.layers, sequence_parallel=plan.sequence_parallel,
                   checkpointing=plan.activation_checkpointing)
-    if planner.model.is_moe:
-        m = planner.model
-        T = m.seq_len * plan.micro_batch
-        common.update(E=m.n_experts, k=m.top_k, c=m.capacity_factor, f=m.ffn, moe_layers=len(m.moe_layers),
-                      cap=M.expert_capacity(T, m.n_experts, m.top_k, m.capacity_factor),
-                      M=M.moe_kept(T, m.n_experts, m.top_k, m.capacity_factor))
-    per_mb = {name: fig(value, "bytes", ACTIVATION_FORMULAS.get(name.removeprefix("moe_"), name))
-              for name, value in st.activations_per_microbatch.items()}
+    if m.is_moe:
+        common.update({n: symbols[n] for n in ("E", "k", "c", "cap", "M")}, f=m.ffn, moe_layers=len(m.moe_layers))
+    # a stage holds its first n_layers // pp layers' kinds (MoE models are not pipelined)
+    n_moe = sum(1 for i in range(st.layers) if m.is_moe_layer(i)) if m.is_moe else 0
+    counts = {False: ("n_dense_layers" if m.is_moe else "n_layers", st.layers - n_moe), True: ("n_moe_layers", n_moe)}
+    top_k = m.top_k if m.is_moe else 1
+    per_mb = {}
+    for name, value in st.activations_per_microbatch.items():
+        if name in EDGE_FORMULAS:
+            per_mb[name] = symbolic(value, "bytes", EDGE_FORMULAS[name], symbols)
+            continue
+        moe_layer = name.startswith("moe_")
+        count_name, n = counts[moe_layer]
+        per_mb[name] = symbolic(value, "bytes", _times(count_name, _layer_formula(name.removeprefix("moe_"), top_k)),
+                                {**symbols, count_name: n})
     per_mb_total = total("bytes", per_mb)
     per_mb_total.terms.update(common)
     activations = fig(st.activations, "bytes", "in_flight · activations_per_microbatch",
-                      in_flight=fig(st.in_flight, "micro-batches", "1 (no pipeline); GPipe m; 1F1B min(m, p − stage); "
-                                    "interleaved (p − stage) + (p−1)/v", schedule=plan.pipeline_schedule,
-                                    p=plan.pp, m=plan.grad_accum, v=plan.virtual_stages, stage=st.stage),
+                      in_flight=fig(st.in_flight, "micro-batches", _in_flight_formula(plan),
+                                    schedule=plan.pipeline_schedule, p=plan.pp, m=plan.grad_accum,
+                                    v=plan.virtual_stages, stage=st.stage),
                       activations_per_microbatch=per_mb_total)
-    buffers = total("bytes", {n: fig(v, "bytes", BUFFER_FORMULAS.get(n, n)) for n, v in st.buffers.items()})
+    buffer_symbols = {**symbols, "P_rank": st.params, "layers": st.layers, "grad_bytes": g_bytes}
+    buffers = {}
+    for name, value in st.buffers.items():
+        if name == "recompute_working_set":
+            # the backward of a recomputed layer re-creates that layer's activations without recompute
+            whole = planner.activation_settings(plan, "none")
+            whole_symbols = _activation_symbols(m, whole)
+            layer = {n: symbolic(v, "bytes", _layer_formula(n, top_k), whole_symbols)
+                     for n, v in M.layer_activations(planner.layer_shape(m.is_moe), whole)}
+            buffers[name] = total("bytes", layer, " + ".join(layer) + "  (one layer's activations without "
+                                  "recompute, re-created by the backward of a recomputed layer)")
+        else:
+            buffers[name] = symbolic(value, "bytes", BUFFER_FORMULAS.get(name, name), buffer_symbols)
+    buffers = total("bytes", buffers)
     overhead = fig(st.overhead, "bytes", "overhead_bytes + fragmentation · (activations + buffers)",
-                   overhead_bytes=planner.overhead_bytes, fragmentation=planner.options.fragmentation)
+                   overhead_bytes=planner.overhead_bytes, fragmentation=planner.options.fragmentation,
+                   activations=activations.value, buffers=buffers.value)
     parts = {**states, "activations": activations, "buffers": buffers, "overhead": overhead}
     return {"stage": st.stage, "rank": rank_of(plan, st.stage), **parts,
             "activations_per_microbatch": per_mb_total,
             "total": total("bytes", parts), "host_bytes": st.states["host"]}
 
 
+def _offload_formula(plan: ParallelPlan) -> str:
+    moved = []
+    if plan.offload_optimizer:
+        moved.append("2·2·P_shard")        # 16-bit gradients down, weights up
+    if plan.offload_params:
+        moved.append("2·m·2·P_shard")      # weights up for the forward and the backward of each micro-batch
+    pcie = (f"({' + '.join(moved)})" if len(moved) > 1 else moved[0]) + " / pcie_bandwidth_bytes_per_s"
+    if plan.offload_optimizer:
+        return pcie + " + 16·P_shard / host_memory_bandwidth_bytes_per_s  (16-bit gradients down and weights up " \
+                      "over PCIe" + (", weights up for forward and backward of each micro-batch" if
+                                     plan.offload_params else "") + "; Adam on the host reads and writes ~16 bytes " \
+                                                                    "a parameter)"
+    return pcie + "  (weights up for the forward and the backward of each micro-batch)"
+
+
 def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     plan, m, o = numbers.plan, planner.model, planner.options
-    terms = {n: fig(v, "s", TIME_FORMULAS.get(n, n)) for n, v in numbers.time.items()}
-    terms["compute"].terms.update(
-        hardware_flops_per_step=numbers.hardware_flops_per_step, gpus=plan.world_size,
+    first = numbers.stages[0]
+    layers = m.n_layers // plan.pp
+    e = M.activation_bytes_per_element(plan.precision)
+    time = numbers.time
+    symbols: dict[str, Any] = dict(
+        B=plan.global_batch, s=m.seq_len, dp=plan.dp, d=plan.dp, p=plan.pp, t=plan.tp, ep=plan.ep,
+        m=plan.grad_accum, v=plan.model_chunks, T=m.seq_len * plan.micro_batch, h=m.d_model, e=e,
+        r=plan.tp if plan.sequence_parallel else 1, layers_per_stage=layers,
+        n_allreduce=6 if plan.activation_checkpointing == "full" else 4,
+        moe_layers=sum(1 for i in range(layers) if m.is_moe_layer(i)) if m.is_moe and plan.ep > 1 else 0,
+        k=m.top_k, c=m.capacity_factor, overlap=o.dp_overlap, P_rank=first.params, P_shard=first.params_sharded,
+        grad_bytes=M.state_bytes_per_param(plan.precision, plan.engine).gradients,
+        pcie_bandwidth_bytes_per_s=o.pcie_bandwidth_gbs * GB,
+        host_memory_bandwidth_bytes_per_s=o.host_memory_bandwidth_gbs * GB, step_overhead_s=o.step_overhead_s,
         F_blocks=planner.block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
-        peak_flops=planner.peak_flops,
-        efficiency=fig(numbers.efficiency, "fraction", "compute_efficiency · w/(w + w½), w = b·s·h/t",
-                       compute_efficiency=o.compute_efficiency, w_half=o.efficiency_half_work,
-                       w=plan.micro_batch * m.seq_len * m.d_model / plan.tp))
-    for name, key in (("tensor_parallel", "tp"), ("pipeline_p2p", "pp"), ("data_parallel", "dp"),
-                      ("expert_all_to_all", "ep")):
-        if name in terms:
-            terms[name].terms.update(bandwidth_bytes_per_s=numbers.bandwidths[key], micro_batches=plan.grad_accum,
-                                     bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else "
-                                                    "inter-node; × comm_efficiency",
-                                     collectives=numbers.collectives.get(key, 0.0),
-                                     latency_hops=numbers.latency_hops.get(key, 0.0),
-                                     latency_s=fig(o.collective_latency_s * numbers.latency_hops.get(key, 0.0), "s",
-                                                   "α · hops  (α–β ring model: all-reduce 2·(n−1) steps, all-gather/"
-                                                   "reduce-scatter/all-to-all n−1, a pipeline message 1; "
-                                                   "docs/formulas.md, Communication cost model)",
-                                                   alpha_s=o.collective_latency_s,
-                                                   hops=numbers.latency_hops.get(key, 0.0)))
+        peak_flops=planner.peak_flops, **{n: time[n] for n in ("compute", "tensor_parallel", "expert_all_to_all")
+                                          if n in time})
+    symbols["efficiency"] = fig(numbers.efficiency, "fraction", "compute_efficiency · w / (w + w_half)  "
+                                "(w = b·s·h/t)", compute_efficiency=o.compute_efficiency,
+                                w_half=o.efficiency_half_work, w=plan.micro_batch * m.seq_len * m.d_model / plan.tp)
+    formulas = dict(TIME_FORMULAS)
+    if plan.zero_stage >= 3:
+        formulas["data_parallel"] = TIME_FORMULAS["data_parallel_zero3"]
+    before = [n for n in ("compute", "tensor_parallel", "expert_all_to_all") if n in time]
+    formulas["pipeline_bubble"] = (f"({' + '.join(before)})" if len(before) > 1 else before[0]) + \
+        " · (p − 1)/(v·m)  (the work of a micro-batch, idle in the fill and drain)"
+    if "offload" in time:
+        formulas["offload"] = _offload_formula(plan)
+    terms = {}
+    for name, value in time.items():
+        own = dict(symbols)
+        key = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep"}.get(name)
+        extra: dict[str, Any] = {}
+        if key:
+            hops = numbers.latency_hops.get(key, 0.0)
+            own.update(bandwidth_bytes_per_s=numbers.bandwidths[key],
+                       latency_s=fig(o.collective_latency_s * hops, "s", "alpha_s · hops" + LATENCY_NOTE,
+                                     alpha_s=o.collective_latency_s, hops=hops))
+            extra = dict(bandwidth_bytes_per_s=numbers.bandwidths[key], micro_batches=plan.grad_accum,
+                         bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else inter-node; "
+                                        "× comm_efficiency",
+                         collectives=numbers.collectives.get(key, 0.0), latency_hops=hops, latency_s=own["latency_s"])
+        if name == "compute":
+            extra = dict(hardware_flops_per_step=numbers.hardware_flops_per_step, gpus=plan.world_size)
+        terms[name] = symbolic(value, "s", formulas.get(name, name), own, **extra)
     step = total("s", terms)
     tokens = plan.global_batch * m.seq_len
     gpus, peak, peak_tflops = plan.world_size, planner.peak_flops, planner.cluster.gpu.peak_tflops
     return {
         "step": step,
-        "tokens_per_s": fig(tokens / step.value, "tokens/s", "B·s / step", B=plan.global_batch, s=m.seq_len),
+        "tokens_per_s": fig(tokens / step.value, "tokens/s", "B·s / step", B=plan.global_batch, s=m.seq_len,
+                            step=step.value),
         "mfu": fig(F.mfu(numbers.model_flops_per_step, step.value, peak_tflops, gpus), "fraction",
-                   "model_flops_per_step / (step · GPUs · peak)", peak_flops=peak, gpus=gpus,
+                   "model_flops_per_step / (step · gpus · peak_flops)",
+                   model_flops_per_step=numbers.model_flops_per_step, step=step.value, peak_flops=peak, gpus=gpus,
                    peak_name="dense bf16 (datasheet)"),
         "hfu": fig(F.mfu(numbers.hardware_flops_per_step, step.value, peak_tflops, gpus), "fraction",
-                   "hardware_flops_per_step / (step · GPUs · peak)"),
+                   "hardware_flops_per_step / (step · gpus · peak_flops)",
+                   hardware_flops_per_step=numbers.hardware_flops_per_step, step=step.value, peak_flops=peak,
+                   gpus=gpus),
     }
 
 
@@ -274,11 +439,12 @@ def _budget(cluster: ClusterSpec, plan: ParallelPlan, model: ModelSpec, step_s: 
     steps = math.ceil(tokens / per_step)
     seconds = steps * step_s
     hours = seconds * plan.world_size / 3600
-    return {"tokens": fig(tokens, "tokens", "requested"),
-            "steps": fig(steps, "steps", "ceil(tokens / (B·s))", tokens_per_step=per_step),
-            "time": fig(seconds, "s", "steps · step", step=step_s),
-            "gpu_hours": fig(hours, "GPU·h", "time · GPUs / 3600", gpus=plan.world_size),
-            "cost": fig(hours * cluster.gpu_hour_cost, "currency", "gpu_hours · gpu_hour_cost",
+    return {"tokens": fig(tokens, "tokens", "token_budget  (requested)", token_budget=tokens),
+            "steps": fig(steps, "steps", "⌈tokens / tokens_per_step⌉  (tokens_per_step = B·s)", tokens=tokens,
+                         tokens_per_step=per_step),
+            "time": fig(seconds, "s", "steps · step", steps=steps, step=step_s),
+            "gpu_hours": fig(hours, "GPU·h", "time · gpus / 3600", time=seconds, gpus=plan.world_size),
+            "cost": fig(hours * cluster.gpu_hour_cost, "currency", "gpu_hours · gpu_hour_cost", gpu_hours=hours,
                         gpu_hour_cost=cluster.gpu_hour_cost)}
 
 
@@ -296,10 +462,12 @@ def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options
     capacity = planner.capacity_bytes
     memory = {
         "stages": stages,
-        "peak": fig(peak["total"].value, "bytes", "max over pipeline stages of the stage total",
-                    stage=peak["stage"], rank=peak["rank"]),
+        "peak": fig(peak["total"].value, "bytes", ("max(" + ", ".join(f"stage_{st['stage']}" for st in stages)
+                                                   + ")  (the largest stage total)") if len(stages) > 1 else
+                    "stage_0  (the stage total)", stage=peak["stage"], rank=peak["rank"],
+                    **{f"stage_{st['stage']}": st["total"].value for st in stages}),
         "peak_stage": peak["stage"], "peak_rank": peak["rank"],
-        "capacity": fig(capacity, "bytes", "gpu.memory_gb · 1e9", memory_gb=cluster.gpu.memory_gb),
+        "capacity": fig(capacity, "bytes", "memory_gb · 1e9  (gpu.memory_gb)", memory_gb=cluster.gpu.memory_gb),
         "fits": peak["total"].value <= capacity,
         "rank_rule": "rank = (stage·dp + d)·tp + j; the figures are for d = 0, j = 0 (the largest shards)",
     }

@@ -55,20 +55,24 @@ def inference_estimate(model: ModelSpec, cluster: ClusterSpec, tp: int = 1, batc
     kv = fig(per_token.value * batch * context, "bytes", "kv_per_token · batch · context", kv_per_token=per_token,
              batch=batch, context=context)
     kv_gpu = fig(kv.value / min(tp, model.kv_heads), "bytes", "kv_cache / min(t, n_kv_heads)  (heads replicate "
-                 "beyond n_kv_heads)", kv_cache=kv, t=tp)
+                 "beyond n_kv_heads)", kv_cache=kv, t=tp, n_kv_heads=model.kv_heads)
     total = fig(weights_gpu.value + kv_gpu.value, "bytes", "weights_per_gpu + kv_cache_per_gpu",
                 weights_per_gpu=weights_gpu, kv_cache_per_gpu=kv_gpu)
     bandwidth = cluster.gpu.memory_bandwidth_gbs * 1e9
-    decode = fig(total.value / bandwidth, "s/token", "(weights / t + KV bytes read) / memory bandwidth",
-                 bytes_read=total, memory_bandwidth_bytes_per_s=bandwidth)
-    tokens_per_s = fig(batch / decode.value, "tokens/s", "batch / decode_time (upper bound)", batch=batch)
+    decode = fig(total.value / bandwidth, "s/token", "bytes_read / memory_bandwidth_bytes_per_s  (every step reads "
+                 "the weights on a GPU, weights / t, and the KV cache)", bytes_read=total,
+                 memory_bandwidth_bytes_per_s=bandwidth)
+    tokens_per_s = fig(batch / decode.value, "tokens/s", "batch / decode_time  (upper bound)", batch=batch,
+                       decode_time=decode.value)
     flops = 2 * count(model).matmul_per_token
-    prefill = fig(flops * batch * context / tp / (cluster.gpu.peak_tflops * 1e12), "s",
-                  "2·N·batch·context / t / peak (lower bound)", N=count(model).matmul_per_token)
+    peak = cluster.gpu.peak_tflops * 1e12
+    prefill = fig(flops * batch * context / tp / peak, "s", "2·N·batch·context / t / peak_flops  (lower bound)",
+                  N=count(model).matmul_per_token, batch=batch, context=context, t=tp, peak_flops=peak)
     return InferenceEstimate({
         "weights": weights, "weights_per_gpu": weights_gpu, "kv_per_token": per_token, "kv_cache": kv,
         "kv_cache_per_gpu": kv_gpu, "memory_per_gpu": total,
-        "fits": fig(float(total.value <= cluster.gpu.memory_gb * 1e9), "bool", "memory_per_gpu ≤ gpu memory",
+        "fits": fig(float(total.value <= cluster.gpu.memory_gb * 1e9), "bool", "memory_per_gpu ≤ capacity  (1 "
+                    "when it fits; capacity = gpu.memory_gb · 1e9)", memory_per_gpu=total.value,
                     capacity=cluster.gpu.memory_gb * 1e9),
         "decode_time_per_token": decode, "decode_tokens_per_s": tokens_per_s, "prefill_time": prefill,
     })
