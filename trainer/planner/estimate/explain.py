@@ -399,10 +399,11 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         " · (p − 1)/(v·m)  (the work of a micro-batch, idle in the fill and drain)"
     if "offload" in time:
         formulas["offload"] = _offload_formula(plan)
+    groups = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep"}
     terms = {}
     for name, value in time.items():
         own = dict(symbols)
-        key = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep"}.get(name)
+        key = groups.get(name)
         extra: dict[str, Any] = {}
         if key:
             hops = numbers.latency_hops.get(key, 0.0)
