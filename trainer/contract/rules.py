@@ -25,6 +25,99 @@ def positive(problems: Problems, obj: Any, *names: str) -> None:
             add_problem(problems, name, f"{name}={value} must be positive")
 
 
+# The largest value each number of the contract may take, and why. Beyond them lie only typing mistakes and attacks:
+# the bounds keep every estimate and every tune a bounded amount of work, and every count small enough for a 64-bit
+# integer after the planner multiplies a few of them together.
+_PUBLISHED = "the largest published models stay well below it"
+CLUSTERS = "the largest GPU clusters have about 10^5 GPUs"
+_RUNS = "a billion steps is centuries of training"
+MAX_WORLD = 1_048_576  # ranks in one plan or one cluster (2^20)
+LIMITS: dict[str, dict[str, tuple[float, str]]] = {
+    "ModelSpec": {
+        "n_layers": (1024, f"layers: {_PUBLISHED}; GPT-3 has 96"),
+        "d_model": (131_072, f"hidden width: {_PUBLISHED}; GPT-3 has 12,288"),
+        "n_heads": (4096, "attention heads"),
+        "n_kv_heads": (4096, "key/value heads"),
+        "seq_len": (1_048_576, "tokens per sequence, 2^20"),
+        "vocab_size": (2_097_152, "tokens in a vocabulary, 2^21; published vocabularies reach 256 K"),
+        "ffn_hidden": (1_048_576, "MLP width, 2^20"),
+        "n_experts": (4096, "experts per layer"),
+        "capacity_factor": (64.0, "an expert taking 64 times its share of tokens is no longer a mixture"),
+        "moe_every": (1024, "layers, as many as a model may have"),
+        "aux_loss_coef": (1000.0, "a load-balancing weight, usually 0.01"),
+    },
+    "ParallelPlan": {
+        "dp": (1_048_576, CLUSTERS), "tp": (1024, "ranks in one tensor-parallel group"),
+        "pp": (1024, "pipeline stages, one layer each at most"), "ep": (1_048_576, CLUSTERS),
+        "micro_batch": (65_536, "sequences per micro-batch on one rank"),
+        "global_batch": (16_777_216, "sequences per step, 2^24; GPT-3 used 1,600"),
+        "virtual_stages": (1024, "model chunks per pipeline rank, one layer each at most"),
+    },
+    "GPUSpec": {
+        "memory_gb": (100_000.0, "GB on one device"), "peak_tflops": (1_000_000.0, "TFLOP/s on one device"),
+        "memory_bandwidth_gbs": (1_000_000.0, "GB/s on one device"),
+    },
+    "ClusterSpec": {
+        "nodes": (131_072, CLUSTERS), "gpus_per_node": (1024, "devices in one node"),
+        "intra_node_bandwidth_gbs": (1_000_000.0, "GB/s per device"),
+        "inter_node_bandwidth_gbs": (1_000_000.0, "GB/s per device"),
+        "gpu_hour_cost": (1_000_000.0, "currency units per GPU-hour"),
+    },
+    "DatasetSpec": {"tokenizer_vocab": (2_097_152, "tokens in a vocabulary, 2^21")},
+    "OptimizerSpec": {
+        "lr": (10.0, "a learning rate; GPT training uses about 10^-4"), "min_lr": (10.0, "a learning rate"),
+        "weight_decay": (100.0, "a decay weight, usually 0.1"), "eps": (1.0, "Adam's epsilon, usually 10^-8"),
+        "grad_clip": (1e9, "a gradient norm"), "warmup_steps": (1_000_000_000, _RUNS),
+    },
+    "ProfileSpec": {
+        "start_step": (1_000_000_000, _RUNS), "warmup": (1_000_000_000, _RUNS),
+        "steps": (1000, "profiled steps; each writes a trace of tens of MB"),
+    },
+    "RunSpec": {
+        "steps": (1_000_000_000, _RUNS), "checkpoint_every": (1_000_000_000, _RUNS),
+        "eval_every": (1_000_000_000, _RUNS), "log_every": (1_000_000_000, _RUNS),
+        "keep_checkpoints": (10_000, "checkpoints kept on disk"), "eval_batches": (1_000_000, "batches per evaluation"),
+        "seed": (2 ** 63 - 1, "a 64-bit seed"),
+    },
+}
+
+
+def within_limits(problems: Problems, spec: Any) -> None:
+    """Refuse numbers above their limit (``LIMITS``), naming the limit and why it is there."""
+    for name, (limit, why) in LIMITS.get(type(spec).__name__, {}).items():
+        value = getattr(spec, name)
+        if value > limit:
+            shown = f"{value:.3g}" if isinstance(value, float) or value > 10 ** 15 else f"{value:,}"
+            add_problem(problems, name, f"{name}={shown} is above the limit of {limit:,.10g} ({why})")
+
+
+def within_world_limit(problems: Problems, key: str, what: str, size: int) -> None:
+    if size > MAX_WORLD:
+        add_problem(problems, key, f"{what}={size:,} is above the limit of {MAX_WORLD:,} ({CLUSTERS})")
+
+
+def pipeline_problems(plan: ParallelPlan) -> Problems:
+    """What torch's pipeline schedules need of the number of micro-batches m (the native engine with pp > 1).
+
+    1F1B fills the pipeline before its first backward, so it needs m ≥ pp; the interleaved schedule runs m in
+    ⌊m/pp⌋ equal rounds, so it needs m ≥ pp and m a multiple of ⌊m/pp⌋. GPipe takes any m. DeepSpeed's pipeline
+    engine schedules any m itself.
+    """
+    p: Problems = {}
+    m, pp = plan.grad_accum, plan.pp
+    if plan.engine != "native" or pp == 1 or plan.pipeline_schedule == "gpipe":
+        return p
+    if m < pp:
+        add_problem(p, "global_batch", f"the {plan.pipeline_schedule} schedule needs at least pp={pp} micro-batches "
+                                       f"per step, got m=global_batch/(micro_batch×dp)={m}; raise global_batch, or "
+                                       f"use pipeline_schedule='gpipe'")
+    elif plan.pipeline_schedule == "interleaved" and m % (m // pp):
+        add_problem(p, "global_batch", f"the interleaved schedule runs m={m} micro-batches in ⌊m/pp⌋={m // pp} "
+                                       f"equal rounds, so m must be a multiple of {m // pp}; use m a multiple of "
+                                       f"pp={pp}")
+    return p
+
+
 def engine_problems(plan: ParallelPlan) -> Problems:
     """What each engine cannot do, refused before any work."""
     p: Problems = {}

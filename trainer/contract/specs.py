@@ -14,7 +14,8 @@ from typing import Any, Literal, Optional
 
 from trainer.contract.gpus import GPU_FIGURES, PRESET_INTER_NODE_GBS, gpu_fields
 from trainer.contract.rules import add_problem as _add
-from trainer.contract.rules import check_plan, engine_problems, positive as _positive
+from trainer.contract.rules import check_plan, engine_problems, pipeline_problems, within_limits, within_world_limit
+from trainer.contract.rules import positive as _positive
 from trainer.contract.specjson import SCHEMA_VERSION, SpecError, from_dict, to_dict
 
 Engine = Literal["native", "deepspeed"]
@@ -124,12 +125,17 @@ class ModelSpec(_Spec):
         """Layer ``index`` (0-based) has experts: layers moe_every-1, 2·moe_every-1, … (every n-th, counting from 1)."""
         return self.is_moe and (index + 1) % self.moe_every == 0
 
+    def moe_layers_among(self, k: int) -> int:
+        """How many of the first ``k`` layers have experts: every moe_every-th, so ⌊k / moe_every⌋."""
+        return k // self.moe_every if self.is_moe else 0
+
     @property
     def moe_layers(self) -> tuple[int, ...]:
         return tuple(i for i in range(self.n_layers) if self.is_moe_layer(i))
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         _positive(p, self, "n_layers", "d_model", "n_heads", "seq_len", "vocab_size")
         if self.n_heads > 0 and self.d_model % self.n_heads:
             _add(p, "n_heads", f"n_heads={self.n_heads} does not divide d_model={self.d_model}")
@@ -199,9 +205,11 @@ class ParallelPlan(_Spec):
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         _positive(p, self, "dp", "tp", "pp", "micro_batch", "global_batch", "ep", "virtual_stages")
         if p:
             return p
+        within_world_limit(p, "", "dp×tp×pp ranks", self.world_size)
         if self.global_batch % (self.micro_batch * self.dp):
             _add(p, "global_batch", f"global_batch={self.global_batch} is not divisible by "
                                     f"micro_batch×dp={self.micro_batch}×{self.dp}={self.micro_batch * self.dp}")
@@ -216,9 +224,8 @@ class ParallelPlan(_Spec):
             _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} needs pipeline_schedule='interleaved'")
         if self.pipeline_schedule == "interleaved" and self.pp > 1 and self.virtual_stages < 2:
             _add(p, "virtual_stages", "the interleaved schedule needs virtual_stages ≥ 2")
-        if self.pp > 1 and not p and self.grad_accum < self.pp and self.pipeline_schedule == "interleaved":
-            _add(p, "global_batch", f"the interleaved schedule needs at least pp={self.pp} micro-batches per step, "
-                                    f"got {self.grad_accum}")
+        if not p:
+            p.update(pipeline_problems(self))
         p.update(engine_problems(self))
         return p
 
@@ -239,6 +246,7 @@ class GPUSpec(_Spec):
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         _positive(p, self, "memory_gb", "peak_tflops", "memory_bandwidth_gbs")
         return p
 
@@ -276,7 +284,10 @@ class ClusterSpec(_Spec):
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         _positive(p, self, "nodes", "gpus_per_node", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs")
+        if not p:
+            within_world_limit(p, "nodes", "nodes×gpus_per_node GPUs", self.world_size)
         if self.gpu_hour_cost < 0:
             _add(p, "gpu_hour_cost", f"gpu_hour_cost={self.gpu_hour_cost} must not be negative")
         for key, messages in self.gpu.problems().items():
@@ -295,6 +306,7 @@ class DatasetSpec(_Spec):
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         if not self.path:
             _add(p, "path", "a dataset needs a path")
         if self.tokenizer_vocab < 0:
@@ -320,6 +332,7 @@ class OptimizerSpec(_Spec):
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         _positive(p, self, "lr", "eps")
         if self.min_lr < 0 or self.min_lr > self.lr:
             _add(p, "min_lr", f"min_lr={self.min_lr} must be between 0 and lr={self.lr}")
@@ -343,6 +356,7 @@ class ProfileSpec(_Spec):
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         _positive(p, self, "steps")
         if self.warmup < 0 or self.start_step < 0:
             _add(p, "start_step", "start_step and warmup must not be negative")
@@ -375,6 +389,7 @@ class RunSpec(_Spec):
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
+        within_limits(p, self)
         _positive(p, self, "steps", "eval_batches", "log_every")
         for name in ("checkpoint_every", "eval_every", "seed"):
             if getattr(self, name) < 0:

@@ -10,7 +10,7 @@ from trainer.planner.tune.api import tune_json
 
 from .. import models, services
 from .errors import computing_on, require_finite
-from .planner_requests import (INFERENCE_PRECISIONS, MAX_GLOBAL_BATCHES, MAX_TOKEN_BUDGET, EstimateRequestSerializer,
+from .planner_requests import (INFERENCE_PRECISIONS, MAX_LISTED, MAX_TOKEN_BUDGET, EstimateRequestSerializer,
                                TuneRequestSerializer)
 from .specfields import json_schema
 
@@ -46,7 +46,7 @@ TUNE_REQUEST = {"type": "object", "required": ["model", "cluster", "global_batch
                 "properties": {
     "model": _MODEL, "cluster": _CLUSTER,
     "global_batch": {"oneOf": [_BATCH, {"type": "array", "items": _BATCH, "minItems": 1,
-                                        "maxItems": MAX_GLOBAL_BATCHES}]},
+                                        "maxItems": MAX_LISTED}]},
     "space": {**_OBJECT, "nullable": True, "description": "SearchSpace fields"}, "options": _OPTIONS,
     "top_k": _int(1, 1000, "ranked plans in the answer"),
     "explain_top": _int(0, 100, "of those, how many carry the whole explained estimate"),

@@ -12,6 +12,7 @@ from trainer.contract.specjson import from_dict
 from trainer.planner.estimate.api import cluster_from_json, model_from_json
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.tune.api import parse_tune_request
+from trainer.planner.tune.space import MAX_LISTED
 
 from .. import models
 from ..spec_errors import spec_field_errors
@@ -23,7 +24,6 @@ from .specfields import api_field
 # largest float (1.8e308). A value outside (1e300 layers, a 1e-300 TFLOP/s GPU) can only make figures overflow.
 PLANNER_SMALLEST, PLANNER_LARGEST = 1e-9, 1e15
 MAX_TOKEN_BUDGET = 1e16  # tokens; the largest published pre-training runs are near 1e13 (Llama 3: 1.5e13)
-MAX_GLOBAL_BATCHES = 64  # one tune searches each of them
 INFERENCE_PRECISIONS = ["fp32", "bf16", "fp16", "int8"]
 
 
@@ -136,8 +136,8 @@ class GlobalBatchField(serializers.Field):
 
     def to_internal_value(self, data):
         values = data if isinstance(data, list) else [data]
-        if not values or len(values) > MAX_GLOBAL_BATCHES:
-            raise serializers.ValidationError(f"give between 1 and {MAX_GLOBAL_BATCHES} global batches, "
+        if not values or len(values) > MAX_LISTED:
+            raise serializers.ValidationError(f"give between 1 and {MAX_LISTED} global batches, "
                                               f"got {len(values)}")
         field = StrictIntegerField(min_value=1, max_value=10_000_000)
         checked = [field.run_validation(v) for v in values]

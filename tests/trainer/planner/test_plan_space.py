@@ -60,4 +60,4 @@ def test_it_enumerates_exactly_the_plans_the_spec_accepts(model, clu, global_bat
 
 
 def test_it_lists_divisors():
-    assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(1) == [1]
+    assert divisors(12) == (1, 2, 3, 4, 6, 12) and divisors(1) == (1,)

@@ -1,9 +1,12 @@
 """Ranking, memory rejections with reasons, the Pareto front, the result's JSON, and the benchmark."""
 import json
 
+import pytest
+
+from trainer.contract import SpecError
 from trainer.contract.presets import MODELS, cluster
 from trainer.planner.tune import bench
-from trainer.planner.tune.search import pareto_front, tune
+from trainer.planner.tune.search import MAX_PLANS, pareto_front, rank_plans, tune
 from trainer.planner.tune.space import SearchSpace
 
 
@@ -55,3 +58,18 @@ def test_it_imports_the_planner_without_torch_or_django():
             "print(bad); sys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_it_stops_at_the_plan_limit_and_says_how_to_narrow_the_space():
+    ranking = rank_plans(MODELS["gpt3-175b"], cluster("A100-SXM-80GB", 16), (512, 1024), max_plans=1000)
+    assert ranking.evaluated == 1000
+    assert "more than 1,000 plans" in ranking.note and "Narrow the space" in ranking.note
+    whole = rank_plans(MODELS["gpt3-175b"], cluster("A100-SXM-80GB", 16), 512)
+    assert whole.evaluated < MAX_PLANS and not whole.note
+
+
+def test_it_refuses_more_listed_values_than_a_search_may_multiply():
+    with pytest.raises(SpecError, match="at most 64 global batches"):
+        tune(MODELS["tiny"], cluster("cpu", 1, 2), list(range(1, 66)))
+    with pytest.raises(SpecError, match="at most 64 micro-batch sizes"):
+        SearchSpace.from_dict({"micro_batches": list(range(1, 66))})

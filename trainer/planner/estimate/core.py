@@ -42,9 +42,6 @@ class Planner:
                             for c, r in self.recompute_flops.items()}
         self._dense_layer = M.LayerShape.of(model)
         self._moe_layer = M.LayerShape.of(model, moe=True) if model.is_moe else None
-        # MoE layers among the first k layers (pp = 1 for MoE, so a stage holds the first n_layers // pp)
-        self._moe_layers = {k: sum(1 for i in range(k) if model.is_moe_layer(i)) for k in range(model.n_layers + 1)} \
-            if model.is_moe else {}
         self._static: dict[tuple, StageStatic] = {}
         self._settings: dict[tuple, M.ActivationSettings] = {}
         self._bandwidths: dict[tuple[int, int, int, int], Mapping[str, float]] = {}
@@ -113,7 +110,7 @@ class Planner:
 
         settings = self.activation_settings(plan)
         layers = m.n_layers // pp
-        n_moe = self._moe_layers.get(layers, 0)  # pp = 1 for MoE
+        n_moe = self.model.moe_layers_among(layers)  # pp = 1 for MoE: a stage holds the first layers
         acts: dict[str, float] = {}
         for moe_layer, n in ((False, layers - n_moe), (True, n_moe)):
             if n:
@@ -199,7 +196,7 @@ class Planner:
 
         bw = self.bandwidths(plan)
         layers = m.n_layers // pp
-        n_moe = self._moe_layers.get(layers, 0) if plan.ep > 1 else 0
+        n_moe = self.model.moe_layers_among(layers) if plan.ep > 1 else 0
         grad_bytes = params_first * M.state_bytes_per_param(plan.precision, plan.engine).gradients
         collectives = collective_counts(plan, m.n_layers, n_moe, grad_bytes, params_first)
         hops = collectives.hops

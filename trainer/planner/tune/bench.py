@@ -16,7 +16,7 @@ from trainer.planner.tune.search import rank_plans
 from trainer.planner.tune.space import SearchSpace
 
 BENCH_SPACE = SearchSpace(precisions=("bf16", "fp16", "fp32"), max_micro_batch=1 << 30, max_virtual_stages=48)
-BENCH_BATCHES = (512, 768, 1024, 1536, 2048, 3072)
+BENCH_BATCHES = (512, 768, 1024, 1536, 2048, 3072, 4096)
 
 
 def run(model: str = "gpt3-175b", gpu: str = "A100-SXM-80GB", nodes: int = 128,

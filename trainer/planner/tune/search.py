@@ -16,10 +16,14 @@ from trainer.planner.estimate.core import GB, Planner, rank_of
 from trainer.planner.estimate.explain import estimate
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-from trainer.planner.tune.space import SearchSpace, enumerate_plans
+from trainer.planner.tune.space import MAX_LISTED, SearchSpace, enumerate_plans
 from trainer.planner.tune.trials import run_trials
 
 Progress = Callable[[dict], None]
+
+# The most plans one tune estimates (over all its global batches): about 4 s on one core. A space larger than
+# this is a request to narrow, not to wait for; the ranking says it stopped and how to narrow the space.
+MAX_PLANS = 200_000
 
 
 @dataclass
@@ -53,6 +57,7 @@ class TuneResult:
     top_k: int = 10
     details: list[dict] = field(default_factory=list)   # explained estimates of the top plans
     trials: Any = None                  # TrialResult when trials ran
+    note: str = ""                      # why the ranking stopped short of the whole space, if it did
 
     @property
     def best(self) -> Candidate | None:
@@ -67,7 +72,7 @@ class TuneResult:
                "top": [c.to_dict() for c in self.ranked[:self.top_k]],
                "pareto": [c.to_dict() for c in self.pareto], "elapsed_s": self.elapsed_s,
                "best": self.best.to_dict() if self.best else None,
-               "trials": self.trials.to_dict() if self.trials is not None else None}
+               "trials": self.trials.to_dict() if self.trials is not None else None, "note": self.note}
         if explain:
             out["details"] = self.details
         return out
@@ -98,21 +103,29 @@ class Ranking:
     ranked: list[Candidate]      # the fitting plans, fastest per token first
     rejected: dict[str, int]     # reason → count: rule violations pruned early, and memory
     evaluated: int               # valid plans estimated
+    note: str = ""               # set when the space held more than max_plans plans
 
 
 def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[int],
                space: SearchSpace | None = None, options: EstimateOptions | None = None,
-               progress: Progress | None = None) -> Ranking:
-    """Estimate every valid plan; keep those that fit, fastest per token first, and count why the others do not."""
+               progress: Progress | None = None, max_plans: int = MAX_PLANS) -> Ranking:
+    """Estimate every valid plan; keep those that fit, fastest per token first, and count why the others do not.
+    Stops after ``max_plans`` plans, in enumeration order, and says so in ``note``."""
     batches = (global_batch,) if isinstance(global_batch, int) else tuple(global_batch)
     planner = Planner(model, cluster, options)
     rejected: dict[str, int] = {}
     fitting: list[Candidate] = []
     evaluated = 0
     cap, peak_tflops = planner.capacity_bytes, cluster.gpu.peak_tflops
+    note = ""
     for batch in batches:
         tokens = batch * model.seq_len
         for plan in enumerate_plans(model, cluster, batch, space, rejected):
+            if evaluated == max_plans:
+                note = (f"the search space holds more than {max_plans:,} plans; the first {max_plans:,} in "
+                        f"enumeration order (tp, then pp, dp, micro-batch, ...) were ranked. Narrow the space: "
+                        f"fewer global batches, precisions or engines, or micro_batches and max_virtual_stages")
+                break
             q = planner.quick(plan)
             evaluated += 1
             if q.peak_bytes > cap:
@@ -125,8 +138,10 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
                                      tokens / step_s))
             if progress and evaluated % 20000 == 0:
                 progress({"phase": "rank", "evaluated": evaluated, "fitting": len(fitting)})
+        if note:
+            break
     fitting.sort(key=lambda c: (c.step_time_s / (c.plan.global_batch * model.seq_len), c.peak_memory_bytes))
-    return Ranking(fitting, rejected, evaluated)
+    return Ranking(fitting, rejected, evaluated, note)
 
 
 def trial_features(model: ModelSpec, cluster: ClusterSpec, options: EstimateOptions | None,
@@ -145,6 +160,8 @@ def _check_inputs(model, cluster, global_batch, top_k):
     batches = (global_batch,) if isinstance(global_batch, int) else tuple(global_batch)
     if not batches or any(not isinstance(b, int) or isinstance(b, bool) or b < 1 for b in batches):
         problems["global_batch"] = [f"global_batch={global_batch!r} must be a positive integer (or a list of them)"]
+    elif len(batches) > MAX_LISTED:
+        problems["global_batch"] = [f"give at most {MAX_LISTED} global batches, got {len(batches)}"]
     if not isinstance(top_k, int) or top_k < 1:
         problems["top_k"] = [f"top_k={top_k!r} must be a positive integer"]
     if problems:
@@ -168,7 +185,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[in
     ranking = rank_plans(model, cluster, global_batch, space, options, progress)
     ranked, evaluated = ranking.ranked, ranking.evaluated
     result = TuneResult(model, cluster, (global_batch,) if isinstance(global_batch, int) else tuple(global_batch),
-                        evaluated, len(ranked), ranking.rejected, ranked, pareto_front(ranked), 0.0, top_k)
+                        evaluated, len(ranked), ranking.rejected, ranked, pareto_front(ranked), 0.0, top_k,
+                        note=ranking.note)
     result.details = [estimate(model, c.plan, cluster, options).to_dict() for c in ranked[:explain_top]]
     if measure is not None and ranked:
         pool = ranked[:trial_pool]

@@ -12,18 +12,25 @@ default '1f1b'), and ep > 1 for a dense model.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterator, get_args
 
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-from trainer.contract.rules import check_plan, engine_problems
+from trainer.contract.rules import check_plan, engine_problems, pipeline_problems
 from trainer.contract.specjson import from_dict
 from trainer.contract.specs import Checkpointing, Engine, Precision, Schedule
 
 
-def divisors(n: int) -> list[int]:
+# The most values a space or a tune may list (micro-batch sizes, global batches): each multiplies the search.
+MAX_LISTED = 64
+
+
+@functools.lru_cache(maxsize=4096)
+def divisors(n: int) -> tuple[int, ...]:
+    """Divisors of n in increasing order. Cached: the loops ask for the same few numbers many times."""
     small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
+    return tuple(sorted(set(small + [n // d for d in small])))
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,8 @@ class SearchSpace:
             p["sequence_parallel"] = ["sequence_parallel must list true, false or both"]
         if self.micro_batches is not None and (not self.micro_batches or min(self.micro_batches) < 1):
             p["micro_batches"] = [f"micro_batches={list(self.micro_batches)} must be positive integers"]
+        elif self.micro_batches is not None and len(self.micro_batches) > MAX_LISTED:
+            p["micro_batches"] = [f"give at most {MAX_LISTED} micro-batch sizes, got {len(self.micro_batches)}"]
         for name in ("max_micro_batch", "max_virtual_stages"):
             if getattr(self, name) < 1:
                 p[name] = [f"{name}={getattr(self, name)} must be at least 1"]
@@ -141,7 +150,6 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                 if per_rank % b:
                     reject("global batch not divisible by micro_batch × dp")
                     continue
-                m = per_rank // b
                 for sp in space.sequence_parallel:
                     if sp and (tp == 1 or model.seq_len % tp):
                         if tp > 1:
@@ -157,27 +165,26 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                                 engines[key] = _engine_choices(space, model, tp, sp, pp, precision)
                             for c in engines[key]:
                                 for ckpt in space.checkpointing:
-                                    yield from _schedules(space, model, pp, m, reject, dict(
+                                    yield from _schedules(space, model, pp, reject, dict(
                                         dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
                                         sequence_parallel=sp, ep=ep, engine=c.engine, zero_stage=c.zero_stage,
                                         activation_checkpointing=ckpt, precision=precision,
                                         offload_optimizer=c.offload_optimizer, offload_params=c.offload_params))
 
 
-def _schedules(space: SearchSpace, model: ModelSpec, pp: int, m: int, reject, fields: dict):
+def _schedules(space: SearchSpace, model: ModelSpec, pp: int, reject, fields: dict):
     if pp == 1:
         yield ParallelPlan(**fields)
         return
     for schedule in space.schedules:
         if fields["engine"] == "deepspeed" and schedule != "1f1b":
             continue
-        if schedule != "interleaved":
-            yield ParallelPlan(pipeline_schedule=schedule, **fields)
-            continue
-        if m < pp:
-            reject("interleaved schedule needs at least pp micro-batches")
-            continue
-        for v in range(2, space.max_virtual_stages + 1):
-            if model.n_layers % (pp * v):
-                continue
-            yield ParallelPlan(pipeline_schedule="interleaved", virtual_stages=v, **fields)
+        # interleaved: v ≥ 2 model chunks per rank, and pp·v must divide the layers
+        stages = [v for v in divisors(model.n_layers // pp) if 2 <= v <= space.max_virtual_stages] \
+            if schedule == "interleaved" else (1,)
+        for v in stages:
+            plan = ParallelPlan(pipeline_schedule=schedule, virtual_stages=v, **fields)
+            if pipeline_problems(plan):  # what the schedule needs of m, asked of the contract
+                reject(f"{schedule} schedule: too few micro-batches, or not in equal rounds")
+                break
+            yield plan
