@@ -149,6 +149,15 @@ def engine_problems(plan: ParallelPlan) -> Problems:
     return p
 
 
+def device_problems(plan: ParallelPlan, cluster: ClusterSpec) -> Problems:
+    """What the cluster's devices cannot do. CPU ranks: DeepSpeed's CPU accelerator has no fp16 (it refuses it at
+    initialisation); torch's own fp16 autocast on the CPU works."""
+    p: Problems = {}
+    if cluster.gpu.name == "cpu" and plan.engine == "deepspeed" and plan.precision == "fp16":
+        add_problem(p, "precision", "DeepSpeed on CPU ranks has no fp16; use bf16 or fp32, or engine='native'")
+    return p
+
+
 def check_plan(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> Problems:
     """How ``plan`` does not fit ``model`` (and ``cluster``, if given). Keys are plan fields; empty when it fits."""
     p: Problems = {}
@@ -184,6 +193,9 @@ def check_plan(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None
     if cluster is not None and plan.world_size != cluster.world_size:
         add_problem(p, "", f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} but the cluster has "
                            f"{cluster.world_size} GPUs ({cluster.nodes} node(s) × {cluster.gpus_per_node})")
+    if cluster is not None:
+        for key, messages in device_problems(plan, cluster).items():
+            p.setdefault(key, []).extend(messages)
     if cluster is not None and plan.tp > cluster.gpus_per_node:
         add_problem(p, "tp", f"tp={plan.tp} spans nodes: keep it within gpus_per_node={cluster.gpus_per_node}")
     return p

@@ -222,6 +222,9 @@ class ParallelPlan(_Spec):
             _add(p, "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
         if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved":
             _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} needs pipeline_schedule='interleaved'")
+        elif self.virtual_stages > 1 and self.pp == 1:
+            _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} cuts each pipeline rank's layers into "
+                                      f"chunks: it needs pp > 1")
         if self.pipeline_schedule == "interleaved" and self.pp > 1 and self.virtual_stages < 2:
             _add(p, "virtual_stages", "the interleaved schedule needs virtual_stages ≥ 2")
         if not p:

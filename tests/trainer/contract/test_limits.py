@@ -5,7 +5,7 @@ import typing
 import pytest
 
 from trainer.contract import (ClusterSpec, DatasetSpec, GPUSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec,
-                              RunSpec, SpecError, presets)
+                              RunSpec, SpecError, check_plan, presets)
 from trainer.contract.rules import LIMITS, pipeline_problems
 
 SPECS = {cls.__name__: cls for cls in (ModelSpec, ParallelPlan, GPUSpec, ClusterSpec, DatasetSpec, OptimizerSpec,
@@ -68,3 +68,9 @@ def test_the_native_pipeline_schedules_get_the_micro_batches_they_need(schedule,
 
 def test_deepspeeds_pipeline_engine_schedules_any_number_of_micro_batches_itself():
     assert not pipeline_problems(ParallelPlan(pp=4, global_batch=1, engine="deepspeed", zero_stage=1))
+
+
+def test_deepspeed_fp16_is_refused_on_cpu_ranks_and_allowed_on_gpus():
+    plan = ParallelPlan(dp=2, global_batch=2, engine="deepspeed", precision="fp16")
+    assert "has no fp16" in " ".join(check_plan(presets.MODELS["tiny"], plan, presets.local_cpu_cluster(2))["precision"])
+    assert not check_plan(presets.MODELS["tiny"], plan, presets.cluster("H100-SXM", gpus_per_node=2))

@@ -3,9 +3,10 @@
 The loops walk the choices in order (tp, pp, dp, micro-batch, sequence parallel, ep, engine/ZeRO/offload,
 checkpointing, schedule/virtual stages) and apply, at the first level where they can fail, the same divisibility
 rules as ``ParallelPlan.problems()`` and ``rules.check_plan`` — inline, because building and checking a spec object
-per raw combination would dominate the search. What each engine refuses is asked of the contract itself, once per
-(tp, sp, pp, precision). tests/trainer/planner/test_plan_space.py checks that the tuner and the contract agree on
-whole grids.
+per raw combination would dominate the search. What each engine and device refuses is asked of the contract itself,
+once per (tp, sp, pp, precision), and what a pipeline schedule needs of the micro-batches once per plan.
+tests/trainer/planner/test_plan_space.py checks that the tuner and the contract agree on whole grids, and
+tests/trainer/test_plan_agreement.py on plans drawn by hypothesis.
 
 Two choices are not enumerated because they change nothing: the pipeline schedule when pp = 1 (one plan with the
 default '1f1b'), and ep > 1 for a dense model.
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Iterator, get_args
 
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-from trainer.contract.rules import check_plan, engine_problems, pipeline_problems
+from trainer.contract.rules import check_plan, device_problems, engine_problems, pipeline_problems
 from trainer.contract.specjson import from_dict
 from trainer.contract.specs import Checkpointing, Engine, Precision, Schedule
 
@@ -98,17 +99,17 @@ def _candidate_engines(space: SearchSpace) -> list[EngineChoice]:
     return out
 
 
-def _engine_choices(space: SearchSpace, model: ModelSpec, tp: int, sp: bool, pp: int,
+def _engine_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, tp: int, sp: bool, pp: int,
                     precision: str) -> list[EngineChoice]:
     """The combinations the contract's engine rules allow for this tp, sp, pp and precision: asked of
-    ``rules.engine_problems`` and ``rules.check_plan`` themselves, once per distinct case, so the tuner holds no
-    copy of what each engine refuses."""
+    ``rules.engine_problems``, ``rules.check_plan`` and ``rules.device_problems`` themselves, once per distinct case,
+    so the tuner holds no copy of what each engine refuses."""
     out = []
     for c in _candidate_engines(space):
         probe = ParallelPlan(tp=tp, pp=pp, sequence_parallel=sp, precision=precision, engine=c.engine,
                              zero_stage=c.zero_stage, offload_optimizer=c.offload_optimizer,
                              offload_params=c.offload_params)
-        if not engine_problems(probe) and not check_plan(model, probe):
+        if not engine_problems(probe) and not check_plan(model, probe) and not device_problems(probe, cluster):
             out.append(c)
     return out
 
@@ -162,7 +163,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                         for precision in space.precisions:
                             key = (tp, sp, pp, precision)
                             if key not in engines:
-                                engines[key] = _engine_choices(space, model, tp, sp, pp, precision)
+                                engines[key] = _engine_choices(space, model, cluster, tp, sp, pp, precision)
                             for c in engines[key]:
                                 for ckpt in space.checkpointing:
                                     yield from _schedules(space, model, pp, reject, dict(
