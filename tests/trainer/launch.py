@@ -19,15 +19,15 @@ _PLAN_FIELDS = set(ParallelPlan.__dataclass_fields__)
 
 
 def tiny_spec(run_dir: Path, dataset: DatasetSpec, steps: int = 20, tied: bool = True, layers: int = 4,
-              model=None, **kw) -> RunSpec:
-    """The "tiny" preset (4 layers, d_model 64) on 8 sequences of 64 tokens a step, fp32; ``kw`` sets plan fields
-    (dp, tp, pp, micro_batch, …) or run fields (checkpoint_every, eval_every, …)."""
+              model=None, cluster=None, **kw) -> RunSpec:
+    """The "tiny" preset (4 layers, d_model 64) on 8 sequences of 64 tokens a step, fp32, on local CPU ranks unless
+    ``cluster`` is given; ``kw`` sets plan fields (dp, tp, pp, micro_batch, …) or run fields (checkpoint_every, …)."""
     model = model or MODELS["tiny"].replace(tied_embeddings=tied, n_layers=layers)
     plan_kw = {"micro_batch": 2, "global_batch": 8, **{k: v for k, v in kw.items() if k in _PLAN_FIELDS}}
     run_kw = {k: v for k, v in kw.items() if k not in _PLAN_FIELDS}
     plan = ParallelPlan(**plan_kw)
     run_kw.setdefault("optimizer", OptimizerSpec(lr=1e-3, min_lr=1e-4, warmup_steps=2))
-    return RunSpec(model=model, plan=plan, cluster=local_cpu_cluster(plan.world_size), dataset=dataset,
+    return RunSpec(model=model, plan=plan, cluster=cluster or local_cpu_cluster(plan.world_size), dataset=dataset,
                    output_dir=str(run_dir), steps=steps, **run_kw).validate()
 
 

@@ -4,7 +4,7 @@ import subprocess
 
 from tests.trainer.launch import PYTHON, REPO, _env, tiny_spec
 from trainer.engine.deepspeed.config import deepspeed_config
-from trainer.contract import DatasetSpec, SpecError, check_plan
+from trainer.contract import DatasetSpec, SpecError, check_plan, presets
 
 
 def _spec(tmp_path, **kw):
@@ -12,8 +12,10 @@ def _spec(tmp_path, **kw):
 
 
 def test_it_makes_the_deepspeed_config_from_the_plan(tmp_path):
+    # GPUs: DeepSpeed on CPU ranks has no fp16, and the config is the same function of the plan either way
     cfg = deepspeed_config(_spec(tmp_path, dp=2, micro_batch=1, global_batch=8, zero_stage=3, precision="fp16",
-                                 offload_optimizer=True, offload_params=True, activation_checkpointing="full"))
+                                 offload_optimizer=True, offload_params=True, activation_checkpointing="full",
+                                 cluster=presets.cluster("H100-SXM", gpus_per_node=2)))
     assert (cfg["train_batch_size"], cfg["train_micro_batch_size_per_gpu"], cfg["gradient_accumulation_steps"]) \
         == (8, 1, 4)
     assert cfg["gradient_clipping"] == 1.0
