@@ -125,8 +125,11 @@ DATABASES = {"default": dj_database_url.config(
 # connection usable after a failed statement).
 DATABASES["default"]["ATOMIC_REQUESTS"] = True
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # The web server and the worker write the same file; wait for a lock instead of failing at once.
-    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    # The web server and the worker write the same file; wait for a lock instead of failing at once. IMMEDIATE: a
+    # transaction takes the write lock when it begins, so one that read first and writes later (a request, under
+    # ATOMIC_REQUESTS) waits for another writer instead of failing with "database is locked" at its first write,
+    # which SQLite does at once, without waiting, to a deferred reader that would deadlock another writer.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(timeout=20, transaction_mode="IMMEDIATE")
     # A file (not memory) for the test database, so that a worker process in the tests can open it too.
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-workbench.sqlite3")}
 
