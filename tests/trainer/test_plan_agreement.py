@@ -43,10 +43,10 @@ def plans(draw, model: ModelSpec) -> ParallelPlan:
     if draw(st.integers(0, 4)) == 0:
         return _wild_plan(draw)
     engine = draw(st.sampled_from(["native", "deepspeed"]))
-    dp, tp, pp = draw(st.sampled_from([(dp, tp, pp) for dp, tp, pp in DEGREES if
-                                       (tp == 1 or (engine == "native" and model.n_heads % tp == 0 == model.kv_heads % tp))
-                                       and (pp == 1 or model.n_layers % pp == 0) and (not model.is_moe or tp == pp == 1)]
-                                      or [(1, 1, 1)]))
+    def fits(tp: int, pp: int) -> bool:
+        splits_heads = tp == 1 or (engine == "native" and model.n_heads % tp == 0 == model.kv_heads % tp)
+        return splits_heads and (pp == 1 or model.n_layers % pp == 0) and (not model.is_moe or tp == pp == 1)
+    dp, tp, pp = draw(st.sampled_from([d for d in DEGREES if fits(d[1], d[2])] or [(1, 1, 1)]))
     micro = draw(st.integers(1, 4))
     if engine == "native":
         zero = draw(st.sampled_from([0, 3]))

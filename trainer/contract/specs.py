@@ -278,8 +278,9 @@ class ClusterSpec(_Spec):
             return data
         name = data["gpu"]
         if name not in GPU_FIGURES:
-            raise SpecError.single(f"{path}.gpu" if path else "gpu", f"unknown GPU {name!r}; presets: {', '.join(GPU_FIGURES)}, "
-                                                       f"or an object of GPUSpec fields")
+            raise SpecError.single(f"{path}.gpu" if path else "gpu",
+                                   f"unknown GPU {name!r}; presets: {', '.join(GPU_FIGURES)}, or an object of "
+                                   f"GPUSpec fields")
         shape = f"{data.get('nodes', 1)}x{data.get('gpus_per_node', ClusterSpec.gpus_per_node)}"
         return {"intra_node_bandwidth_gbs": GPU_FIGURES[name]["nvlink_gbs"],
                 "inter_node_bandwidth_gbs": PRESET_INTER_NODE_GBS, "name": f"{shape} {name}",
