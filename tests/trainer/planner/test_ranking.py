@@ -5,7 +5,9 @@ import pytest
 
 from trainer.contract import SpecError
 from trainer.contract.presets import MODELS, cluster
-from trainer.planner.tune import bench
+from trainer.planner.estimate.api import estimate_json
+from trainer.planner.tune import bench, bench_limits
+from trainer.planner.tune.api import parse_tune_request
 from trainer.planner.tune.search import MAX_PLANS, pareto_front, rank_plans, tune
 from trainer.planner.tune.space import SearchSpace
 
@@ -73,3 +75,10 @@ def test_it_refuses_more_listed_values_than_a_search_may_multiply():
         tune(MODELS["tiny"], cluster("cpu", 1, 2), list(range(1, 66)))
     with pytest.raises(SpecError, match="at most 64 micro-batch sizes"):
         SearchSpace.from_dict({"micro_batches": list(range(1, 66))})
+
+
+def test_the_limits_benchmark_times_requests_the_contract_accepts():
+    for payload in bench_limits.ESTIMATES.values():
+        assert estimate_json(payload)["memory"]
+    for payload in bench_limits.TUNES.values():
+        parse_tune_request(payload)  # raises SpecError if any part is refused
