@@ -1,4 +1,6 @@
 """Personas and objects for the web tests: alice and bob are ordinary users, staff is staff."""
+import contextlib
+
 import pytest
 import redis
 from django.contrib.auth.models import User
@@ -93,13 +95,29 @@ def corpus(alice, data_root):
     return models.Dataset.objects.create(owner=alice, name="corpus", path=str(data_root / "corpus.txt"))
 
 
-@pytest.fixture
-def test_broker(redis_url, settings):
-    """Point the web side's task client at the tests' Redis database, emptied first."""
-    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
+@contextlib.contextmanager
+def _broker(url: str, settings):
+    """Point the web side's task client at Redis database ``url``, emptied before and after."""
+    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = url
     tasks._client.cache_clear()
-    client = redis.Redis.from_url(redis_url)
+    client = redis.Redis.from_url(url)
     client.flushdb()
     yield client
     client.flushdb()
     tasks._client.cache_clear()
+
+
+@pytest.fixture
+def test_broker(redis_url, settings):
+    """The tests' Redis database, the one the workers' tests' Celery worker listens on."""
+    with _broker(redis_url, settings) as client:
+        yield client
+
+
+@pytest.fixture
+def quiet_broker(redis_url, settings):
+    """A Redis database no worker listens on. pytest-django runs transactional tests among the workers' tests, whose
+    Celery worker would take a queued run and change its status under a test that only sends requests."""
+    base, _, number = redis_url.rpartition("/")
+    with _broker(f"{base}/{(int(number or 0) + 1) % 16}", settings) as client:
+        yield client

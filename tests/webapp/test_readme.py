@@ -39,7 +39,7 @@ def test_it_finds_the_readmes_requests():
 
 
 @pytest.mark.django_db(reset_sequences=True)  # the README's ids are those of a fresh install
-def test_it_answers_every_readme_request_as_written(settings, tmp_path, test_broker):
+def test_it_answers_every_readme_request_as_written(settings, tmp_path, quiet_broker):
     settings.WORKBENCH = {**settings.WORKBENCH, "RUNS_ROOT": tmp_path / "runs"}
     User.objects.create_superuser("admin", "admin@example.org", "correct-horse-battery")
     client = APIClient()
