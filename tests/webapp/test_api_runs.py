@@ -92,3 +92,13 @@ def test_it_stores_the_checked_spec_and_keeps_it_when_the_plan_changes_later(ali
     run = client.get(f"/api/runs/{created['id']}/").data
     assert run["spec"] == created["spec"]
     assert models.Run.objects.get(pk=created["id"]).run_spec().plan.global_batch == 16
+
+
+def test_it_filters_by_creation_time_given_with_any_offset_python_takes(alice, api, plan222, corpus):
+    client = api(alice)
+    assert _create(client, plan222, corpus).status_code == 201
+    # PostgreSQL refuses offsets beyond ±16 h; the filter moves the time to UTC first
+    assert client.get("/api/runs/", {"created_after": "1152-01-17T16:59:20+20:05"}).json()["count"] == 1
+    assert client.get("/api/runs/", {"created_before": "1152-01-17T16:59:20-23:59"}).json()["count"] == 0
+    refused = client.get("/api/runs/", {"created_after": "0001-01-01T00:30:00+01:00"})
+    assert refused.status_code == 400 and "outside the years" in refused.content.decode()

@@ -1,13 +1,35 @@
+import datetime
+
 import django_filters
+from django.core.exceptions import ValidationError
+from django_filters.fields import IsoDateTimeField
 
 from .. import models
+
+
+class UTCDateTimeField(IsoDateTimeField):
+    """An ISO 8601 time, moved to UTC before it reaches the database: Python takes offsets up to ±24 h, PostgreSQL
+    only up to ±16 h, and a time near year 1 or 9999 may leave the calendar once moved."""
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value is None:
+            return None
+        try:
+            return value.astimezone(datetime.timezone.utc)
+        except OverflowError:
+            raise ValidationError(f"{value.isoformat()} is outside the years 1–9999 in UTC") from None
+
+
+class UTCDateTimeFilter(django_filters.IsoDateTimeFilter):
+    field_class = UTCDateTimeField
 
 
 class RunFilter(django_filters.FilterSet):
     name = django_filters.CharFilter(lookup_expr="icontains")
     owner = django_filters.CharFilter(field_name="owner__username")
-    created_after = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
-    created_before = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+    created_after = UTCDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    created_before = UTCDateTimeFilter(field_name="created_at", lookup_expr="lt")
 
     class Meta:
         model = models.Run
