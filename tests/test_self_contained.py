@@ -1,9 +1,10 @@
 """The repository stands on its own: no tracked file points outside it, and every document and source file it cites
 exists.
 
-A clone has nothing beside the repository, so a reference to a folder next to the checkout (``../shared`` and what
-lies in it) is a dead end for its reader, and so is a cited ``something.md`` that is not in the repository, or a
-comment pointing at ``trainer/old_module.py`` after the code moved.
+A clone has nothing beside the repository, so a reference to a folder next to the checkout (the working material
+some checkouts have beside them, and what lies in it) is a dead end for its reader, and so is a cited
+``something.md`` that is not in the repository, or a comment pointing at ``trainer/old_module.py`` after the code
+moved.
 Standard library only: no Django needed.
 """
 from __future__ import annotations
@@ -16,8 +17,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 THIS_FILE = Path(__file__).resolve()
 
-# References to material outside the repository.
-OUTSIDE = re.compile(r"\.\./shared\b|(?<![\w-])shared/(?:data|DESIGN|RECIPES|REFERENCE)\b")
+# References to material outside the repository: the folder's name is spelled in two pieces, so that this file,
+# which must name it, does not refer to it itself.
+SIBLING = "sha" + "red"
+OUTSIDE = re.compile(rf"\.\./{SIBLING}\b|(?<![\w-]){SIBLING}/(?:data|DESIGN|RECIPES|REFERENCE)\b")
 # A cited Markdown document: a bare name (README.md) or a path (docs/x.md, ../x.md); not a glob such as *.md.
 MARKDOWN = re.compile(r"[\w./-]*[\w-]\.md\b")
 # A cited file of the project's own folders: trainer/engine/loop.py, tests/trainer/conftest.py (globs are not citations).
@@ -92,14 +95,15 @@ def test_it_finds_no_outside_references_or_missing_documents_in_the_repository()
 def test_it_reports_outside_references_and_missing_documents_and_files(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "guide.md").write_text("# Guide\n")
-    (tmp_path / "data.py").write_text('"""Reads text."""\nPATH = "../shared/data/x.txt"\n# from shared/RECIPES\n')
+    (tmp_path / "data.py").write_text(
+        f'"""Reads text."""\nPATH = "../{SIBLING}/data/x.txt"\n# from {SIBLING}/RECIPES\n')
     (tmp_path / "notes.md").write_text("# Notes\n\nSee MISSING.md for the rest.\n")
     (tmp_path / "elsewhere.md").write_text("A bare name is looked for at the root and beside me: guide.md\n")
     (tmp_path / "fine.md").write_text(
         "See docs/guide.md, [the guide](docs/guide.md#top) and notes.md.\n"
         "A link is not a citation: https://example.org/README.md. Nor is a glob: *.md\n")
     (tmp_path / "docs" / "index.md").write_text("The guide: guide.md; the notes: ../notes.md.\n")
-    (tmp_path / "blob.bin").write_bytes(b"\0\x01../shared/data MISSING.md")
+    (tmp_path / "blob.bin").write_bytes(f"\0\x01../{SIBLING}/data MISSING.md".encode())
     (tmp_path / "trainer").mkdir()
     (tmp_path / "trainer" / "loop.py").write_text('"""Moved from trainer/train.py; see trainer/loop.py, trainer/*.py."""\n')
     files = ["docs/guide.md", "docs/index.md", "data.py", "notes.md", "elsewhere.md", "fine.md", "blob.bin",
@@ -108,8 +112,8 @@ def test_it_reports_outside_references_and_missing_documents_and_files(tmp_path)
     found = problems(tmp_path, files)
 
     assert found == [
-        "data.py:2: refers to '../shared', outside the repository",
-        "data.py:3: refers to 'shared/RECIPES', outside the repository",
+        f"data.py:2: refers to '../{SIBLING}', outside the repository",
+        f"data.py:3: refers to '{SIBLING}/RECIPES', outside the repository",
         "notes.md:3: cites 'MISSING.md', which is not in the repository",
         "elsewhere.md:1: cites 'guide.md', which is not in the repository",
         "trainer/loop.py:1: cites 'trainer/train.py', which is not in the repository",
