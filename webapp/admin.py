@@ -100,8 +100,8 @@ class RunAdmin(OwnedAdmin):
     actions = ["cancel", "queue"]
     inlines = [MetricInline]
     add_fields = ("name", "owner", "shared", "plan", "dataset", "steps", "seed", "checkpoint_every", "eval_every",
-                  "optimizer", "profile", "max_attempts")
-    state_fields = ("status", "status_message", "attempts", "job_id", "run_dir", "last_step", "queued_at",
+                  "optimizer", "profile", "max_restarts")
+    state_fields = ("status", "status_message", "attempts", "restarts", "job_id", "run_dir", "last_step", "queued_at",
                     "launching_since", "started_at", "finished_at", "created_at", "updated_at")
     # What the stored spec was made of: changing these now would not change what the run launches with.
     definition_fields = ("model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
@@ -115,7 +115,7 @@ class RunAdmin(OwnedAdmin):
     def get_fields(self, request, obj=None):
         if obj is None:
             return self.add_fields
-        return ("name", "owner", "shared", "max_attempts", *self.state_fields, *self.definition_fields)
+        return ("name", "owner", "shared", "max_restarts", *self.state_fields, *self.definition_fields)
 
     def get_readonly_fields(self, request, obj=None):
         return () if obj is None else self.state_fields + self.definition_fields

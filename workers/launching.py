@@ -1,72 +1,102 @@
-"""Launching a run without holding its row lock while the job starts.
+"""Launching a run without holding its row lock while the scheduler is called.
 
-Starting a job takes a while (the local supervisor up to its timeout; an sbatch or a REST call elsewhere), and a row
+Submitting takes a while (the local supervisor up to its timeout; an sbatch or a REST call elsewhere), and a row
 lock held that long would block every cancel, ingest and reconcile of the run. So a launch has three steps:
 
-    claim   short transaction   a queued run not claimed by a live launch gets launching_since = now
-    start   no transaction      the run folder's spec.json, then the job itself
+    claim   short transaction   a queued run not claimed by a live launch gets launching_since = now; a local
+                                run waits queued while the machine's CPU slots are taken
+    submit  no transaction      the run folder's spec.json; the job, unless the scheduler already has one named
+                                for this run and attempt (a delivery of the task that died after submitting)
     record  short transaction   attempt, job id, queued → submitted; the claim is cleared
 
-A second delivery of the task finds the claim fresh and starts nothing. A claim older than the launcher's start
-timeout plus a margin was left by a worker that died while starting, and is taken again. A run cancelled while its
-job started keeps that job on record (so its last lines are still ingested) and the job is stopped at once.
+A second delivery of the task while the claim is fresh looks the job up by its name and adopts it if it is there,
+else starts nothing. A claim older than the launcher's start timeout plus a margin was left by a worker that died
+while starting, and is taken again. A run cancelled while its job started keeps that job on record (so its last
+lines are still ingested) and the job is stopped at once.
 """
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.contract import RunSpec, SpecError
+from trainer.contract import ParallelPlan, RunSpec, SpecError
 from trainer.contract.manifest import latest_checkpoint
 from trainer.contract.records import LaunchRecord
 from trainer.contract.runfolder import SPEC, used, write_json_atomic
-from webapp.models import Run, RunStatus
+from webapp.models import Cluster, Run, RunStatus
 from webapp.services import run_access_problems
+from webapp.services.history import Source, attempt_started, record_event
 
-from .launchers import LaunchError, Launcher, StartedJob, launcher_for
+from .launchers import (Job, JobRequest, LaunchError, Launcher, SchedulerSettings, StartedJob, launcher_for,
+                        local_slots)
 
 CLAIM_MARGIN_S = 60.0  # beyond the launcher's own timeout: writing spec.json, a slow database, clock skew
+WAITING = "waiting_for_slots"
+# What an attempt's record says about that attempt alone, cleared when the next one is submitted: the last
+# milestone event (a stop of the previous attempt must not requeue this one), the scheduler's word, why it started.
+ATTEMPT_STATE = ("next_why", "job_state", "job_reason", "last_event", "time_limit_near")
+
+
+def scheduler_settings(cluster: Cluster) -> SchedulerSettings:
+    return SchedulerSettings(kind=cluster.kind, partition=cluster.partition, account=cluster.account,
+                             qos=cluster.qos, time_limit=cluster.time_limit,
+                             env_setup=tuple(cluster.env_setup or ()), container_image=cluster.container_image,
+                             rest_url=cluster.rest_url)
 
 
 @dataclass(frozen=True)
 class Claim:
-    run_id: int
-    since: datetime  # names this claim: the record step checks that the run still carries it
-    spec: RunSpec
+    since: datetime | None  # names this claim; None: another delivery holds a fresh claim, this one only adopts
+    request: JobRequest
     launcher: Launcher
-    backend: str
-    env_setup: tuple[str, ...]
-    attempt: int
+    why: str
 
     @property
-    def run_dir(self) -> Path:
-        return Path(self.spec.output_dir)
+    def run_id(self) -> int:
+        return self.request.run_id
 
 
 def run_launch(run_id: int) -> str:
-    """queued → submitted: claim the run, start its job with no transaction open, record how. Otherwise nothing."""
+    """queued → submitted: claim the run, submit its job with no transaction open, record how. Otherwise nothing."""
     claim = _claim(run_id)
     if isinstance(claim, str):
         return claim
+    request = claim.request
     try:
-        claim.run_dir.mkdir(parents=True, exist_ok=True)
-        _write_spec_once(claim.run_dir, claim.spec)
+        found = claim.launcher.find(request)
+        if claim.since is None:
+            if found is None:
+                return "skipped: another launch claimed the run and is submitting its job"
+            return _record(claim, StartedJob(found, []))
+        if found is not None:
+            return _record(claim, StartedJob(found, []))
+        request.run_dir.mkdir(parents=True, exist_ok=True)
+        _write_spec_once(request.run_dir, request.spec)
         # An earlier attempt's folder is continued (the trainer refuses a used folder otherwise): from its newest
         # checkpoint, or from step 0 when it saved none, the new records superseding the old ones.
-        resume = used(claim.run_dir)
-        from_checkpoint = latest_checkpoint(claim.run_dir) is not None
-        started = claim.launcher.start(claim.run_dir, claim.spec.plan.world_size, resume, claim.env_setup)
+        request = replace(request, resume=used(request.run_dir))
+        claim = replace(claim, request=request)
+        started = claim.launcher.submit(request)
     except (LaunchError, OSError) as exc:
-        _release(claim, f"could not launch: {exc}")
+        if claim.since is not None:
+            _release(claim, f"could not launch: {exc}")
         return "failed"
-    return _record(claim, started, resume, from_checkpoint)
+    return _record(claim, started)
 
 
 def _locked(run_id: int) -> Run:
     return Run.objects.select_for_update().select_related("cluster").get(pk=run_id)
+
+
+def _fail(run: Run, reason: str) -> str:
+    run.transition(RunStatus.FAILED, reason)
+    run.launching_since = None
+    run.save()
+    record_event(run, Source.WORKBENCH, "launch_failed", reason)
+    return "failed"
 
 
 def _claim(run_id: int) -> Claim | str:
@@ -77,46 +107,90 @@ def _claim(run_id: int) -> Claim | str:
             return f"skipped: run is {run.status}"
         # Sharing may have been withdrawn, or the dataset's file changed, since the run was queued.
         problems = run_access_problems(run)
+        settings = scheduler_settings(run.cluster)
         try:
-            launcher = launcher_for(run.cluster.kind)
+            launcher = launcher_for(settings)
             spec = run.run_spec()
         except (LaunchError, SpecError) as exc:
             problems = {"": [str(exc)], **problems}
         if problems:
-            reasons = "; ".join(message for messages in problems.values() for message in messages)
-            run.transition(RunStatus.FAILED, f"could not launch: {reasons}")
-            run.launching_since = None
-            run.save()
-            return "failed"
+            return _fail(run, "could not launch: " + "; ".join(m for messages in problems.values() for m in messages))
+        request = JobRequest(run_id=run.pk, attempt=run.attempts + 1, run_dir=Path(spec.output_dir), spec=spec,
+                             settings=settings)
+        why = run.ingest_state.get("next_why") or "first launch"
         now = timezone.now()
         fresh_for = timedelta(seconds=launcher.start_timeout_s + CLAIM_MARGIN_S)
         if run.launching_since and now - run.launching_since < fresh_for:
-            return f"skipped: a launch claimed the run at {run.launching_since.isoformat()} and is starting it"
+            return Claim(since=None, request=request, launcher=launcher, why=why)
+        if settings.kind == "local":
+            waiting = _local_slots_problem(run, spec.plan.world_size)
+            if waiting is not None:
+                return waiting
         run.launching_since = now
-        run.save(update_fields=["launching_since", "updated_at"])
-        return Claim(run_id=run.pk, since=now, spec=spec, launcher=launcher, backend=run.cluster.kind,
-                     env_setup=tuple(run.cluster.env_setup or ()), attempt=run.attempts + 1)
+        run.ingest_state = {k: v for k, v in run.ingest_state.items() if k != WAITING}
+        run.save(update_fields=["launching_since", "ingest_state", "updated_at"])
+        return Claim(since=now, request=request, launcher=launcher, why=why)
 
 
-def _record(claim: Claim, started: StartedJob, resume: bool, from_checkpoint: bool) -> str:
+def _local_slots_problem(run: Run, needs: int) -> str | None:
+    """None when this machine has ``needs`` CPU slots free for the run; else the run waits (or fails: it never
+    fits). Local clusters' rows are locked first, in one order, so that two launches never take the same slots."""
+    total = local_slots()
+    if needs > total:
+        return _fail(run, f"could not launch: the plan needs {needs} CPU slots and this machine has {total}; "
+                          f"use a smaller plan, or raise WORKBENCH_LOCAL_SLOTS if the machine can take it")
+    list(Cluster.objects.select_for_update().filter(kind=Cluster.Kind.LOCAL).order_by("pk").values_list("pk"))
+    local = Run.objects.filter(cluster__kind=Cluster.Kind.LOCAL).exclude(pk=run.pk)
+    busy = local.filter(launching_since__isnull=False) | local.exclude(job_id="").filter(ingest_state__job_ended=False)
+    in_use = sum(_world_size(other) for other in busy.only("spec"))
+    if in_use + needs <= total:
+        return None
+    message = f"waiting for {needs} free CPU slots: {in_use} of {total} are in use by other runs"
+    if run.status_message != message:
+        run.status_message = message
+        run.ingest_state = {**run.ingest_state, WAITING: True}
+        run.save(update_fields=["status_message", "ingest_state", "updated_at"])
+    return "waiting: " + message
+
+
+def _world_size(run: Run) -> int:
+    try:
+        return ParallelPlan.from_dict((run.spec or {}).get("plan", {})).world_size
+    except SpecError:
+        return 1
+
+
+def _record(claim: Claim, started: StartedJob) -> str:
+    request = claim.request
     with transaction.atomic():
         run = _locked(claim.run_id)
-        ours = run.launching_since == claim.since
+        adopting = claim.since is None and run.status == RunStatus.QUEUED and run.attempts == request.attempt - 1
+        ours = adopting or (claim.since is not None and run.launching_since == claim.since)
         if ours:
             # A cancelled run keeps the job on record too: reconcile then watches it end and ingests its last lines.
             run.launching_since = None
-            run.attempts, run.job_id = claim.attempt, started.job_id
-            run.ingest_state = {**run.ingest_state, "job_ended": False}
+            run.attempts, run.job_id = request.attempt, started.job_id
+            run.ingest_state = {k: v for k, v in run.ingest_state.items()
+                                if k not in ATTEMPT_STATE} | {"job_ended": False}
+            from_checkpoint = request.resume and latest_checkpoint(request.run_dir) is not None
+            what = f"attempt {run.attempts} submitted as job {started.job_id}" + (
+                " (found already submitted)" if not started.command else "") + (
+                ", resuming from its newest checkpoint" if from_checkpoint else "")
             if run.status == RunStatus.QUEUED:
-                run.transition(RunStatus.SUBMITTED, f"attempt {run.attempts} started"
-                                                    + (" from a checkpoint" if from_checkpoint else ""))
+                run.transition(RunStatus.SUBMITTED, what)
             run.save()
-    if ours:
-        LaunchRecord(backend=claim.backend, job_id=started.job_id, attempt=claim.attempt, resume=resume,
-                     command=started.command).write(claim.run_dir)
+            attempt_started(run, request.settings.kind, started.job_id, request.resume, claim.why, started.script,
+                            started.command)
+            record_event(run, Source.WORKBENCH, "submitted", f"{what}: {claim.why}", job_id=started.job_id)
+        recorded_by_another = not ours and run.job_id == started.job_id
+    if ours and started.command:
+        LaunchRecord(backend=request.settings.kind, job_id=started.job_id, attempt=request.attempt,
+                     resume=request.resume, command=started.command).write(request.run_dir)
     if ours and run.status == RunStatus.SUBMITTED:
         return "submitted"
-    claim.launcher.stop(claim.run_dir, started.job_id)
+    if recorded_by_another:
+        return "skipped: another delivery of the launch already recorded this job"
+    claim.launcher.cancel(Job(started.job_id, request.run_dir))
     return f"stopped the job just started: the run is {run.status}" if ours else \
         "stopped the job just started: another launch took the run over"
 
@@ -129,8 +203,9 @@ def _release(claim: Claim, reason: str) -> None:
             return  # another launch took the run over; what happens next is its business
         run.launching_since = None
         if run.status == RunStatus.QUEUED:
-            run.transition(RunStatus.FAILED, reason)
-        run.save()
+            _fail(run, reason)
+        else:
+            run.save()
 
 
 def _write_spec_once(run_dir: Path, spec: RunSpec) -> None:

@@ -1,77 +1,173 @@
-"""Watching and stopping runs (launching is in workers.launching). The database and the run folder hold all state;
-any worker can pick up where another stopped, and every step is safe to repeat."""
+"""Watching and stopping runs (launching is in workers.launching). The database, the scheduler and the run folder
+hold all state; any worker can pick up where another stopped, and every step is safe to repeat.
+
+One reconcile pass: every active run's job is polled with one scheduler call per cluster (not one per run), a run
+folder is read only when its files have grown, and a job seen to end settles its run: completed, requeued (it
+stopped itself with a checkpoint: a time limit near, a preemption), restarted from its newest checkpoint while
+restarts remain, or failed with the scheduler's reason.
+"""
+import logging
+import os
+from collections import defaultdict
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from trainer.contract.records import Event
+from trainer.contract.runfolder import EVENTS, METRICS
 from webapp import services
 from webapp.models import Run, RunStatus
+from webapp.services.history import Source, attempt_ended, record_event
 from webapp.services.ingest import run_ingest
 from webapp.services.runs import LAUNCH_TASK
 
-from .launchers import launcher_for
+from .launchers import Job, JobState, JobStates, LaunchError, launcher_for
+from .launching import WAITING, scheduler_settings
+
+log = logging.getLogger(__name__)
 
 
 def run_stop(run_id: int) -> None:
-    """Send the job SIGTERM: the trainer finishes its step, saves a checkpoint and exits."""
+    """Stop the run's job: SIGTERM (the trainer finishes its step, saves a checkpoint and exits), then for good."""
     run = Run.objects.select_related("cluster").get(pk=run_id)
     if run.job_id and run.run_dir:
-        launcher_for(run.cluster.kind).stop(Path(run.run_dir), run.job_id)
+        launcher_for(scheduler_settings(run.cluster)).cancel(Job(run.job_id, Path(run.run_dir)))
 
 
-def _job_ended(run: Run):
-    if not run.job_id or not run.run_dir:
-        return None
-    state = launcher_for(run.cluster.kind).poll(Path(run.run_dir), run.job_id)
-    return None if state.alive else state
+def active_runs():
+    """Runs whose job may still be going: submitted or running, or finished with a job not yet seen to end (its
+    last metrics still come in, and a failed one is retried once its job is gone)."""
+    watched = Q(status__in=[RunStatus.SUBMITTED, RunStatus.RUNNING]) | (
+        Q(status__in=[RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED], ingest_state__job_ended=False)
+        & ~Q(job_id=""))
+    return Run.objects.filter(watched).select_related("cluster")
 
 
-def run_reconcile(run_id: int) -> Run:
-    """Bring one run's status in line with its folder and its job; retry a failed job while attempts remain."""
-    run = run_ingest(run_id)
-    ended = None if run.ingest_state.get("job_ended") else _job_ended(run)
-    if ended is not None:
-        run = run_ingest(run_id)  # the last lines were written just before the job ended
-        with transaction.atomic():
-            run = Run.objects.select_for_update().get(pk=run_id)
-            if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
-                if run.ingest_state.get("last_event") == Event.STOPPED:
-                    run.transition(RunStatus.QUEUED, "stopped by a signal; resuming from its checkpoint")
-                else:
-                    run.transition(RunStatus.FAILED, f"attempt {run.attempts}: the job ended (exit code "
-                                                     f"{ended.exit_code}) without finishing; see logs/launcher.log")
-            run.ingest_state = {**run.ingest_state, "job_ended": True}
-            run.save()
-        if run.status == RunStatus.QUEUED:
-            services.enqueue(LAUNCH_TASK, run.pk)
-    retry = run.status == RunStatus.FAILED and run.ingest_state.get("job_ended") and run.job_id \
-        and not run.ingest_state.get("retry_refused")
-    if retry and run.attempts < run.max_attempts:
+def _folder_grew(run: Run) -> bool:
+    state = run.ingest_state
+    for name, key in ((METRICS, "metrics_offset"), (EVENTS, "events_offset")):
         try:
-            run = services.run_queue(run)  # resumes from its newest checkpoint, if any
-        except ValidationError as exc:  # its owner may no longer use its parts: say so once, do not ask again
-            Run.objects.filter(pk=run.pk).update(
-                status_message=f"{run.status_message}; not retried: {' '.join(exc.messages)}",
-                ingest_state={**run.ingest_state, "retry_refused": True})
-            run.refresh_from_db()
+            if os.stat(Path(run.run_dir) / name).st_size > state.get(key, 0):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@dataclass
+class PassReport:
+    runs: int = 0
+    scheduler_calls: dict[str, int] = field(default_factory=dict)
+    settled: dict[int, str] = field(default_factory=dict)
+
+
+def reconcile_pass() -> PassReport:
+    """Bring every active run in line with its folder and its job; launch what waits."""
+    report = PassReport()
+    by_cluster: dict[int, list[Run]] = defaultdict(list)
+    for run in active_runs():
+        by_cluster[run.cluster_id].append(run)
+    for runs in by_cluster.values():
+        settings = scheduler_settings(runs[0].cluster)
+        try:
+            launcher = launcher_for(settings)
+            states = launcher.poll([Job(run.job_id, Path(run.run_dir)) for run in runs if run.job_id and run.run_dir])
+        except LaunchError as exc:  # the scheduler is down: the folders are still read, the jobs asked next time
+            log.warning("cluster %s: %s", runs[0].cluster.name, exc)
+            launcher, states = None, {}
+        calls = len(getattr(launcher, "calls", ()))
+        report.scheduler_calls[settings.kind] = report.scheduler_calls.get(settings.kind, 0) + calls
+        for run in runs:
+            report.runs += 1
+            try:
+                status = reconcile_run(run, states.get(run.job_id))
+            except Exception:  # one broken run folder must not stop the others from being watched
+                log.exception("reconciling run %s failed", run.pk)
+                continue
+            if status is not None:
+                report.settled[run.pk] = status
+    for run_id in launchable_run_ids():
+        services.enqueue(LAUNCH_TASK, run_id)
+    return report
+
+
+def reconcile_run(run: Run, job: JobState | None) -> str | None:
+    """One run, given its job's state (None: unknown this pass); the run's status if its job was seen to end."""
+    if _folder_grew(run):
+        run = run_ingest(run.pk)
+    if job is None:
+        return None
+    if (job.state, job.reason) != (run.ingest_state.get("job_state"), run.ingest_state.get("job_reason")):
+        _scheduler_says(run, job)
+    if job.alive or run.ingest_state.get("job_ended"):
+        return None
+    return _settle(run.pk, job).status
+
+
+def _scheduler_says(run: Run, job: JobState) -> None:
+    """A new state or reason of the job becomes an event of the run (Slurm's PENDING reason, TIMEOUT, …)."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        run.ingest_state = {**run.ingest_state, "job_state": job.state, "job_reason": job.reason}
+        run.save(update_fields=["ingest_state", "updated_at"])
+        message = f"job {run.job_id}: {job.state.lower()}" + (f": {job.reason}" if job.reason else "")
+        record_event(run, Source.SCHEDULER, job.state.lower()[:32], message, job_id=run.job_id, state=job.state,
+                     reason=job.reason, exit_code=job.exit_code)
+
+
+def _settle(run_id: int, job: JobState) -> Run:
+    """The job has ended: what that means for the run, and another attempt if it should have one."""
+    run = run_ingest(run_id)  # the last lines were written just before the job ended
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        counts_as_restart = False
+        if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
+            if run.ingest_state.get("last_event") == Event.STOPPED:
+                why = "requeued after its time limit" if run.ingest_state.get("time_limit_near") else \
+                    "requeued after a stop signal (preemption)"
+                run.transition(RunStatus.QUEUED, f"attempt {run.attempts} stopped with a checkpoint; {why}")
+                run.ingest_state = {**run.ingest_state, "next_why": why}
+            elif job.state == JobStates.PREEMPTED:
+                run.transition(RunStatus.QUEUED, f"attempt {run.attempts}: {job.reason}; requeued")
+                run.ingest_state = {**run.ingest_state, "next_why": "requeued after preemption"}
+            else:
+                counts_as_restart = True
+                run.transition(RunStatus.FAILED, f"attempt {run.attempts} ended without finishing: "
+                                                 f"{job.reason or job.state.lower()}")
+        elif run.status == RunStatus.FAILED:  # the trainer said so itself (its failed event) before its job ended
+            counts_as_restart = True
+        attempt_ended(run, job.state, job.exit_code, job.reason, counts_as_restart)
+        run.ingest_state = {**run.ingest_state, "job_ended": True}
+        run.save()
+        record_event(run, Source.WORKBENCH, run.status, run.status_message)
+    if run.status == RunStatus.QUEUED:
+        services.enqueue(LAUNCH_TASK, run.pk)
+    elif run.status == RunStatus.FAILED and counts_as_restart and run.restarts < run.max_restarts:
+        run = _restart(run, job)
     return run
 
 
-def active_run_ids() -> list[int]:
-    """Runs whose job may still be going: submitted or running, or failed or cancelled with a job not yet seen to
-    end (its last metrics still come in, and a failed one is retried once its job is gone)."""
-    active = list(Run.objects.filter(status__in=[RunStatus.SUBMITTED, RunStatus.RUNNING])
-                  .values_list("pk", flat=True))
-    ending = Run.objects.filter(status__in=[RunStatus.FAILED, RunStatus.CANCELLED]).exclude(job_id="")
-    active += [r.pk for r in ending.only("pk", "ingest_state") if not r.ingest_state.get("job_ended")]
-    return active
+def _restart(run: Run, job: JobState) -> Run:
+    why = f"restart {run.restarts + 1} of {run.max_restarts} after {job.state.lower()}"
+    Run.objects.filter(pk=run.pk).update(ingest_state={**run.ingest_state, "next_why": why})
+    try:
+        return services.run_queue(run)  # resumes from its newest checkpoint, if any
+    except ValidationError as exc:  # its owner may no longer use its parts: say so once, do not ask again
+        Run.objects.filter(pk=run.pk).update(status_message=f"{run.status_message}; not restarted: "
+                                                            f"{' '.join(exc.messages)}")
+        run.refresh_from_db()
+        return run
 
 
-def stale_queued_run_ids(older_than_s: float = 120) -> list[int]:
-    """Queued runs whose launch message may have been lost (a broker restart): send it again, it is idempotent."""
+def launchable_run_ids(older_than_s: float = 120) -> list[int]:
+    """Queued runs to send the launch task for again (it is idempotent): those waiting for local CPU slots, and
+    those whose launch message may have been lost (a broker restart)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    return list(Run.objects.filter(status=RunStatus.QUEUED, queued_at__lt=cutoff).values_list("pk", flat=True))
+    queued = Run.objects.filter(status=RunStatus.QUEUED, launching_since__isnull=True)
+    waiting = queued.filter(**{f"ingest_state__{WAITING}": True})
+    return list((waiting | queued.filter(queued_at__lt=cutoff)).values_list("pk", flat=True).distinct())

@@ -1,5 +1,4 @@
 """Tasks, by explicit name. Each takes ids, not objects, and is safe to run twice."""
-import logging
 import platform
 import time
 
@@ -8,8 +7,6 @@ from django.db import connection
 from django.utils import timezone
 
 from . import launching, runs, tuning
-
-log = logging.getLogger(__name__)
 
 
 @shared_task(name="workbench.health")
@@ -35,16 +32,11 @@ def stop(run_id: int) -> None:
 
 @shared_task(name="workbench.runs.reconcile")
 def reconcile() -> dict:
-    """Every few seconds (beat): ingest active runs' folders, settle ended jobs, resend lost launches."""
-    statuses = {}
-    for run_id in runs.active_run_ids():
-        try:
-            statuses[run_id] = runs.run_reconcile(run_id).status
-        except Exception:  # one broken run folder must not stop the others from being watched
-            log.exception("reconciling run %s failed", run_id)
-    for run_id in runs.stale_queued_run_ids():
-        launch.delay(run_id)
-    return statuses
+    """Every few seconds (beat): one pass over the active runs (one scheduler call per cluster), launches that wait.
+    The one writer of a run's status from what its job and its folder say."""
+    report = runs.reconcile_pass()
+    return {"runs": report.runs, "scheduler_calls": report.scheduler_calls,
+            "settled": {str(k): v for k, v in report.settled.items()}}
 
 
 @shared_task(name="workbench.tune.run")

@@ -70,7 +70,7 @@ def test_it_keeps_a_runs_state_and_spec_out_of_reach_of_the_change_form(admin_cl
     run = _run(alice, plan222, corpus)
     page = admin_client_logged_in.get(reverse("admin:workbench_run_change", args=[run.pk]))
     assert page.status_code == 200 and b"output_dir" in page.content and b'name="status"' not in page.content
-    form = {"name": "renamed", "owner": alice.pk, "shared": "on", "max_attempts": 3, "status": "failed",
+    form = {"name": "renamed", "owner": alice.pk, "shared": "on", "max_restarts": 2, "status": "failed",
             "attempts": 7, "job_id": "4242:1", "steps": 1, "plan": plan222.pk, **INLINE_MANAGEMENT}
     page = admin_client_logged_in.post(reverse("admin:workbench_run_change", args=[run.pk]), form)
     assert page.status_code == 302
@@ -108,7 +108,7 @@ def test_it_creates_a_run_through_run_create_and_refuses_what_it_refuses(admin_c
                                                                          corpus):
     form = {"name": "from-admin", "owner": alice.pk, "plan": plan222.pk, "dataset": corpus.pk, "steps": 0,
             "seed": 1, "checkpoint_every": 0, "eval_every": 0, "optimizer": "{}", "profile": "null",
-            "max_attempts": 3, **INLINE_MANAGEMENT}
+            "max_restarts": 2, **INLINE_MANAGEMENT}
     page = admin_client_logged_in.post(reverse("admin:workbench_run_add"), form)
     assert page.status_code == 200 and b"steps: steps=0 must be positive" in page.content
     assert not models.Run.objects.exists()

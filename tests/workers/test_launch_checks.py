@@ -5,7 +5,8 @@ from django.contrib.auth.models import User
 
 from webapp import models, services
 from workers.launching import run_launch
-from workers.runs import run_reconcile
+from workers.launchers import JobState, JobStates
+from workers.runs import reconcile_run
 
 pytestmark = pytest.mark.django_db
 
@@ -63,13 +64,16 @@ def test_it_fails_a_run_whose_dataset_link_was_repointed_out_of_the_roots_after_
     assert message.startswith(f"could not launch: dataset 'linked': {link} is not a file or folder you may use")
 
 
-def test_it_does_not_retry_a_failed_run_whose_owner_may_no_longer_use_its_parts(shared_parts):
+def test_it_does_not_restart_a_failed_run_whose_owner_may_no_longer_use_its_parts(shared_parts):
     borrower, plan, dataset = shared_parts
     run = services.run_create(owner=borrower, name="r", plan=plan, dataset=dataset, steps=2)
-    models.Run.objects.filter(pk=run.pk).update(status="failed", attempts=1, job_id="1:gone",
-                                                ingest_state={"job_ended": True}, status_message="attempt 1 failed")
+    models.Run.objects.filter(pk=run.pk).update(status="running", attempts=1, job_id="1:gone",
+                                                ingest_state={"job_ended": False})
     models.Dataset.objects.filter(pk=dataset.pk).update(shared=False)
-    run = run_reconcile(run.pk)
-    assert run.status == "failed" and run.ingest_state["retry_refused"] is True
-    assert "attempt 1 failed; not retried: dataset 'shakespeare' is not shared with borrower" in run.status_message
-    assert run_reconcile(run.pk).status_message == run.status_message  # said once, not again each pass
+    run.refresh_from_db()
+    assert reconcile_run(run, JobState(JobStates.FAILED, 1, "the job exited with code 1")) == "failed"
+    run.refresh_from_db()
+    assert (run.status, run.restarts, run.ingest_state["job_ended"]) == ("failed", 0, True)
+    assert run.status_message == ("attempt 1 ended without finishing: the job exited with code 1; not restarted: "
+                                  "dataset 'shakespeare' is not shared with borrower: ask its owner to share it "
+                                  "(again), or register a dataset of your own")

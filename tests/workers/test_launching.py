@@ -17,8 +17,7 @@ from trainer.contract.command import trainer_command
 from trainer.contract.records import LaunchRecord
 from webapp import services
 from webapp.models import Run, RunStatus
-from workers.launchers import LocalLauncher
-from workers.launchers.supervise import EXIT_FILE
+from workers.launchers import Job, LocalLauncher
 from workers.launching import CLAIM_MARGIN_S, run_launch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -26,22 +25,23 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 @pytest.fixture
 def spy_start(monkeypatch):
-    """LocalLauncher.start as it is, after running ``during`` hooks whose answers are kept with what it started."""
-    real_start, calls, during = LocalLauncher.start, [], []
+    """LocalLauncher.submit as it is, after running ``during`` hooks whose answers are kept with what it started."""
+    real_submit, calls, during = LocalLauncher.submit, [], []
 
-    def start(self, run_dir, nproc, resume, env_setup=()):
+    def submit(self, request):
         seen = {"in_atomic_block": connection.in_atomic_block}
         for hook in during:
             seen.update(hook())
-        started = real_start(self, run_dir, nproc, resume, env_setup)
-        calls.append(SimpleNamespace(seen=seen, started=started, run_dir=run_dir))
+        started = real_submit(self, request)
+        calls.append(SimpleNamespace(seen=seen, started=started, run_dir=request.run_dir))
         return started
 
-    monkeypatch.setattr(LocalLauncher, "start", start)
+    monkeypatch.setattr(LocalLauncher, "submit", submit)
     yield SimpleNamespace(calls=calls, during=during)
     for call in calls:  # no trainer outlives its test
-        LocalLauncher().stop(call.run_dir, call.started.job_id)
-        _wait_for(lambda: (call.run_dir / EXIT_FILE).exists(), f"the job in {call.run_dir} to end")
+        LocalLauncher().cancel(Job(call.started.job_id, call.run_dir))
+        _wait_for(lambda: not LocalLauncher().poll([Job(call.started.job_id, call.run_dir)])[call.started.job_id].alive,
+                  f"the job in {call.run_dir} to end")
 
 
 def _wait_for(condition, what: str, timeout: float = 60) -> None:
@@ -103,7 +103,7 @@ def test_it_starts_nothing_when_the_launch_task_is_delivered_again(spy_start, ti
     assert run_launch(run.pk) == "submitted"
     assert run_launch(run.pk) == "skipped: run is submitted"  # and once more after
     [call] = spy_start.calls
-    assert call.seen["meanwhile"].startswith("skipped: a launch claimed the run")
+    assert call.seen["meanwhile"] == "skipped: another launch claimed the run and is submitting its job"
     assert Run.objects.get(pk=run.pk).attempts == 1
 
 
@@ -135,7 +135,8 @@ def test_it_stops_the_job_it_just_started_when_the_run_was_cancelled_meanwhile(s
     run.refresh_from_db()
     assert (run.status, run.status_message, run.job_id) == ("cancelled", "changed my mind", call.started.job_id)
     assert run.launching_since is None and run.ingest_state["job_ended"] is False  # reconcile watches it end
-    _wait_for(lambda: not LocalLauncher().poll(call.run_dir, run.job_id).alive, "the stopped job to end")
+    _wait_for(lambda: not LocalLauncher().poll([Job(run.job_id, call.run_dir)])[run.job_id].alive,
+              "the stopped job to end")
 
 
 def test_it_fails_a_run_whose_job_cannot_start_with_the_reason(spy_start, tiny_run_parts):

@@ -58,7 +58,7 @@ def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, 
 def test_it_retries_a_failing_run_until_its_attempts_are_used(broker, tiny_run_parts, tmp_path):
     owner, plan, dataset = tiny_run_parts
     Path(dataset.path).write_text("too short to train on\n")
-    run = services.run_create(owner=owner, name="doomed", plan=plan, dataset=dataset, steps=3, max_attempts=2,
+    run = services.run_create(owner=owner, name="doomed", plan=plan, dataset=dataset, steps=3, max_restarts=1,
                               launch=True)
     run = _reconcile_until(broker, run.pk, lambda r: r.status == "failed" and r.attempts == 2
                            and r.ingest_state.get("job_ended"))

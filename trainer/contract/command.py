@@ -8,6 +8,8 @@ Forms (docs/operations.md, torchrun and Slurm):
 - one node with an endpoint ``host:port``: torchrun with that master address and port;
 - several nodes: torchrun with c10d rendezvous at the endpoint (the first node), one torchrun per node;
   ``srun=True`` puts ``srun --nodes=N --ntasks-per-node=1`` in front, so Slurm starts that torchrun on every node;
+- ``endpoint="env"``: the same without ``--rdzv_endpoint``, which torchrun then reads from ``PET_RDZV_ENDPOINT``
+  (a batch script learns the first node of its allocation only when it runs);
 - one process with ``launcher_for_one=False``: the program alone (a world of one needs no launcher, and saves its
   start-up).
 ``program`` is what each rank runs: the trainer by default, or a benchmark's or a test's own job runner.
@@ -20,6 +22,7 @@ from typing import Sequence
 
 TRAINER = ("-m", "trainer")
 TORCHRUN = ("-m", "torch.distributed.run")
+ENDPOINT_FROM_ENV = "env"
 
 
 def trainer_command(args: Sequence[str] = (), *, nproc_per_node: int = 1, nodes: int = 1, endpoint: str = "",
@@ -38,8 +41,9 @@ def trainer_command(args: Sequence[str] = (), *, nproc_per_node: int = 1, nodes:
         host, _, port = endpoint.rpartition(":")
         return [python, *TORCHRUN, f"--nproc_per_node={nproc_per_node}", f"--master_addr={host}",
                 f"--master_port={port}", *rank_program]
+    at = [] if endpoint == ENDPOINT_FROM_ENV else [f"--rdzv_endpoint={endpoint}"]
     torchrun = [python, *TORCHRUN, f"--nnodes={nodes}", f"--nproc_per_node={nproc_per_node}", "--rdzv_backend=c10d",
-                f"--rdzv_endpoint={endpoint}", *([f"--rdzv_id={rdzv_id}"] if rdzv_id else []), *rank_program]
+                *at, *([f"--rdzv_id={rdzv_id}"] if rdzv_id else []), *rank_program]
     if srun:
         return ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", *torchrun]
     return torchrun

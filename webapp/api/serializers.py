@@ -95,7 +95,7 @@ class ClusterSerializer(StrictModelSerializer):
     class Meta:
         model = models.Cluster
         fields = ["id", "name", "kind", "spec", "partition", "account", "qos", "time_limit", "env_setup",
-                  "container_image", "runs_root", "created_at", "updated_at"]
+                  "container_image", "rest_url", "runs_root", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
     def validate(self, attrs):
@@ -201,15 +201,15 @@ class RunSerializer(OwnedSerializer):
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
                   "eval_every", "optimizer", "profile", "spec", "launch", "shared", "owner", "status", "attempts",
-                  "max_attempts", "run_dir", "job_id", "status_message", "last_step", "created_at", "queued_at",
-                  "started_at", "finished_at"]
-        read_only_fields = ["status", "attempts", "run_dir", "job_id", "status_message", "last_step", "created_at",
+                  "max_restarts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
+                  "queued_at", "started_at", "finished_at"]
+        read_only_fields = ["status", "attempts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
                             "queued_at", "started_at", "finished_at"]
         extra_kwargs = {"steps": {"min_value": 1, "max_value": 10_000_000},
                         "seed": {"max_value": 2**31 - 1},
                         "checkpoint_every": {"max_value": 10_000_000},
                         "eval_every": {"max_value": 10_000_000},
-                        "max_attempts": {"min_value": 1, "max_value": 100}}
+                        "max_restarts": {"min_value": 0, "max_value": 100}}
 
     def validate(self, attrs):
         attrs.setdefault("optimizer", OptimizerSpec().to_dict())

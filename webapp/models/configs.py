@@ -47,7 +47,8 @@ class Cluster(models.Model):
 
     class Kind(models.TextChoices):
         LOCAL = "local", "Local torchrun"
-        SLURM = "slurm", "Slurm"
+        SLURM = "slurm", "Slurm (commands on a login node)"
+        SLURM_REST = "slurm-rest", "Slurm (slurmrestd)"
 
     name = models.CharField(max_length=120, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.LOCAL)
@@ -62,6 +63,8 @@ class Cluster(models.Model):
                   "staff input: each line is written into the batch script verbatim, as a shell command")
     container_image = models.CharField(max_length=300, blank=True,
                                        help_text="An image reference: [registry[:port]/]name[:tag][@digest]")
+    rest_url = models.URLField(blank=True, help_text="slurmrestd's address for slurm-rest clusters, e.g. "
+                                                     "http://login1:6820; the token comes from SLURM_JWT")
     runs_root = models.CharField(max_length=500, blank=True,
                                  help_text="Folder for run folders, under one of WORKBENCH_RUNS_ROOTS; empty: the "
                                            "default")
@@ -86,6 +89,8 @@ class Cluster(models.Model):
         errors.update(cluster_field_errors(self))
         if self.kind == self.Kind.LOCAL and any((self.partition, self.account, self.qos)):
             errors["kind"] = ["partition, account and QOS apply to Slurm clusters only"]
+        if self.kind == self.Kind.SLURM_REST and not self.rest_url:
+            errors["rest_url"] = ["a slurm-rest cluster needs slurmrestd's address, e.g. http://login1:6820"]
         if errors:
             raise ValidationError(errors)
 

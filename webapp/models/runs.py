@@ -54,8 +54,11 @@ class Run(Owned):
                             help_text="trainer.contract.RunSpec as JSON: what every attempt launches with")
 
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.DRAFT, db_index=True)
-    attempts = models.PositiveIntegerField(default=0)
-    max_attempts = models.PositiveIntegerField(default=3)
+    attempts = models.PositiveIntegerField(default=0, help_text="Jobs submitted for the run, all reasons")
+    restarts = models.PositiveIntegerField(default=0, help_text="Attempts started again after a failed job")
+    max_restarts = models.PositiveIntegerField(
+        default=2, help_text="How many times a failed job (a killed rank, a lost node) is started again from the "
+                             "newest checkpoint; a time limit or preemption requeues without using one")
     run_dir = models.CharField(max_length=500, blank=True)
     job_id = models.CharField(max_length=64, blank=True, help_text="Slurm job id or local process id")
     status_message = models.TextField(blank=True)

@@ -111,16 +111,19 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
 
 @transaction.atomic
 def run_queue(run: Run) -> Run:
-    """draft (or failed with attempts left) → queued; the launch task is sent when this commits.
+    """draft (or failed with restarts left: one is used) → queued; the launch task is sent when this commits.
 
-    Raises ValidationError if the run may not be queued: no attempts left, or its owner may no longer use its parts.
+    Raises ValidationError if the run may not be queued: no restarts left, or its owner may no longer use its parts.
     """
     run = Run.objects.select_for_update().get(pk=run.pk)
-    if run.status == RunStatus.FAILED and run.attempts >= run.max_attempts:
-        raise ValidationError(f"run {run.pk} has used all {run.max_attempts} attempts")
+    if run.status == RunStatus.FAILED and run.restarts >= run.max_restarts:
+        raise ValidationError(f"run {run.pk} has used all {run.max_restarts} restarts: raise max_restarts to try "
+                              f"again")
     problems = run_access_problems(run)
     if problems:
         raise ValidationError(problems)
+    if run.status == RunStatus.FAILED:
+        run.restarts += 1
     run.transition(RunStatus.QUEUED)
     run.save()
     enqueue(LAUNCH_TASK, run.pk)

@@ -1,12 +1,20 @@
-"""How a run's processes are started, watched and stopped: one launcher per cluster kind."""
-from .base import JobState, LaunchError, Launcher, StartedJob
-from .local import LocalLauncher
+"""How a run's jobs are submitted, watched and stopped: one launcher per cluster kind, one interface (base.py)."""
+from .base import Job, JobRequest, JobState, JobStates, LaunchError, Launcher, SchedulerSettings, StartedJob, job_name
+from .local import LocalLauncher, local_slots
+from .slurm_cli import SlurmCLILauncher
 
 
-def launcher_for(kind: str) -> Launcher:
-    if kind == "local":
+def launcher_for(settings: SchedulerSettings) -> Launcher:
+    if settings.kind == "local":
         return LocalLauncher()
-    raise LaunchError(f"no launcher for clusters of kind {kind!r} yet; use a local cluster")
+    if settings.kind == "slurm":
+        return SlurmCLILauncher()
+    if settings.kind == "slurm-rest":
+        from .slurm_rest import SlurmRestLauncher  # noqa: PLC0415  (only clusters of this kind need an HTTP client)
+
+        return SlurmRestLauncher(settings.rest_url)
+    raise LaunchError(f"no launcher for clusters of kind {settings.kind!r}: use local, slurm or slurm-rest")
 
 
-__all__ = ["JobState", "LaunchError", "Launcher", "LocalLauncher", "StartedJob", "launcher_for"]
+__all__ = ["Job", "JobRequest", "JobState", "JobStates", "LaunchError", "Launcher", "LocalLauncher",
+           "SchedulerSettings", "SlurmCLILauncher", "StartedJob", "job_name", "launcher_for", "local_slots"]

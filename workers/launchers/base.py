@@ -1,6 +1,16 @@
-from dataclasses import dataclass
+"""The one interface every launcher implements: submit, find, poll many jobs at once, cancel, where the logs are.
+
+A launcher knows nothing of the database: it is given a ``JobRequest`` (the run, the attempt, its folder, its spec
+and the cluster's scheduler settings) and answers with job ids and ``JobState``s. The workers decide what a state
+means for the run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, Sequence
+
+from trainer.contract import RunSpec
 
 
 class LaunchError(RuntimeError):
@@ -8,27 +18,102 @@ class LaunchError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class JobState:
-    alive: bool
-    exit_code: int | None = None  # known once the job has ended and its supervisor recorded it
+class SchedulerSettings:
+    """A cluster's fields that reach the scheduler (webapp.models.Cluster without Django): checked when the cluster
+    was saved, and checked again by whatever writes them into a script."""
+
+    kind: str = "local"
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    time_limit: str = ""
+    env_setup: tuple[str, ...] = ()
+    container_image: str = ""
+    rest_url: str = ""
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    run_id: int
+    attempt: int
+    run_dir: Path
+    spec: RunSpec
+    settings: SchedulerSettings = field(default_factory=SchedulerSettings)
+    resume: bool = False
+
+    @property
+    def job_name(self) -> str:
+        """Names the run and the attempt, so that a launch repeated after a crash finds the job it submitted."""
+        return job_name(self.run_id, self.attempt)
+
+
+def job_name(run_id: int, attempt: int) -> str:
+    return f"wb-run{run_id}-a{attempt}"
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job a launcher started, as the run records it."""
+
+    job_id: str
+    run_dir: Path
 
 
 @dataclass(frozen=True)
 class StartedJob:
     job_id: str
     command: list[str]  # what the job runs, exactly as started: launch.json records this list
+    script: str = ""     # the batch script, for schedulers that take one
+
+
+class JobStates:
+    """The scheduler's words for a job's state. Pending and running ones may change; the rest are final."""
+
+    PENDING, RUNNING, COMPLETING = "PENDING", "RUNNING", "COMPLETING"
+    COMPLETED, FAILED, CANCELLED = "COMPLETED", "FAILED", "CANCELLED"
+    TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, PREEMPTED = "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "PREEMPTED"
+    BOOT_FAIL, DEADLINE = "BOOT_FAIL", "DEADLINE"
+    GONE = "GONE"  # the scheduler no longer knows the job and left no record of how it ended
+    ACTIVE = frozenset({PENDING, RUNNING, COMPLETING, "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED",
+                        "SIGNALING", "STAGE_OUT", "STOPPED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
+                        "SPECIAL_EXIT", "UPDATE_DB"})
+    # Ends that are not the program's fault: another attempt does not use up one of the run's restarts.
+    NOT_THE_RUNS_FAULT = frozenset({PREEMPTED, NODE_FAIL, BOOT_FAIL})
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str
+    exit_code: int | None = None  # known once the job has ended, where the scheduler or the job recorded it
+    reason: str = ""              # the scheduler's reason, in words a person can read
+
+    @property
+    def alive(self) -> bool:
+        return self.state in JobStates.ACTIVE
+
+    @property
+    def running(self) -> bool:
+        return self.state == JobStates.RUNNING
 
 
 class Launcher(Protocol):
-    # The longest a start may take before it gives up; a launch claimed longer ago than this (and a margin)
-    # belongs to a worker that died while starting.
+    kind: str
+    # The longest a submit may take before it gives up; a launch claimed longer ago than this (and a margin)
+    # belongs to a worker that died while submitting.
     start_timeout_s: float
 
-    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: Sequence[str] = ()) -> StartedJob:
-        """Start the trainer for the spec.json in ``run_dir``; ``env_setup`` are the cluster's shell lines that run
-        first (staff's, trusted, written verbatim)."""
+    def submit(self, request: JobRequest) -> StartedJob:
+        """Start the trainer for the spec.json in the request's folder."""
 
-    def poll(self, run_dir: Path, job_id: str) -> JobState: ...
+    def find(self, request: JobRequest) -> str | None:
+        """The id of a job already submitted for this run and attempt (a launch repeated after a crash), or None."""
 
-    def stop(self, run_dir: Path, job_id: str) -> None:
-        """Ask the job to stop (SIGTERM: the trainer saves a checkpoint and exits)."""
+    def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
+        """The state of every job, with one scheduler call for all of them; a job missing from the answer is
+        unknown this time (asked again on the next pass)."""
+
+    def cancel(self, job: Job) -> None:
+        """Ask the job to stop (SIGTERM: the trainer saves a checkpoint and exits); forcibly after a grace."""
+
+    def log_paths(self, job: Job) -> list[Path]:
+        """The files the job's output goes to, besides the trainer's own logs/rank-N.log."""

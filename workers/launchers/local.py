@@ -1,18 +1,25 @@
-"""Local launches: torchrun on this machine, one process per rank, detached from the worker."""
+"""Local launches: torchrun on this machine, one process per rank, detached from the worker.
+
+Job ids are ``<pid>:<start time>`` (the supervisor's), so that a recycled pid is never mistaken for the job. The
+supervisor records the job's name in the run folder as it starts, and how it ended when it ends: ``find`` and
+``poll`` read those and the process table, so they need no scheduler and no worker's memory.
+"""
 import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
 from trainer.contract.command import trainer_command
 from trainer.contract.runfolder import SPEC, read_json
 
-from .base import JobState, LaunchError, StartedJob
-from .supervise import EXIT_FILE
+from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
+from ..supervise import EXIT_FILE, JOB_FILE, LOG_FILE
 
 REPO = Path(__file__).resolve().parents[2]
+CANCEL_GRACE_S = 8.0  # SIGTERM lets the trainer save a checkpoint; what still runs after this is killed
 
 
 def _start_time(pid: int) -> str | None:
@@ -25,24 +32,36 @@ def _start_time(pid: int) -> str | None:
     return None if fields[0] in ("Z", "X") else fields[19]
 
 
-class LocalLauncher:
-    """Job ids are ``<pid>:<start time>`` so that a recycled pid is never mistaken for the job."""
+def _alive(job_id: str) -> bool:
+    pid, _, started = job_id.partition(":")
+    return started != "gone" and pid.isdigit() and _start_time(int(pid)) == started
 
+
+def local_slots() -> int:
+    """How many ranks may run on this machine at once: WORKBENCH_LOCAL_SLOTS, or one per CPU."""
+    value = os.environ.get("WORKBENCH_LOCAL_SLOTS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else (os.cpu_count() or 1)
+
+
+class LocalLauncher:
+    kind = "local"
     start_timeout_s = 60.0  # the supervisor forks and returns at once; a minute means this machine is stuck
 
-    def start(self, run_dir: Path, nproc: int, resume: bool, env_setup: Sequence[str] = ()) -> StartedJob:
-        if any(line.strip() for line in env_setup):
+    def submit(self, request: JobRequest) -> StartedJob:
+        if any(line.strip() for line in request.settings.env_setup):
             raise LaunchError("environment setup lines apply to Slurm clusters; clear them on a local cluster")
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
                "PYTHONUNBUFFERED": "1"}
         env.pop("DJANGO_SETTINGS_MODULE", None)
+        run_dir = request.run_dir
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
-        command = trainer_command(["--spec", str(run_dir / SPEC), *(["--resume"] if resume else [])],
-                                  nproc_per_node=nproc)
+        command = trainer_command(["--spec", str(run_dir / SPEC), *(["--resume"] if request.resume else [])],
+                                  nproc_per_node=request.spec.plan.world_size)
         try:
-            spawn = subprocess.run([sys.executable, "-m", "workers.launchers.supervise", str(run_dir), "--", *command],
-                                   cwd=REPO, env=env, capture_output=True, text=True, timeout=self.start_timeout_s)
+            spawn = subprocess.run(
+                [sys.executable, "-m", "workers.supervise", str(run_dir), request.job_name, "--",
+                 *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=self.start_timeout_s)
         except subprocess.TimeoutExpired:
             raise LaunchError(f"the local job's supervisor did not answer within {self.start_timeout_s:.0f} s") \
                 from None
@@ -52,19 +71,39 @@ class LocalLauncher:
         started = _start_time(pid)
         return StartedJob(job_id=f"{pid}:{started}" if started else f"{pid}:gone", command=command)
 
-    def poll(self, run_dir: Path, job_id: str) -> JobState:
-        pid, _, started = job_id.partition(":")
-        alive = started != "gone" and _start_time(int(pid)) == started
-        exit_info = read_json(run_dir / EXIT_FILE)
-        if exit_info is not None:
-            return JobState(alive=False, exit_code=exit_info.get("exit_code"))
-        return JobState(alive=alive)
+    def find(self, request: JobRequest) -> str | None:
+        record = read_json(request.run_dir / JOB_FILE)
+        if isinstance(record, dict) and record.get("name") == request.job_name:
+            return str(record.get("job_id") or "") or None
+        return None
 
-    def stop(self, run_dir: Path, job_id: str) -> None:
-        pid, _, started = job_id.partition(":")
-        if started == "gone" or _start_time(int(pid)) != started:
-            return  # already over
-        try:
-            os.killpg(int(pid), signal.SIGTERM)  # the supervisor leads its session: every rank gets it
-        except ProcessLookupError:
-            pass
+    def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
+        return {job.job_id: self._state(job) for job in jobs}
+
+    def _state(self, job: Job) -> JobState:
+        exit_info = read_json(job.run_dir / EXIT_FILE)
+        if isinstance(exit_info, dict) and exit_info.get("job_id") == job.job_id:
+            code = exit_info.get("exit_code")
+            if code == 0:
+                return JobState(JobStates.COMPLETED, 0)
+            return JobState(JobStates.FAILED, code, f"the job exited with code {code}; see logs/{LOG_FILE}")
+        if _alive(job.job_id):
+            return JobState(JobStates.RUNNING)
+        return JobState(JobStates.FAILED, None, "the job's processes are gone and left no exit record "
+                                                "(killed, or the machine restarted)")
+
+    def cancel(self, job: Job, grace_s: float = CANCEL_GRACE_S) -> None:
+        pid = int(job.job_id.partition(":")[0])
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if not _alive(job.job_id):
+                return
+            try:
+                os.killpg(pid, sig)  # the supervisor leads its session: every rank gets it
+            except ProcessLookupError:
+                return
+            deadline = time.monotonic() + grace_s
+            while _alive(job.job_id) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+    def log_paths(self, job: Job) -> list[Path]:
+        return [job.run_dir / "logs" / LOG_FILE]

@@ -1,21 +1,40 @@
-"""The parts of a Slurm batch script that come from a cluster's fields, for the Slurm launcher to write.
+"""The Slurm batch script of one attempt of a run: rendered from the cluster's settings and the plan.
 
+    #!/bin/bash
+    #SBATCH --job-name=wb-run<id>-a<n>    the run and the attempt: a launch repeated after a crash looks it up
+    #SBATCH --nodes=… --ntasks-per-node=1 --cpus-per-task=… [--gres=gpu:…]   from the plan and the cluster
+    #SBATCH --signal=B:USR1@<seconds>     with a time limit: the script asks the trainer to checkpoint and stop
     #SBATCH --partition=<partition>       a Slurm name, checked again here
     #SBATCH --account=<account>           a Slurm name
     #SBATCH --qos=<qos>                   a Slurm name
     #SBATCH --time=<time_limit>           a Slurm time
     <env_setup line 1>                    staff's shell lines, verbatim (trusted input), one a line
     ...
-    <command>                             every word quoted with shlex.quote (the container image is one word)
+    srun … torchrun … -m trainer …        every word quoted with shlex.quote (the container image is one word);
+                                          one torchrun per node, meeting by c10d rendezvous on the allocation's
+                                          first node
+    exit.json                             the step's exit code, written by the script as it ends
 
 A directive's value cannot be quoted (sbatch reads ``#SBATCH`` lines itself, not through a shell), so it is checked
 instead: the same rule as when the cluster was saved, once more here, so that a value written to the database by
 any other way still cannot put a line break, and with it a directive or a command of its own, into the script.
 """
 import shlex
+import sys
+from pathlib import Path
 from typing import Sequence
 
+from trainer.contract.command import ENDPOINT_FROM_ENV, trainer_command
+from trainer.contract.records import Event
+from trainer.contract.runfolder import EVENTS, LOGS, SPEC
 from webapp.models.clusterfields import env_setup_problems, slurm_name_problem, time_limit_problem
+
+from .base import JobRequest
+from ..supervise import EXIT_FILE
+
+REPO = Path(__file__).resolve().parents[2]
+RDZV_PORT_BASE = 20000  # the rendezvous port is 20000 + job id mod 20000: two jobs sharing a first node differ
+SIGNAL_BEFORE_LIMIT_S = 120  # the time-limit signal comes this long before the end (Slurm: up to 60 s earlier)
 
 
 class UnsafeScriptValue(ValueError):
@@ -42,7 +61,7 @@ def directives(cluster) -> list[str]:
 
 def setup_lines(cluster) -> list[str]:
     """The cluster's environment setup, one shell line each, as staff wrote them."""
-    problems = env_setup_problems(cluster.env_setup)
+    problems = env_setup_problems(list(cluster.env_setup))
     if problems:
         raise UnsafeScriptValue("; ".join(problems))
     return list(cluster.env_setup)
@@ -51,3 +70,92 @@ def setup_lines(cluster) -> list[str]:
 def command_line(words: Sequence[str]) -> str:
     """One shell line running ``words`` exactly (paths, the container image, the trainer's arguments)."""
     return shlex.join(words)
+
+
+def time_limit_s(value: str) -> int:
+    """Seconds of a Slurm time (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS), already checked."""
+    days, _, clock = value.rpartition("-")
+    parts = [int(p) for p in clock.split(":")]
+    if days:  # after a day the first part is hours
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    else:
+        hours, minutes, seconds = ([0] * (3 - len(parts)) + parts) if len(parts) == 3 else \
+            (0, parts[0], parts[1] if len(parts) > 1 else 0)
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def signal_before_limit_s(time_limit: str) -> int:
+    """How long before the limit the checkpoint signal comes: two minutes, or half of a shorter limit."""
+    return max(1, min(SIGNAL_BEFORE_LIMIT_S, time_limit_s(time_limit) // 2))
+
+
+def job_shape(request: JobRequest) -> tuple[int, int]:
+    """(nodes, ranks per node) for the plan on the cluster: whole nodes of the cluster's GPUs per node."""
+    world, per_node = request.spec.plan.world_size, request.spec.cluster.gpus_per_node
+    nodes = -(-world // per_node)
+    if world % nodes:
+        raise UnsafeScriptValue(f"the plan's {world} ranks do not fill {nodes} nodes of {per_node} evenly: use a "
+                                f"world size that is a multiple of {per_node}, or at most {per_node}")
+    return nodes, world // nodes
+
+
+def output_pattern(run_dir: Path) -> str:
+    """Where Slurm writes the batch script's output (given to sbatch as an argument, never as a directive)."""
+    return str(run_dir / LOGS / "slurm-%j.out")
+
+
+def batch_script(request: JobRequest, python: str = sys.executable) -> str:
+    settings, run_dir = request.settings, request.run_dir
+    nodes, per_node = job_shape(request)
+    on_gpus = request.spec.cluster.gpu.name != "cpu"
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={request.job_name}",
+             f"#SBATCH --comment=workbench-run-{request.run_id}-attempt-{request.attempt}",
+             f"#SBATCH --nodes={nodes}",
+             "#SBATCH --ntasks-per-node=1",
+             # one torchrun a node starts the node's ranks: each rank wants a CPU of its own (more on GPU nodes)
+             f"#SBATCH --cpus-per-task={per_node}",
+             *([f"#SBATCH --gres=gpu:{per_node}"] if on_gpus else []),
+             # the workbench starts another attempt itself, from the newest checkpoint, as a new job
+             "#SBATCH --no-requeue",
+             *directives(settings)]
+    if settings.time_limit:
+        lines.append(f"#SBATCH --signal=B:USR1@{signal_before_limit_s(settings.time_limit)}")
+    args = ["--spec", str(run_dir / SPEC), *(["--resume"] if request.resume else [])]
+    torchrun = trainer_command(args, nproc_per_node=per_node, nodes=nodes, endpoint=ENDPOINT_FROM_ENV, srun=True,
+                               python="python" if settings.container_image else python)
+    srun = ["srun", "--kill-on-bad-exit=1"]
+    if settings.container_image:
+        mounts = ",".join(f"{p}:{p}" for p in (str(REPO), str(run_dir.parent)))
+        srun += [f"--container-image={settings.container_image}", f"--container-mounts={mounts}",
+                 f"--container-workdir={run_dir}"]
+    step = command_line([*srun, *torchrun[1:]])
+    run = shlex.quote(str(run_dir))
+    lines += [
+        "# The jobs' tasks get the environment this script has, not the submitter's (sbatch was given a short list).",
+        "export SLURM_EXPORT_ENV=ALL",
+        f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONUNBUFFERED=1",
+        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        "# The cluster's environment setup",
+        *setup_lines(settings),
+        "# torchrun on every node meets the others at the first node of the allocation",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        'head_addr=$(scontrol show node "$head_node" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
+        f'export PET_RDZV_ENDPOINT="${{head_addr:-$head_node}}:$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))"',
+        'export PET_RDZV_ID="$SLURM_JOB_ID"',
+        f"run_dir={run}",
+        "time_limit_near() {",
+        f"  printf '{{\"event\":\"{Event.TIME_LIMIT_NEAR}\",\"time\":%s,\"rank\":-1}}\\n' \"$(date +%s)\" "
+        f'>> "$run_dir/{EVENTS}"',
+        '  kill -TERM "$step" 2>/dev/null  # the trainer saves a checkpoint at the end of its step and exits',
+        "}",
+        "trap time_limit_near USR1",
+        f"{step} &",
+        "step=$!",
+        "# wait returns early when the trap runs: wait again until the step has really ended",
+        'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
+        f'printf \'{{"job_id":"%s","exit_code":%d,"ended":%s}}\\n\' "$SLURM_JOB_ID" "$code" "$(date +%s)" '
+        f'> "$run_dir/.{EXIT_FILE}.tmp" && mv "$run_dir/.{EXIT_FILE}.tmp" "$run_dir/{EXIT_FILE}"',
+        'exit "$code"',
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,10 +1,11 @@
 """Runs a job detached from the worker and records how it ended.
 
-    python -m workers.launchers.supervise RUN_DIR -- COMMAND...
+    python -m workers.supervise RUN_DIR JOB_NAME -- COMMAND...
 
 The parent prints the supervisor's pid and returns at once; the supervisor (a new session, so the worker's
-restart or Ctrl-C does not touch it) runs COMMAND with its output in RUN_DIR/logs/launcher.log and writes
-RUN_DIR/exit.json when it ends. SIGTERM to the session reaches every rank.
+restart or Ctrl-C does not touch it) first writes RUN_DIR/job.json (the job's name and id: a launch repeated after a
+crash finds the job there), runs COMMAND with its output in RUN_DIR/logs/launcher.log and writes RUN_DIR/exit.json
+when it ends. SIGTERM to the session reaches every rank.
 """
 import os
 import signal
@@ -16,10 +17,20 @@ from pathlib import Path
 from trainer.contract.runfolder import LOGS, write_json_atomic
 
 EXIT_FILE = "exit.json"
+JOB_FILE = "job.json"
+LOG_FILE = "launcher.log"
 
 
-def _supervise(run_dir: Path, command: list[str]) -> None:
-    log_path = run_dir / LOGS / "launcher.log"
+def own_job_id() -> str:
+    """``<pid>:<start time>``, as the launcher names the job (see local.py)."""
+    stat = Path("/proc/self/stat").read_text()
+    return f"{os.getpid()}:{stat.rpartition(')')[2].split()[19]}"
+
+
+def _supervise(run_dir: Path, name: str, command: list[str]) -> None:
+    job_id = own_job_id()
+    write_json_atomic(run_dir / JOB_FILE, {"name": name, "job_id": job_id})
+    log_path = run_dir / LOGS / LOG_FILE
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
     # Survive the SIGTERM sent to the whole session so that the exit is recorded once the ranks have saved and
@@ -31,14 +42,15 @@ def _supervise(run_dir: Path, command: list[str]) -> None:
         except OSError as exc:
             log.write(f"could not start {command[0]}: {exc}\n".encode())
             code = 127
-    write_json_atomic(run_dir / EXIT_FILE, {"exit_code": code, "started": started, "ended": time.time()})
+    write_json_atomic(run_dir / EXIT_FILE, {"job_id": job_id, "exit_code": code, "started": started,
+                                            "ended": time.time()})
 
 
 def main(argv: list[str]) -> int:
-    run_dir, separator, *command = argv
-    if separator != "--" or not command:
-        print("usage: python -m workers.launchers.supervise RUN_DIR -- COMMAND...", file=sys.stderr)
+    if len(argv) < 4 or argv[2] != "--":
+        print("usage: python -m workers.supervise RUN_DIR JOB_NAME -- COMMAND...", file=sys.stderr)
         return 2
+    run_dir, name, _, *command = argv
     pid = os.fork()
     if pid:
         print(pid, flush=True)
@@ -48,7 +60,7 @@ def main(argv: list[str]) -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
-        _supervise(Path(run_dir), command)
+        _supervise(Path(run_dir), name, command)
     finally:
         os._exit(0)
 

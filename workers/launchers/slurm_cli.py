@@ -1,0 +1,124 @@
+"""Slurm through its own commands, for a web app whose workers run on a login node.
+
+    submit   sbatch --parsable … job.sbatch          (the script is stored in the run folder and on the run)
+    find     squeue --name=<run and attempt>          (a launch repeated after a crash finds the job it submitted)
+    poll     one squeue for every active job; jobs that have left squeue: one sacct, if accounting is there
+    cancel   scancel
+"""
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+from trainer.contract.runfolder import read_json
+
+from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
+from .sbatch import UnsafeScriptValue, batch_script, output_pattern
+from .slurm_states import exit_status, job_state
+from ..supervise import EXIT_FILE
+
+SCRIPT = "job.sbatch"
+# What a job's environment starts with; the script sets the rest. The worker's own environment (its database URL,
+# its secret key) never reaches a job.
+EXPORTED = "PATH,HOME,USER,LANG,LC_ALL,TZ,SLURM_CONF"
+
+
+class SlurmCommandError(LaunchError):
+    pass
+
+
+class SlurmCLILauncher:
+    kind = "slurm"
+    start_timeout_s = 60.0  # sbatch answers in well under a second when slurmctld is up
+    command_timeout_s = 30.0
+
+    def __init__(self):
+        self.calls: list[list[str]] = []  # every scheduler command this launcher ran (the batching is tested)
+
+    def _slurm(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        if shutil.which(argv[0]) is None:
+            raise SlurmCommandError(f"{argv[0]} is not on this worker's PATH: run the workers on a Slurm login node "
+                                    f"(or use a slurm-rest cluster, which talks to slurmrestd instead)")
+        self.calls.append(list(argv))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.command_timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SlurmCommandError(f"{argv[0]} did not answer within {self.command_timeout_s:.0f} s: is slurmctld "
+                                    f"up?") from None
+        if check and done.returncode != 0:
+            raise SlurmCommandError(f"{' '.join(argv[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
+        return done
+
+    def submit(self, request: JobRequest) -> StartedJob:
+        try:
+            script = batch_script(request)
+        except UnsafeScriptValue as exc:
+            raise LaunchError(str(exc)) from None
+        path = request.run_dir / SCRIPT
+        path.write_text(script)
+        (request.run_dir / "logs").mkdir(exist_ok=True)
+        (request.run_dir / EXIT_FILE).unlink(missing_ok=True)
+        command = ["sbatch", "--parsable", f"--export={EXPORTED}", f"--output={output_pattern(request.run_dir)}",
+                   f"--chdir={request.run_dir}", str(path)]
+        job_id = self._slurm(*command).stdout.strip().split(";")[0]
+        if not job_id.isdigit():
+            raise SlurmCommandError(f"sbatch answered {job_id!r}, not a job id")
+        return StartedJob(job_id=job_id, command=command, script=script)
+
+    def find(self, request: JobRequest) -> str | None:
+        done = self._slurm("squeue", "--noheader", "--states=all", f"--name={request.job_name}", "--format=%i")
+        ids = done.stdout.split()
+        return ids[0] if ids else None
+
+    def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
+        if not jobs:
+            return {}
+        by_id = {job.job_id: job for job in jobs}
+        done = self._slurm("squeue", "--noheader", "--states=all", f"--jobs={','.join(by_id)}",
+                           "--format=%i|%T|%r", check=False)
+        states: dict[str, JobState] = {}
+        for line in done.stdout.splitlines():
+            job_id, _, rest = line.strip().partition("|")
+            state, _, reason = rest.partition("|")
+            if job_id in by_id:
+                states[job_id] = job_state(state, reason, _exit_code(by_id[job_id]))
+        if done.returncode != 0 and "Invalid job id" not in done.stderr:
+            raise SlurmCommandError(f"squeue failed: {done.stderr.strip()}")
+        left = [job for job_id, job in by_id.items() if job_id not in states]
+        if left:
+            states.update(self._from_accounting(left))
+        return states
+
+    def _from_accounting(self, jobs: list[Job]) -> dict[str, JobState]:
+        """Jobs squeue no longer shows: sacct's record if accounting is configured, else what the job wrote."""
+        states = {}
+        if shutil.which("sacct"):
+            done = self._slurm("sacct", "--noheader", "--parsable2", "--allocations",
+                               f"--jobs={','.join(job.job_id for job in jobs)}", "--format=JobIDRaw,State,ExitCode",
+                               check=False)
+            for line in done.stdout.splitlines() if done.returncode == 0 else []:
+                job_id, state, code = (line.split("|") + ["", ""])[:3]
+                states[job_id] = job_state(state, "", exit_status(code))
+        for job in jobs:
+            if job.job_id not in states:
+                code = _exit_code(job)
+                states[job.job_id] = JobState(JobStates.GONE, code, "Slurm no longer knows the job and keeps no "
+                                                                    "accounting; " + (f"its script exited with {code}"
+                                                                                      if code is not None else
+                                                                                      "it ended without an exit record"))
+        return states
+
+    def cancel(self, job: Job) -> None:
+        self._slurm("scancel", job.job_id, check=False)
+
+    def log_paths(self, job: Job) -> list[Path]:
+        return [Path(output_pattern(job.run_dir).replace("%j", job.job_id))]
+
+
+def _exit_code(job: Job) -> int | None:
+    """The step's exit code as the batch script recorded it (absent when the job was killed)."""
+    record = read_json(job.run_dir / EXIT_FILE)
+    if isinstance(record, dict) and str(record.get("job_id")) == job.job_id:
+        return record.get("exit_code")
+    return None
+
