@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.slurm_fixtures"]  # the slurm_cluster fixture: a real two-node Slurm, started on first use
+
 REPO = Path(__file__).resolve().parent.parent
 # Tests use their own Redis database so that they never see (or eat) a running product's tasks.
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")

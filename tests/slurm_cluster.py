@@ -1,0 +1,549 @@
+"""A real two-node Slurm cluster on this one machine, built and torn down by the tests.
+
+Slurm 22.05 from Debian: slurmctld on the host, two slurmd (nodes ``n1`` and ``n2``, 8 CPUs and 2 fake GPUs each),
+each in its own network namespace on a private bridge, and slurmrestd on 127.0.0.1 with JWT tokens. Everything the
+cluster writes (its configuration, state, spool, logs, pid files and JWT key) lies in one fresh temporary folder that
+``stop()`` removes. munged is the machine's own: started if none runs, and left running (another cluster beside this
+one may use it), as the test command leaves Redis.
+
+Every namespace names its end of the network ``wb0`` (``SlurmCluster.interface``), so a job sets
+``GLOO_SOCKET_IFNAME=wb0`` whichever node it lands on. Inside a namespace 127.0.0.1 is that namespace's own
+loopback: a job cannot reach a service the host offers on 127.0.0.1 (Redis, PostgreSQL); the host is at
+``SlurmCluster.host_address``.
+
+All nodes share the machine's host name, which /etc/hosts maps to a loopback address, so a program that finds
+"its" address from the host name gets the loopback on every node. What that means for torchrun is written at
+``TORCHRUN_ACROSS_NODES`` in tests/workers/launchers/test_slurm_cluster.py.
+
+Needs root (namespaces, a bridge, daemons running as root). ``unavailable_reason()`` says why a machine cannot run
+it; anything else that stops the cluster from starting raises ``SlurmClusterError`` with the daemons' log tails.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd", "slurm-wlm-jwt-plugin")
+PROGRAMS = ("/usr/bin/sbatch", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/sbin/slurmrestd")
+# Debian puts the plugin in its multiarch folder (x86_64-linux-gnu, aarch64-linux-gnu, ...).
+JWT_PLUGIN_GLOB = "/usr/lib/*/slurm-wlm/auth_jwt.so"
+POLICY_RC = Path("/usr/sbin/policy-rc.d")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+REST_VERSION = "v0.0.38"
+START_TIMEOUT_S = 60
+FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE",
+            "BOOT_FAIL")
+
+
+class SlurmClusterError(RuntimeError):
+    """The cluster could not start (or stop) on a machine that should run it."""
+
+
+def _run(args: list[str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, **kwargs)
+    if check and result.returncode != 0:
+        raise SlurmClusterError(f"{' '.join(args)} exited with {result.returncode}: {result.stderr.strip()}")
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Installing
+
+
+def missing_parts() -> list[str]:
+    """The Slurm programs and plugin this machine lacks."""
+    missing = [path for path in PROGRAMS if not os.access(path, os.X_OK)]
+    if not glob.glob(JWT_PLUGIN_GLOB):
+        missing.append(JWT_PLUGIN_GLOB)
+    return missing
+
+
+def ensure_slurm_installed() -> None:
+    """Install the Debian packages if any part is missing (root only; scripts/setup-env.sh does the same)."""
+    if not missing_parts():
+        return
+    # No daemon may start from the package scripts: the cluster starts its own, with its own configuration.
+    created_policy = not POLICY_RC.exists()
+    if created_policy:
+        POLICY_RC.write_text("#!/bin/sh\nexit 101\n")
+        POLICY_RC.chmod(0o755)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        _run(["apt-get", "update", "-qq"], env=env)
+        _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *PACKAGES], env=env)
+    finally:
+        if created_policy:
+            POLICY_RC.unlink(missing_ok=True)
+    if missing_parts():
+        raise SlurmClusterError(f"installed {' '.join(PACKAGES)} but still missing: {', '.join(missing_parts())}")
+
+
+def unavailable_reason() -> str | None:
+    """Why this machine cannot run the cluster at all (a reason to skip), or None."""
+    if os.geteuid() != 0:
+        return "a Slurm cluster needs root (network namespaces, a bridge, slurmd as root)"
+    if not shutil.which("ip") or not shutil.which("nsenter"):
+        return "a Slurm cluster needs the ip and nsenter commands"
+    probe = f"wb{os.getpid()}p"
+    result = _run(["ip", "netns", "add", probe], check=False)
+    if result.returncode != 0:
+        return f"network namespaces are not permitted here: {result.stderr.strip()}"
+    _run(["ip", "netns", "del", probe], check=False)
+    if missing_parts() and not shutil.which("apt-get"):
+        return f"Slurm is not installed and there is no apt-get to install it ({', '.join(missing_parts())})"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Processes
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs: a zombie (exited, not yet reaped by its parent) does not count, where kill -0 says yes."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return fields.rsplit(")", 1)[1].split()[0] not in ("Z", "X")  # the state follows the (command name)
+
+
+def _stop_processes(processes: list[subprocess.Popen], timeout: float) -> None:
+    """SIGTERM all of them at once, then SIGKILL whatever is still running after ``timeout`` seconds."""
+    running = [p for p in processes if p.poll() is None]
+    for process in running:
+        process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in running:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def _free_port(host: str = "") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _munge_answers() -> bool:
+    return subprocess.run(["munge", "-n"], capture_output=True).returncode == 0
+
+
+def ensure_munged() -> None:
+    """A munge key and a running munged (the machine's; one may already run for something else)."""
+    if not MUNGE_KEY.exists():
+        MUNGE_KEY.parent.mkdir(parents=True, exist_ok=True)
+        _run(["mungekey", "--create", "--keyfile", str(MUNGE_KEY)])
+        shutil.chown(MUNGE_KEY, "munge", "munge")
+        MUNGE_KEY.chmod(0o600)
+    if _munge_answers():
+        return
+    # /run is empty after a boot without systemd: munged wants its socket folder, owned by munge.
+    for folder in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        shutil.chown(folder, "munge", "munge")
+    _run(["runuser", "-u", "munge", "--", "/usr/sbin/munged"])
+    deadline = time.monotonic() + 10
+    while not _munge_answers():
+        if time.monotonic() > deadline:
+            raise SlurmClusterError("munged started but does not answer `munge -n`")
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The network: one namespace per node on a bridge
+
+
+def _used_subnets() -> set[str]:
+    out = _run(["ip", "-4", "-o", "addr", "show"]).stdout
+    return {".".join(address.split(".")[:3]) for address in re.findall(r"inet (\d+\.\d+\.\d+)\.\d+/", out)}
+
+
+def _pick_subnet() -> str:
+    """A 10.213.<x> /24 no interface of this machine uses: another cluster may be running beside this one."""
+    used = _used_subnets()
+    for step in range(250):
+        subnet = f"10.213.{(os.getpid() + step) % 250 + 1}"
+        if subnet not in used:
+            return subnet
+    raise SlurmClusterError("every 10.213.x.0/24 subnet is in use on this machine")
+
+
+def remove_stale_networks() -> None:
+    """Delete the namespaces and bridges of clusters whose test process died without stopping them."""
+    names = _run(["ip", "netns", "list"]).stdout.split()
+    links = _run(["ip", "-o", "link", "show"]).stdout
+    for name in set(names) | set(re.findall(r"^\d+: (wb\d+br)[:@]", links, re.M)):
+        match = re.fullmatch(r"wb(\d+)(?:[ab]|br)", name)
+        if match and not _alive(int(match.group(1))):
+            _delete_link_or_namespace(name)
+
+
+def _delete_link_or_namespace(name: str) -> None:
+    if name.endswith("br"):
+        _run(["ip", "link", "del", name], check=False)
+        return
+    for pid in _run(["ip", "netns", "pids", name], check=False).stdout.split():
+        try:
+            os.kill(int(pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _run(["ip", "netns", "del", name], check=False)
+
+
+class Network:
+    """A bridge on the host (``<subnet>.1``) and one namespace per node (``<subnet>.11``, ``.12``, ...)."""
+
+    def __init__(self, nodes: list[str], interface: str):
+        tag = f"wb{os.getpid()}"
+        self.bridge = f"{tag}br"
+        self.namespaces = {node: f"{tag}{chr(ord('a') + i)}" for i, node in enumerate(nodes)}
+        self.interface = interface
+        self.subnet = _pick_subnet()
+        self.host_address = f"{self.subnet}.1"
+        self.addresses = {node: f"{self.subnet}.{11 + i}" for i, node in enumerate(nodes)}
+
+    def create(self) -> None:
+        self.delete()  # what a crashed earlier process with this pid may have left
+        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        _run(["ip", "addr", "add", f"{self.host_address}/24", "dev", self.bridge])
+        _run(["ip", "link", "set", self.bridge, "up"])
+        for node, namespace in self.namespaces.items():
+            _run(["ip", "netns", "add", namespace])
+            inside = ["ip", "-n", namespace]
+            _run([*inside, "link", "set", "lo", "up"])
+            # The host end is named after the namespace; the inside end has the same name in every namespace.
+            host_end = f"{namespace}h"
+            _run(["ip", "link", "add", host_end, "type", "veth", "peer", "name", self.interface, "netns", namespace])
+            _run(["ip", "link", "set", host_end, "master", self.bridge, "up"])
+            _run([*inside, "addr", "add", f"{self.addresses[node]}/24", "dev", self.interface])
+            _run([*inside, "link", "set", self.interface, "up"])
+
+    def command(self, node: str, args: list[str]) -> list[str]:
+        """``args`` run in the node's namespace: nsenter changes the network only (``ip netns exec`` would also
+        remount /sys without the cgroup file system, and slurmd 22.05 then exits)."""
+        return ["nsenter", f"--net=/run/netns/{self.namespaces[node]}", *args]
+
+    def delete(self) -> None:
+        for namespace in self.namespaces.values():
+            _delete_link_or_namespace(namespace)  # the host end of its veth pair goes with it
+        _delete_link_or_namespace(self.bridge)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The cluster
+
+
+def _tail(path: Path, lines: int) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no file)"
+    return "\n".join(text[-lines:])
+
+
+class SlurmCluster:
+    """slurmctld, one slurmd per node (each in its namespace) and slurmrestd, in a fresh temporary folder.
+
+    Use as a context manager, or ``start()`` then ``stop()``. Slurm commands need ``env`` (SLURM_CONF) merged into
+    their environment; ``run()`` does that.
+    """
+
+    partition = "debug"
+    interface = "wb0"
+    cpus_per_node = 8  # more than the machine has (config_overrides): 16 one-CPU jobs run at once
+    memory_per_node_mb = 1000
+
+    def __init__(self, nodes: tuple[str, ...] = ("n1", "n2"), gpus_per_node: int = 2):
+        self.nodes = list(nodes)
+        # Fake GPUs: character devices that are /dev/null underneath, so that --gres=gpu:<k> is accepted and
+        # sets CUDA_VISIBLE_DEVICES, as on a GPU cluster.
+        self.gpus_per_node = gpus_per_node
+        self.root: Path | None = None
+        self.network: Network | None = None
+        self.rest_port: int | None = None
+        self._controller: subprocess.Popen | None = None
+        self._node_daemons: list[subprocess.Popen] = []
+        self._rest: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    # -- what tests use
+
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What a process that calls Slurm commands needs in its environment."""
+        return {"SLURM_CONF": str(self.conf)}
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    @property
+    def node_addresses(self) -> dict[str, str]:
+        return dict(self.network.addresses)
+
+    @property
+    def host_address(self) -> str:
+        return self.network.host_address
+
+    def run(self, args: list[str], check: bool = True, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        """A command with the cluster's environment, its output captured as text."""
+        env = {**os.environ, **self.env, **kwargs.pop("env", {})}
+        result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout, **kwargs)
+        if check and result.returncode != 0:
+            raise SlurmClusterError(f"{' '.join(map(str, args))} exited with {result.returncode}:\n"
+                                    f"{result.stdout}{result.stderr}")
+        return result
+
+    def sbatch(self, *args: str) -> int:
+        """Submit a batch job (``sbatch --parsable <args>``); its id."""
+        return int(self.run(["sbatch", "--parsable", *args]).stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        """``scontrol show job``'s fields (JobState, Reason, ExitCode, NodeList, ...) for a job."""
+        line = self.run(["scontrol", "show", "job", "--oneliner", str(job_id)]).stdout.strip()
+        # Values may hold spaces (Comment, Command): a value runs up to the next " Key=".
+        return {key: value.strip() for key, value in re.findall(r"([\w/:]+)=(.*?)(?= [\w/:]+=|$)", line)}
+
+    def wait_for_job(self, job_id: int, states: tuple[str, ...] = FINISHED, timeout: float = 60) -> dict[str, str]:
+        """The job's fields once its state is one of ``states`` (by default: finished, whichever way)."""
+        deadline = time.monotonic() + timeout
+        while (job := self.job(job_id))["JobState"] not in states:
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(f"job {job_id} is still {job['JobState']} ({job['Reason']}) after "
+                                        f"{timeout} s, not {'/'.join(states)}\n{self.logs_tail()}")
+            time.sleep(0.1)
+        return job
+
+    def rest(self, method: str, path: str, body: dict | None = None, user: str = "root",
+             token: str | None = None) -> tuple[int, dict]:
+        """A slurmrestd request as ``user``, with a fresh token unless one is given (``""``: no token header): its
+        status and JSON body. ``path`` follows /slurm/<version>/: ``ping``, ``jobs``, ``job/submit``, ``job/12``."""
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"X-SLURM-USER-NAME": user, "Content-Type": "application/json"}
+        if token != "":
+            headers["X-SLURM-USER-TOKEN"] = self.token(user) if token is None else token
+        request = urllib.request.Request(f"{self.rest_url}/slurm/{REST_VERSION}/{path}", data=data, method=method,
+                                         headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            text = error.read().decode(errors="replace")
+            try:
+                return error.code, json.loads(text)
+            except ValueError:  # a refused token is answered in plain text ("Authentication failure")
+                return error.code, {"text": text}
+
+    def token(self, user: str = "root", lifespan: int = 3600) -> str:
+        """A JWT for slurmrestd (header X-SLURM-USER-TOKEN, with X-SLURM-USER-NAME: ``user``)."""
+        out = self.run(["scontrol", "token", f"username={user}", f"lifespan={lifespan}"]).stdout
+        return out.strip().split("=", 1)[1]
+
+    def logs_tail(self, lines: int = 25) -> str:
+        """The last lines of every daemon's log, for error messages."""
+        if self.root is None:
+            return "(no cluster folder)"
+        return "\n".join(f"--- {path.name}\n{_tail(path, lines)}" for path in sorted((self.root / "log").glob("*")))
+
+    # -- starting
+
+    def __enter__(self) -> SlurmCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        started = time.monotonic()
+        try:
+            self._start()
+        except BaseException as exc:
+            logs = self.logs_tail()
+            self.stop()
+            if isinstance(exc, SlurmClusterError):
+                raise SlurmClusterError(f"{exc}\n{logs}") from None
+            raise
+        self.startup_s = time.monotonic() - started
+
+    def _start(self) -> None:
+        ensure_munged()
+        remove_stale_networks()
+        # World-readable: slurmrestd runs as nobody and reads slurm.conf; the JWT key alone is root's.
+        self.root = Path(tempfile.mkdtemp(prefix="wb-slurm-"))
+        self.root.chmod(0o755)
+        for folder in ("etc", "state", "spool", "log", "run"):
+            (self.root / folder).mkdir()
+        self.network = Network(self.nodes, self.interface)
+        self.network.create()
+        self._make_gpus()
+        self._write_config()
+        self._start_daemons()
+        self._wait_until_ready()
+
+    def _make_gpus(self) -> None:
+        (self.root / "dev").mkdir()
+        for index in range(self.gpus_per_node):
+            os.mknod(self.root / "dev" / f"gpu{index}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+    def _gpu_config(self) -> tuple[list[str], str]:
+        """The GresTypes line (none without GPUs), and the node line's Gres field; writes gres.conf."""
+        if not self.gpus_per_node:
+            return [], ""
+        last = self.gpus_per_node - 1
+        files = f"{self.root}/dev/gpu[0-{last}]" if last else f"{self.root}/dev/gpu0"
+        (self.root / "etc" / "gres.conf").write_text(f"NodeName={','.join(self.nodes)} Name=gpu File={files}\n")
+        return ["GresTypes=gpu"], f" Gres=gpu:{self.gpus_per_node}"
+
+    def _write_config(self) -> None:
+        key = self.root / "etc" / "jwt.key"
+        key.touch(mode=0o600)
+        key.write_bytes(secrets.token_bytes(32))  # slurmctld refuses a key others can read, and wants SlurmUser's
+        root = self.root
+        gres_types, node_gres = self._gpu_config()
+        lines = [
+            "ClusterName=workbench",
+            f"SlurmctldHost={socket.gethostname().split('.')[0]}({self.network.host_address})",
+            f"SlurmctldPort={_free_port()}",  # another cluster may be running beside this one
+            "SlurmUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            "AuthAltTypes=auth/jwt",
+            f"AuthAltParameters=jwt_key={key}",
+            f"StateSaveLocation={root}/state",
+            f"SlurmctldPidFile={root}/run/slurmctld.pid",
+            f"SlurmctldLogFile={root}/log/slurmctld.log",
+            # %n: the node's name, so that the nodes' slurmd (MULTIPLE_SLURMD) keep apart on one file system
+            f"SlurmdSpoolDir={root}/spool/%n",
+            f"SlurmdPidFile={root}/run/slurmd-%n.pid",
+            f"SlurmdLogFile={root}/log/slurmd-%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "MpiDefault=none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SchedulerParameters=batch_sched_delay=0",
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={root}/log/jobcomp.txt",
+            "MinJobAge=3600",  # finished jobs stay in `scontrol show job` (there is no accounting database)
+            "ReturnToService=2",
+            "SlurmdParameters=config_overrides",  # the nodes declare more CPUs and memory than the machine has
+            "SlurmctldTimeout=10",
+            "SlurmdTimeout=30",
+            "MessageTimeout=5",
+            "KillWait=5",  # seconds between SIGTERM and SIGKILL when a job is cancelled or runs out of time
+            "InactiveLimit=0",
+            "MailProg=/bin/true",  # Debian names a mailer it does not install; slurmctld complains at each start
+            *gres_types,
+            *(f"NodeName={node} NodeAddr={address} CPUs={self.cpus_per_node} RealMemory={self.memory_per_node_mb}"
+              f"{node_gres} State=UNKNOWN" for node, address in self.network.addresses.items()),
+            f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+        ]
+        self.conf.write_text("\n".join(lines) + "\n")
+        self.conf.chmod(0o644)
+        # A private folder above the temporary one (TMPDIR) would leave slurmrestd unable to read its configuration.
+        if _run(["runuser", "-u", "nobody", "--", "test", "-r", str(self.conf)], check=False).returncode != 0:
+            raise SlurmClusterError(f"{self.conf} is not readable by nobody, slurmrestd's user: is TMPDIR private?")
+
+    def _daemon(self, args: list[str], log: str, **env) -> subprocess.Popen:
+        """A daemon in the foreground, as a child of this process: stopping it is a terminate and a wait."""
+        with open(self.root / "log" / log, "ab") as out:
+            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **self.env, **env}, start_new_session=True)
+
+    def _start_daemons(self) -> None:
+        conf = str(self.conf)
+        self._controller = self._daemon(["/usr/sbin/slurmctld", "-D", "-i", "-f", conf], "slurmctld.out")
+        for node in self.nodes:
+            self._node_daemons.append(self._daemon(
+                self.network.command(node, ["/usr/sbin/slurmd", "-D", "-N", node, "-f", conf]), f"slurmd-{node}.out"))
+        # slurmrestd refuses to run as root; SLURM_JWT=daemon makes it pass each request's token to slurmctld.
+        self.rest_port = _free_port("127.0.0.1")
+        self._rest = self._daemon(
+            ["/usr/sbin/slurmrestd", "-f", conf, "-u", "nobody", "-g", "nogroup", "-s", f"openapi/{REST_VERSION}",
+             "-a", "rest_auth/jwt", f"127.0.0.1:{self.rest_port}"], "slurmrestd.log", SLURM_JWT="daemon")
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._nodes_idle():
+            self._check_daemons_alive()
+            if time.monotonic() > deadline:
+                states = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False)
+                raise SlurmClusterError(f"the nodes are not idle after {START_TIMEOUT_S} s: "
+                                        f"{states.stdout.strip()} {states.stderr.strip()}")
+            time.sleep(0.2)
+        token = self.token()
+        while not self._rest_answers(token):
+            self._check_daemons_alive()
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(f"slurmrestd does not answer GET {self.rest_url}/slurm/{REST_VERSION}/ping")
+            time.sleep(0.2)
+
+    def _nodes_idle(self) -> bool:
+        out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False).stdout
+        return dict(line.split() for line in out.splitlines()) == {node: "idle" for node in self.nodes}
+
+    def _rest_answers(self, token: str) -> bool:
+        request = urllib.request.Request(f"{self.rest_url}/slurm/{REST_VERSION}/ping",
+                                         headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return response.status == 200 and "errors" in json.load(response)
+        except OSError:
+            return False
+
+    def _check_daemons_alive(self) -> None:
+        for process in [self._controller, *self._node_daemons, self._rest]:
+            if process.poll() is not None:
+                raise SlurmClusterError(f"{' '.join(process.args)} exited with {process.returncode}")
+
+    # -- stopping
+
+    def stop(self) -> None:
+        """Cancel every job, stop the daemons (node daemons first), delete the network and the folder."""
+        if self._controller is not None and self._controller.poll() is None:
+            self._cancel_all_jobs()
+        if self._rest is not None:
+            _stop_processes([self._rest], timeout=5)
+        # A slurmd whose slurmctld has gone can take over 10 s to leave on SIGTERM: stop the nodes first.
+        _stop_processes(self._node_daemons, timeout=20)
+        if self._controller is not None:
+            _stop_processes([self._controller], timeout=20)
+        if self.network is not None:
+            self.network.delete()  # also kills whatever a job left running in a namespace
+        if self.root is not None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        self._controller, self._node_daemons, self._rest = None, [], None
+        self.network = self.root = None
+
+    def _cancel_all_jobs(self) -> None:
+        jobs = self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+        if not jobs:
+            return
+        self.run(["scancel", *jobs], check=False)
+        deadline = time.monotonic() + 15  # KillWait plus a little
+        while time.monotonic() < deadline:
+            if not self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split():
+                return
+            time.sleep(0.2)
