@@ -196,13 +196,15 @@ class RunSerializer(OwnedSerializer):
                                                          "the run is created")
     launch = StrictBooleanField(write_only=True, default=False,
                                 help_text="Queue the run for launch right away instead of keeping a draft")
+    batch_script = serializers.SerializerMethodField(
+        help_text="The batch script of the run's latest attempt, as submitted to Slurm (empty for local runs)")
 
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
                   "eval_every", "optimizer", "profile", "spec", "launch", "shared", "owner", "status", "attempts",
                   "max_restarts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
-                  "queued_at", "started_at", "finished_at"]
+                  "queued_at", "started_at", "finished_at", "batch_script"]
         read_only_fields = ["status", "attempts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
                             "queued_at", "started_at", "finished_at"]
         extra_kwargs = {"steps": {"min_value": 1, "max_value": 10_000_000},
@@ -210,6 +212,10 @@ class RunSerializer(OwnedSerializer):
                         "checkpoint_every": {"max_value": 10_000_000},
                         "eval_every": {"max_value": 10_000_000},
                         "max_restarts": {"min_value": 0, "max_value": 100}}
+
+    def get_batch_script(self, run) -> str:
+        latest = run.attempt_records.order_by("-number").values_list("script", flat=True).first()
+        return latest or ""
 
     def validate(self, attrs):
         attrs.setdefault("optimizer", OptimizerSpec().to_dict())

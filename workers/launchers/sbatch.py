@@ -34,6 +34,10 @@ from ..supervise import EXIT_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 RDZV_PORT_BASE = 20000  # the rendezvous port is 20000 + job id mod 20000: two jobs sharing a first node differ
+NODE_ADDRESS = "scontrol show node \"{node}\" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p'"
+PER_NODE = ('[ "$SLURMD_NODENAME" = "$FIRST_NODE" ] && host=1 || host=0; '
+            f'addr=$({NODE_ADDRESS.format(node="$SLURMD_NODENAME")}); '
+            'export PET_RDZV_CONF="is_host=$host" PET_LOCAL_ADDR="${addr:-$SLURMD_NODENAME}"; exec "$@"')
 SIGNAL_BEFORE_LIMIT_S = 120  # the time-limit signal comes this long before the end (Slurm: up to 60 s earlier)
 
 
@@ -119,41 +123,53 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
              # the workbench starts another attempt itself, from the newest checkpoint, as a new job
              "#SBATCH --no-requeue",
              *directives(settings)]
+    timer = []
     if settings.time_limit:
-        lines.append(f"#SBATCH --signal=B:USR1@{signal_before_limit_s(settings.time_limit)}")
+        before = signal_before_limit_s(settings.time_limit)
+        lines.append(f"#SBATCH --signal=B:USR1@{before}")
+        # Slurm sends its signal at its next periodic check (tens of seconds late), and slurmrestd cannot ask for it
+        # to reach the batch shell at all: the script keeps its own time as well.
+        timer = [f"( sleep {time_limit_s(settings.time_limit) - before} && kill -USR1 $$ ) &", "timer=$!"]
     args = ["--spec", str(run_dir / SPEC), *(["--resume"] if request.resume else [])]
-    torchrun = trainer_command(args, nproc_per_node=per_node, nodes=nodes, endpoint=ENDPOINT_FROM_ENV, srun=True,
-                               python="python" if settings.container_image else python)
-    srun = ["srun", "--kill-on-bad-exit=1"]
+    words = trainer_command(args, nproc_per_node=per_node, nodes=nodes, endpoint=ENDPOINT_FROM_ENV, srun=True,
+                            python="python" if settings.container_image else python)
+    python_at = words.index("python" if settings.container_image else python)
+    srun, torchrun = [words[0], "--kill-on-bad-exit=1", *words[1:python_at]], words[python_at:]
     if settings.container_image:
         mounts = ",".join(f"{p}:{p}" for p in (str(REPO), str(run_dir.parent)))
         srun += [f"--container-image={settings.container_image}", f"--container-mounts={mounts}",
                  f"--container-workdir={run_dir}"]
-    step = command_line([*srun, *torchrun[1:]])
+    step = f'{command_line(srun)} bash -c "$per_node" node {command_line(torchrun)}'
     run = shlex.quote(str(run_dir))
     lines += [
         "# The jobs' tasks get the environment this script has, not the submitter's (sbatch was given a short list).",
         "export SLURM_EXPORT_ENV=ALL",
+        "unset SLURM_JWT  # a slurmrestd token never reaches the job's tasks (srun fails with one)",
         f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONUNBUFFERED=1",
         "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
         "# The cluster's environment setup",
         *setup_lines(settings),
-        "# torchrun on every node meets the others at the first node of the allocation",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        'head_addr=$(scontrol show node "$head_node" | sed -n \'s/.*NodeAddr=\\([^ ]*\\).*/\\1/p\')',
-        f'export PET_RDZV_ENDPOINT="${{head_addr:-$head_node}}:$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))"',
+        "# torchrun on every node meets the others at the first node of the allocation. That node hosts the",
+        "# rendezvous and every node publishes its own address: a node's host name may resolve to the loopback.",
+        'export FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        f"first_addr=$({NODE_ADDRESS.format(node='$FIRST_NODE')})",
+        f'export PET_RDZV_ENDPOINT="${{first_addr:-$FIRST_NODE}}:$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))"',
         'export PET_RDZV_ID="$SLURM_JOB_ID"',
+        f"per_node={shlex.quote(PER_NODE)}",
         f"run_dir={run}",
         "time_limit_near() {",
+        '  [ -n "$stopping" ] && return; stopping=1  # Slurm\'s signal and the script\'s own timer: the first counts',
         f"  printf '{{\"event\":\"{Event.TIME_LIMIT_NEAR}\",\"time\":%s,\"rank\":-1}}\\n' \"$(date +%s)\" "
         f'>> "$run_dir/{EVENTS}"',
         '  kill -TERM "$step" 2>/dev/null  # the trainer saves a checkpoint at the end of its step and exits',
         "}",
         "trap time_limit_near USR1",
+        *timer,
         f"{step} &",
         "step=$!",
         "# wait returns early when the trap runs: wait again until the step has really ended",
         'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
+        *(['kill "$timer" 2>/dev/null'] if timer else []),
         f'printf \'{{"job_id":"%s","exit_code":%d,"ended":%s}}\\n\' "$SLURM_JOB_ID" "$code" "$(date +%s)" '
         f'> "$run_dir/.{EXIT_FILE}.tmp" && mv "$run_dir/.{EXIT_FILE}.tmp" "$run_dir/{EXIT_FILE}"',
         'exit "$code"',
