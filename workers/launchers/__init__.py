@@ -2,6 +2,7 @@
 from .base import Job, JobRequest, JobState, JobStates, LaunchError, Launcher, SchedulerSettings, StartedJob, job_name
 from .local import LocalLauncher, local_slots
 from .slurm_cli import SlurmCLILauncher
+from .slurm_rest import SlurmRestLauncher
 
 
 def launcher_for(settings: SchedulerSettings) -> Launcher:
@@ -10,11 +11,10 @@ def launcher_for(settings: SchedulerSettings) -> Launcher:
     if settings.kind == "slurm":
         return SlurmCLILauncher()
     if settings.kind == "slurm-rest":
-        from .slurm_rest import SlurmRestLauncher  # noqa: PLC0415  (only clusters of this kind need an HTTP client)
-
         return SlurmRestLauncher(settings.rest_url)
     raise LaunchError(f"no launcher for clusters of kind {settings.kind!r}: use local, slurm or slurm-rest")
 
 
 __all__ = ["Job", "JobRequest", "JobState", "JobStates", "LaunchError", "Launcher", "LocalLauncher",
-           "SchedulerSettings", "SlurmCLILauncher", "StartedJob", "job_name", "launcher_for", "local_slots"]
+           "SchedulerSettings", "SlurmCLILauncher", "SlurmRestLauncher", "StartedJob", "job_name", "launcher_for",
+           "local_slots"]

@@ -1,0 +1,46 @@
+"""What the two Slurm launchers (commands and slurmrestd) do alike with a run's batch job: the script stored in the
+run folder before it is submitted, the exit code the script records as it ends, where Slurm writes its output, and
+the state of a job Slurm has forgotten."""
+from pathlib import Path
+
+from trainer.contract.runfolder import LOGS, read_json
+
+from .base import Job, JobRequest, JobState, JobStates, LaunchError
+from .sbatch import UnsafeScriptValue, batch_script, output_pattern
+from ..supervise import EXIT_FILE
+
+SCRIPT = "job.sbatch"
+
+
+def write_batch_script(request: JobRequest) -> tuple[Path, str]:
+    """The attempt's batch script, rendered and written to the run folder: (its path, its text). The exit record of
+    an earlier attempt is removed, so that it is never taken for this attempt's."""
+    try:
+        script = batch_script(request)
+    except UnsafeScriptValue as exc:
+        raise LaunchError(str(exc)) from None
+    path = request.run_dir / SCRIPT
+    path.write_text(script)
+    (request.run_dir / LOGS).mkdir(exist_ok=True)
+    (request.run_dir / EXIT_FILE).unlink(missing_ok=True)
+    return path, script
+
+
+def recorded_exit_code(job: Job) -> int | None:
+    """The step's exit code as the batch script recorded it (absent when the job was killed)."""
+    record = read_json(job.run_dir / EXIT_FILE)
+    if isinstance(record, dict) and str(record.get("job_id")) == job.job_id:
+        return record.get("exit_code")
+    return None
+
+
+def forgotten_job_state(job: Job, why: str) -> JobState:
+    """A job the scheduler no longer knows (``why`` says how that is known): GONE, with what its script recorded."""
+    code = recorded_exit_code(job)
+    ended = f"its script exited with {code}" if code is not None else "it ended without an exit record"
+    return JobState(JobStates.GONE, code, f"{why}; {ended}")
+
+
+def output_log(job: Job) -> Path:
+    """The file Slurm writes the batch script's output to."""
+    return Path(output_pattern(job.run_dir).replace("%j", job.job_id))

@@ -1,0 +1,249 @@
+"""Slurm through slurmrestd (REST API v0.0.38, Slurm 22.05), for workers that do not run on a login node.
+
+    submit   POST job/submit    the batch script (stored in the run folder, as for sbatch) and the job's properties
+    find     GET  jobs          the job named for the run and the attempt (a launch repeated after a crash)
+    poll     GET  jobs          one request for every job; a job no longer listed has gone
+    cancel   DELETE job/<id>    SIGTERM, SIGKILL after Slurm's KillWait
+
+v0.0.38 ignores a script's ``#SBATCH`` lines, so the job's properties go in the request: they are read from those
+very lines (``job_properties``), so that both launchers submit the same job. The token is the worker's: SLURM_JWT
+(what ``scontrol token`` prints) for the user SLURM_JWT_USER, or else the user the worker runs as.
+"""
+import getpass
+import http.client
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Sequence
+
+from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
+from .sbatch import output_pattern, time_limit_s
+from .slurm_jobs import forgotten_job_state, output_log, recorded_exit_code, write_batch_script
+from .slurm_states import job_state
+
+API = "slurm/v0.0.38"
+# What a job's environment starts with (v0.0.38 wants one; the script sets the rest). The worker's own environment
+# (its database URL, its secret key, its token) never reaches a job.
+ENVIRONMENT = ("PATH", "HOME", "LANG", "SLURM_CONF")
+# The script's #SBATCH options as v0.0.38's job fields.
+FIELDS = {"job-name": "name", "comment": "comment", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
+          "cpus-per-task": "cpus_per_task", "gres": "gres", "partition": "partition", "account": "account",
+          "qos": "qos", "time": "time_limit"}
+COUNTS = {"nodes", "tasks_per_node", "cpus_per_task"}
+# Options of the script v0.0.38 cannot take. --signal: "B:USR1@…" (to the batch shell) is refused, and a signal to
+# the steps would reach torchrun, not the script's handler; the script keeps its own timer to the time limit
+# instead. --no-requeue: "requeue": false is accepted and dropped (Requeue=1), so the job keeps the cluster's default.
+NOT_PASSED = frozenset({"signal", "no-requeue"})
+# Slurm's error numbers for a job that has already gone or ended: nothing is left to cancel.
+ALREADY_OVER = {2017, 2021}  # ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE
+# A token slurmctld cannot verify (expired, tampered with, signed with another key) is not a 401: slurmrestd passes
+# it on, and the call it made fails with a 500 and one of these (only slurmctld's log says why): "Unspecified error"
+# for what reads (GET jobs), "Zero Bytes were transmitted or received" for a submission.
+UNVERIFIED_TOKEN = frozenset({-1, 5005})
+
+
+class SlurmRestError(LaunchError):
+    """slurmrestd answered, and refused: ``error_numbers`` are Slurm's numbers for why."""
+
+    def __init__(self, message: str, answer: dict[str, Any]):
+        super().__init__(message)
+        self.error_numbers = error_numbers(answer)
+
+
+def error_numbers(answer: dict[str, Any]) -> set[int]:
+    """Slurm's numbers for the errors of an answer (v0.0.38 names them error_number or error_code)."""
+    errors = answer.get("errors") if isinstance(answer.get("errors"), list) else []
+    numbers = {e.get("error_number", e.get("error_code")) for e in errors if isinstance(e, dict)}
+    return {n for n in numbers if isinstance(n, int)}
+
+
+def sbatch_options(script: str) -> list[tuple[str, str]]:
+    """(option, value) of each ``#SBATCH --option[=value]`` line, read as sbatch reads them: up to the first line
+    that is neither a comment nor blank."""
+    options = []
+    for line in script.splitlines()[1:]:
+        if line.strip() and not line.startswith("#"):
+            break
+        if line.startswith("#SBATCH --"):
+            option, _, value = line.removeprefix("#SBATCH --").partition("=")
+            options.append((option, value))
+    return options
+
+
+def job_properties(request: JobRequest, script: str) -> dict[str, Any]:
+    """The job/submit ``job`` object: the values of the script's ``#SBATCH`` lines, the output file, the working
+    folder and a short environment."""
+    job: dict[str, Any] = {}
+    for option, value in sbatch_options(script):
+        if option in NOT_PASSED:
+            continue
+        field = FIELDS.get(option)
+        if field is None:
+            raise LaunchError(f"the batch script asks for #SBATCH --{option}, which the slurm-rest launcher does not "
+                              f"pass to slurmrestd: add it to workers/launchers/slurm_rest.py")
+        if field == "time_limit":
+            # whole minutes, rounded up: the script's own timer still fires before the limit the cluster set
+            job[field] = max(1, -(-time_limit_s(value) // 60))
+        else:
+            job[field] = int(value) if field in COUNTS else value
+    job.update(standard_output=output_pattern(request.run_dir), current_working_directory=str(request.run_dir),
+               environment={name: os.environ[name] for name in ENVIRONMENT if name in os.environ})
+    return job
+
+
+def exit_code_of(wait_status: Any) -> int | None:
+    """slurmrestd's ``exit_code`` (a wait status) as one number: the code, or 128 + the signal that killed the job."""
+    if not isinstance(wait_status, int) or isinstance(wait_status, bool):
+        return None
+    signal = wait_status & 0x7F
+    return 128 + signal if signal else wait_status >> 8
+
+
+class SlurmRestLauncher:
+    kind = "slurm-rest"
+    start_timeout_s = 60.0  # a submit is one request, bounded by request_timeout_s
+    request_timeout_s = 30.0
+
+    def __init__(self, rest_url: str):
+        if not rest_url:
+            raise LaunchError("the cluster has no slurmrestd address: set its rest_url, e.g. http://login1:6820")
+        self.rest_url = rest_url.rstrip("/")
+        self.calls: list[list[str]] = []  # every request this launcher sent, as [method, path] (the batching is tested)
+
+    # -- the interface
+
+    def submit(self, request: JobRequest) -> StartedJob:
+        path, script = write_batch_script(request)
+        body = self._request("POST", "job/submit", {"script": script, "job": job_properties(request, script)})
+        job_id = body.get("job_id")
+        if not isinstance(job_id, int):
+            raise LaunchError(f"slurmrestd answered the submission without a job id: {body}")
+        return StartedJob(job_id=str(job_id), command=["POST", self._url("job/submit"), str(path)], script=script)
+
+    def find(self, request: JobRequest) -> str | None:
+        for entry in self._jobs():
+            if entry.get("name") == request.job_name:
+                return str(entry["job_id"])
+        return None
+
+    def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
+        if not jobs:
+            return {}
+        listed = {str(entry.get("job_id")): entry for entry in self._jobs()}
+        return {job.job_id: _state(job, listed[job.job_id]) if job.job_id in listed else
+                forgotten_job_state(job, "Slurm no longer lists the job") for job in jobs}
+
+    def cancel(self, job: Job) -> None:
+        try:
+            self._request("DELETE", f"job/{job.job_id}")
+        except SlurmRestError as exc:
+            if not ALREADY_OVER & exc.error_numbers:
+                raise
+
+    def log_paths(self, job: Job) -> list[Path]:
+        return [output_log(job)]
+
+    # -- HTTP
+
+    def _url(self, path: str) -> str:
+        return f"{self.rest_url}/{API}/{path}"
+
+    def _jobs(self) -> list[dict[str, Any]]:
+        jobs = self._request("GET", "jobs").get("jobs")
+        if not isinstance(jobs, list):
+            raise LaunchError(f"slurmrestd at {self.rest_url} answered GET jobs without a list of jobs")
+        return jobs
+
+    def _request(self, method: str, path: str, body: dict | None = None) -> dict[str, Any]:
+        headers = {**_credentials(), "Accept": "application/json"}
+        data = None
+        if body is not None:
+            data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
+        request = urllib.request.Request(self._url(path), data=data, method=method, headers=headers)
+        self.calls.append([method, path])
+        try:
+            with urllib.request.urlopen(request, timeout=self.request_timeout_s) as response:
+                text = response.read().decode(errors="replace")
+        except urllib.error.HTTPError as error:
+            raise self._refused(method, path, error.code, error.read().decode(errors="replace")) from None
+        except (OSError, http.client.HTTPException) as error:  # refused, unreachable, timed out, cut off
+            raise self._unanswered(method, path, error) from None
+        answer = _json(text)
+        if answer is None:
+            raise LaunchError(f"slurmrestd at {self.rest_url} answered {method} {path} with something other than "
+                              f"JSON: {text[:200]!r}")
+        if answer.get("errors"):
+            raise SlurmRestError(f"slurmrestd refused {method} {path}: {_errors(answer)}", answer)
+        return answer
+
+    def _unanswered(self, method: str, path: str, error: Exception) -> LaunchError:
+        reason = error.reason if isinstance(error, urllib.error.URLError) else error
+        what = (f"did not answer {method} {path} within {self.request_timeout_s:g} s"
+                if isinstance(reason, TimeoutError) else f"does not answer: {reason}")
+        return LaunchError(f"slurmrestd at {self.rest_url} {what}: check the cluster's rest_url and that slurmrestd "
+                           f"runs and is reachable from this worker")
+
+    def _refused(self, method: str, path: str, status: int, text: str) -> LaunchError:
+        answer = _json(text) or {}
+        said = _errors(answer) if answer.get("errors") else text.strip()[:200]
+        if status == 401 or (status == 500 and UNVERIFIED_TOKEN & error_numbers(answer)):
+            user = _credentials()["X-SLURM-USER-NAME"]
+            return LaunchError(f"the token was refused: slurmrestd answered {method} {path} with {status} ({said}), "
+                               f"as it does for a token slurmctld cannot verify (expired, or not this cluster's): set "
+                               f"SLURM_JWT to a fresh token from `scontrol token username={user} lifespan=<seconds>`")
+        if status == 404:
+            return LaunchError(f"slurmrestd at {self.rest_url} has no {API}/{path} (404): give the cluster's rest_url "
+                               f"as slurmrestd's address alone (e.g. http://login1:6820), and run slurmrestd with "
+                               f"-s openapi/v0.0.38")
+        return SlurmRestError(f"slurmrestd refused {method} {path} ({status}): {said}", answer)
+
+
+def _credentials() -> dict[str, str]:
+    """The token and user headers, from the worker's environment."""
+    token = os.environ.get("SLURM_JWT", "").strip().removeprefix("SLURM_JWT=")
+    if not token:
+        raise LaunchError("no token for slurmrestd: set SLURM_JWT in the worker's environment to a token from "
+                          "`scontrol token username=<user> lifespan=<seconds>` (and SLURM_JWT_USER to that user if "
+                          "the worker runs as another)")
+    user = os.environ.get("SLURM_JWT_USER", "").strip()
+    if not user:
+        try:
+            user = getpass.getuser()
+        except OSError:
+            raise LaunchError("the worker's user has no name: set SLURM_JWT_USER to the user of SLURM_JWT's token"
+                              ) from None
+    return {"X-SLURM-USER-NAME": user, "X-SLURM-USER-TOKEN": token}
+
+
+def _json(text: str) -> dict[str, Any] | None:
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return None
+    return answer if isinstance(answer, dict) else None
+
+
+def _errors(answer: dict[str, Any]) -> str:
+    """slurmrestd's errors in words: its description, else Slurm's message, with Slurm's error number."""
+    said = []
+    for error in answer.get("errors") or []:
+        if isinstance(error, dict):
+            words = error.get("description") or error.get("error") or "unknown error"
+            number = error.get("error_number", error.get("error_code"))
+            said.append(f"{words} (error {number})" if number else words)
+        else:
+            said.append(str(error))
+    return "; ".join(said)
+
+
+def _state(job: Job, entry: dict[str, Any]) -> JobState:
+    """A listed job's state; once it has ended, its exit code as Slurm recorded it (else as its script did)."""
+    state = str(entry.get("job_state") or "")
+    code = None
+    if state not in JobStates.ACTIVE:
+        code = exit_code_of(entry.get("exit_code"))
+        if code is None:
+            code = recorded_exit_code(job)
+    return job_state(state, str(entry.get("state_reason") or ""), code)
