@@ -43,6 +43,7 @@ ATTEMPT_STATE = ("next_why", "job_state", "job_reason", "last_event", "time_limi
 def scheduler_settings(cluster: Cluster) -> SchedulerSettings:
     return SchedulerSettings(kind=cluster.kind, partition=cluster.partition, account=cluster.account,
                              qos=cluster.qos, time_limit=cluster.time_limit,
+                             stop_before_limit_s=cluster.stop_before_limit_s,
                              env_setup=tuple(cluster.env_setup or ()), container_image=cluster.container_image,
                              rest_url=cluster.rest_url)
 

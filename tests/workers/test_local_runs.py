@@ -3,45 +3,22 @@
 These use the real worker, Redis, database and trainer (one CPU process a run, a tiny model), so they are few.
 """
 import json
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.workers.conftest import reconcile_until
 from trainer.contract.records import LaunchRecord
 from webapp import models, services
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-@pytest.fixture
-def broker(worker, redis_url, settings):
-    from webapp.services import tasks
-    settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
-    tasks._client.cache_clear()
-    yield worker[0]
-    tasks._client.cache_clear()
-
-
-def _reconcile_until(broker, run_id, done, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        broker.send_task("workbench.runs.reconcile").get(timeout=60)
-        run = models.Run.objects.get(pk=run_id)
-        if done(run):
-            return run
-        time.sleep(0.5)
-    run = models.Run.objects.get(pk=run_id)
-    log = Path(run.run_dir, "logs", "launcher.log")
-    raise AssertionError(f"run {run_id} stuck in {run.status}: {run.status_message}\n"
-                         f"{log.read_text()[-3000:] if log.exists() else 'no launcher log'}")
-
-
 def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, tiny_run_parts):
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="e2e", plan=plan, dataset=dataset, steps=6, checkpoint_every=3,
                               eval_every=3, launch=True)
-    run = _reconcile_until(broker, run.pk, lambda r: r.is_finished)
+    run = reconcile_until(broker, run.pk, lambda r: r.is_finished)
     assert run.status == "completed", run.status_message
     assert run.attempts == 1 and run.last_step == 6 and run.started_at and run.finished_at
     folder = Path(run.run_dir)
@@ -60,7 +37,7 @@ def test_it_retries_a_failing_run_until_its_attempts_are_used(broker, tiny_run_p
     Path(dataset.path).write_text("too short to train on\n")
     run = services.run_create(owner=owner, name="doomed", plan=plan, dataset=dataset, steps=3, max_restarts=1,
                               launch=True)
-    run = _reconcile_until(broker, run.pk, lambda r: r.status == "failed" and r.attempts == 2
+    run = reconcile_until(broker, run.pk, lambda r: r.status == "failed" and r.attempts == 2
                            and r.ingest_state.get("job_ended"))
     assert "attempt 2" in run.status_message and run.metrics.count() == 0
 
@@ -68,9 +45,9 @@ def test_it_retries_a_failing_run_until_its_attempts_are_used(broker, tiny_run_p
 def test_it_stops_a_cancelled_run_which_saves_a_checkpoint_on_the_way_out(broker, tiny_run_parts):
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="long", plan=plan, dataset=dataset, steps=100_000, launch=True)
-    _reconcile_until(broker, run.pk, lambda r: r.status == "running" and r.last_step >= 2)
+    reconcile_until(broker, run.pk, lambda r: r.status == "running" and r.last_step >= 2)
     services.run_cancel(run, "enough")
-    run = _reconcile_until(broker, run.pk, lambda r: r.ingest_state.get("job_ended"))
+    run = reconcile_until(broker, run.pk, lambda r: r.ingest_state.get("job_ended"))
     assert run.status == "cancelled" and run.status_message == "enough"
     assert run.checkpoints.exists() and run.last_step < 100_000
     assert run.ingest_state["last_event"] == "stopped"

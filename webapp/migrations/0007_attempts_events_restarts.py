@@ -35,6 +35,10 @@ class Migration(migrations.Migration):
         migrations.AlterField("cluster", "kind", models.CharField(
             choices=[("local", "Local torchrun"), ("slurm", "Slurm (commands on a login node)"),
                      ("slurm-rest", "Slurm (slurmrestd)")], default="local", max_length=16)),
+        migrations.AddField("cluster", "stop_before_limit_s", models.PositiveIntegerField(
+            default=120, help_text="How long before the Slurm time limit the trainer is asked to save a checkpoint "
+                                   "and stop (the run is then requeued and resumes): room for a step and a checkpoint "
+                                   "save. At least a tenth of the limit is left to train")),
         migrations.AddField("cluster", "rest_url", models.URLField(
             blank=True, help_text="slurmrestd's address for slurm-rest clusters, e.g. http://login1:6820; the token "
                                   "comes from SLURM_JWT")),

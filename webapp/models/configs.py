@@ -63,6 +63,10 @@ class Cluster(models.Model):
                   "staff input: each line is written into the batch script verbatim, as a shell command")
     container_image = models.CharField(max_length=300, blank=True,
                                        help_text="An image reference: [registry[:port]/]name[:tag][@digest]")
+    stop_before_limit_s = models.PositiveIntegerField(
+        default=120, help_text="How long before the Slurm time limit the trainer is asked to save a checkpoint and "
+                               "stop (the run is then requeued and resumes): room for a step and a checkpoint save. "
+                               "At least a tenth of the limit is left to train")
     rest_url = models.URLField(blank=True, help_text="slurmrestd's address for slurm-rest clusters, e.g. "
                                                      "http://login1:6820; the token comes from SLURM_JWT")
     runs_root = models.CharField(max_length=500, blank=True,

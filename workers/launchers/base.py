@@ -27,6 +27,7 @@ class SchedulerSettings:
     account: str = ""
     qos: str = ""
     time_limit: str = ""
+    stop_before_limit_s: int = 120
     env_setup: tuple[str, ...] = ()
     container_image: str = ""
     rest_url: str = ""

@@ -38,7 +38,7 @@ NODE_ADDRESS = "scontrol show node \"{node}\" | sed -n 's/.*NodeAddr=\\([^ ]*\\)
 PER_NODE = ('[ "$SLURMD_NODENAME" = "$FIRST_NODE" ] && host=1 || host=0; '
             f'addr=$({NODE_ADDRESS.format(node="$SLURMD_NODENAME")}); '
             'export PET_RDZV_CONF="is_host=$host" PET_LOCAL_ADDR="${addr:-$SLURMD_NODENAME}"; exec "$@"')
-SIGNAL_BEFORE_LIMIT_S = 120  # the time-limit signal comes this long before the end (Slurm: up to 60 s earlier)
+MAX_SIGNAL_TIME_S = 65535  # the largest time sbatch --signal takes
 
 
 class UnsafeScriptValue(ValueError):
@@ -88,9 +88,11 @@ def time_limit_s(value: str) -> int:
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
-def signal_before_limit_s(time_limit: str) -> int:
-    """How long before the limit the checkpoint signal comes: two minutes, or half of a shorter limit."""
-    return max(1, min(SIGNAL_BEFORE_LIMIT_S, time_limit_s(time_limit) // 2))
+def signal_before_limit_s(time_limit: str, wanted_s: int) -> int:
+    """How long before the limit the checkpoint signal comes: as the cluster asks, leaving at least a tenth of the
+    limit (and 10 s) to train."""
+    limit = time_limit_s(time_limit)
+    return max(1, min(wanted_s, limit - max(10, limit // 10), MAX_SIGNAL_TIME_S))
 
 
 def job_shape(request: JobRequest) -> tuple[int, int]:
@@ -125,7 +127,7 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
              *directives(settings)]
     timer = []
     if settings.time_limit:
-        before = signal_before_limit_s(settings.time_limit)
+        before = signal_before_limit_s(settings.time_limit, settings.stop_before_limit_s)
         lines.append(f"#SBATCH --signal=B:USR1@{before}")
         # Slurm sends its signal at its next periodic check (tens of seconds late), and slurmrestd cannot ask for it
         # to reach the batch shell at all: the script keeps its own time as well.
@@ -161,7 +163,9 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         '  [ -n "$stopping" ] && return; stopping=1  # Slurm\'s signal and the script\'s own timer: the first counts',
         f"  printf '{{\"event\":\"{Event.TIME_LIMIT_NEAR}\",\"time\":%s,\"rank\":-1}}\\n' \"$(date +%s)\" "
         f'>> "$run_dir/{EVENTS}"',
-        '  kill -TERM "$step" 2>/dev/null  # the trainer saves a checkpoint at the end of its step and exits',
+        "  # SIGTERM to the tasks (srun itself would kill them at once): the trainer saves at the end of its step and",
+        "  # exits. The trainer's step is the script's only srun, step 0.",
+        '  scancel --signal=TERM "$SLURM_JOB_ID.0"',
         "}",
         "trap time_limit_near USR1",
         *timer,

@@ -5,19 +5,17 @@
     poll     one squeue for every active job; jobs that have left squeue: one sacct, if accounting is there
     cancel   scancel
 """
+import os
 import shutil
 import subprocess
 from pathlib import Path
 from typing import Sequence
 
-from trainer.contract.runfolder import read_json
-
-from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
-from .sbatch import UnsafeScriptValue, batch_script, output_pattern
+from .base import Job, JobRequest, JobState, LaunchError, StartedJob
+from .sbatch import output_pattern
+from .slurm_jobs import forgotten_job_state, output_log, recorded_exit_code, write_batch_script
 from .slurm_states import exit_status, job_state
-from ..supervise import EXIT_FILE
 
-SCRIPT = "job.sbatch"
 # What a job's environment starts with; the script sets the rest. The worker's own environment (its database URL,
 # its secret key) never reaches a job.
 EXPORTED = "PATH,HOME,USER,LANG,LC_ALL,TZ,SLURM_CONF"
@@ -41,7 +39,8 @@ class SlurmCLILauncher:
                                     f"(or use a slurm-rest cluster, which talks to slurmrestd instead)")
         self.calls.append(list(argv))
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.command_timeout_s)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.command_timeout_s,
+                                  env=_without_token(os.environ))
         except subprocess.TimeoutExpired:
             raise SlurmCommandError(f"{argv[0]} did not answer within {self.command_timeout_s:.0f} s: is slurmctld "
                                     f"up?") from None
@@ -50,14 +49,7 @@ class SlurmCLILauncher:
         return done
 
     def submit(self, request: JobRequest) -> StartedJob:
-        try:
-            script = batch_script(request)
-        except UnsafeScriptValue as exc:
-            raise LaunchError(str(exc)) from None
-        path = request.run_dir / SCRIPT
-        path.write_text(script)
-        (request.run_dir / "logs").mkdir(exist_ok=True)
-        (request.run_dir / EXIT_FILE).unlink(missing_ok=True)
+        path, script = write_batch_script(request)
         command = ["sbatch", "--parsable", f"--export={EXPORTED}", f"--output={output_pattern(request.run_dir)}",
                    f"--chdir={request.run_dir}", str(path)]
         job_id = self._slurm(*command).stdout.strip().split(";")[0]
@@ -81,7 +73,7 @@ class SlurmCLILauncher:
             job_id, _, rest = line.strip().partition("|")
             state, _, reason = rest.partition("|")
             if job_id in by_id:
-                states[job_id] = job_state(state, reason, _exit_code(by_id[job_id]))
+                states[job_id] = job_state(state, reason, recorded_exit_code(by_id[job_id]))
         if done.returncode != 0 and "Invalid job id" not in done.stderr:
             raise SlurmCommandError(f"squeue failed: {done.stderr.strip()}")
         left = [job for job_id, job in by_id.items() if job_id not in states]
@@ -101,24 +93,19 @@ class SlurmCLILauncher:
                 states[job_id] = job_state(state, "", exit_status(code))
         for job in jobs:
             if job.job_id not in states:
-                code = _exit_code(job)
-                states[job.job_id] = JobState(JobStates.GONE, code, "Slurm no longer knows the job and keeps no "
-                                                                    "accounting; " + (f"its script exited with {code}"
-                                                                                      if code is not None else
-                                                                                      "it ended without an exit record"))
+                states[job.job_id] = forgotten_job_state(job, "Slurm no longer knows the job and keeps no accounting")
         return states
 
     def cancel(self, job: Job) -> None:
         self._slurm("scancel", job.job_id, check=False)
 
     def log_paths(self, job: Job) -> list[Path]:
-        return [Path(output_pattern(job.run_dir).replace("%j", job.job_id))]
+        return [output_log(job)]
 
 
-def _exit_code(job: Job) -> int | None:
-    """The step's exit code as the batch script recorded it (absent when the job was killed)."""
-    record = read_json(job.run_dir / EXIT_FILE)
-    if isinstance(record, dict) and str(record.get("job_id")) == job.job_id:
-        return record.get("exit_code")
-    return None
 
+def _without_token(environ) -> dict[str, str]:
+    """A slurmrestd token in the worker's environment stays out of the commands: Slurm passes every SLURM_*
+    variable on to the job whatever --export says, and srun inside a job that holds one fails to launch its tasks
+    (and the job's user could read it)."""
+    return {k: v for k, v in environ.items() if k != "SLURM_JWT"}

@@ -1,0 +1,115 @@
+"""Runs that survive failures: a rank killed with SIGKILL restarts from the newest checkpoint, and a Slurm job that
+reaches its time limit checkpoints, is requeued and resumes; both end with the loss of a run that was never
+interrupted. Real worker, real torchrun, real Slurm."""
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.workers.conftest import reconcile_until
+from trainer.contract import ParallelPlan, presets
+from trainer.contract.runfolder import METRICS, SPEC, read_jsonl
+from webapp import models, services
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def _plan(owner, model, cluster: models.Cluster, **fields) -> models.ParallelismPlan:
+    return models.ParallelismPlan.objects.create(
+        owner=owner, name=f"p{models.ParallelismPlan.objects.count()}", model_config=model, cluster=cluster,
+        spec=ParallelPlan(micro_batch=2, global_batch=4, **fields).to_dict())
+
+
+def _train_records(run: models.Run) -> list[dict]:
+    """Every step record in the order written: an attempt that resumes writes its steps again after the last."""
+    return [r for _, r in read_jsonl(Path(run.run_dir) / METRICS) if "loss" in r and "step" in r]
+
+
+def _final_loss(run: models.Run) -> float:
+    return run.metrics.get(kind="train", step=run.steps).loss
+
+
+def _steps_lost(run: models.Run) -> list[int]:
+    """For each resume: the steps the stopped attempt had done beyond the checkpoint it was resumed from."""
+    records, lost = _train_records(run), []
+    for before, after in zip(records, records[1:]):
+        if after["step"] <= before["step"]:
+            lost.append(before["step"] - (after["step"] - 1))
+    return lost
+
+
+def _rank_pid(run_dir: str, rank: int) -> int | None:
+    """The pid of the trainer process of ``rank`` in the run (its environment names the rank, its command line the
+    run's spec)."""
+    spec = str(Path(run_dir) / SPEC).encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if spec in command and b"torch.distributed.run" not in command and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    return None
+
+
+def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with_the_uninterrupted_loss(
+        broker, tiny_run_parts):
+    owner, one_rank, dataset = tiny_run_parts
+    cluster = models.Cluster.objects.create(name="local-2", spec=presets.local_cpu_cluster(2).to_dict())
+    plan = _plan(owner, one_rank.model_config, cluster, dp=2)
+    every = 20
+    killed = services.run_create(owner=owner, name="killed", plan=plan, dataset=dataset, steps=200,
+                                 checkpoint_every=every, max_restarts=1, launch=True)
+    running = reconcile_until(broker, killed.pk, lambda r: r.status == "running" and r.last_step >= every + 5)
+    pid = _rank_pid(running.run_dir, 1)
+    assert pid is not None, "rank 1's process was not found"
+    os.kill(pid, signal.SIGKILL)
+    # the reference waits for the machine's two CPU slots, which the killed run holds until it completes
+    reference = services.run_create(owner=owner, name="uninterrupted", plan=plan, dataset=dataset, steps=200,
+                                    checkpoint_every=every, max_restarts=0, launch=True)
+    killed = reconcile_until(broker, killed.pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"),
+                             timeout=300)
+    assert killed.status == "completed", killed.status_message
+    first, second = killed.attempt_records.order_by("number")
+    assert (first.state, first.counts_as_restart, second.resume) == ("FAILED", True, True), first.reason
+    assert (killed.attempts, killed.restarts) == (2, 1)
+    assert [lost <= every for lost in _steps_lost(killed)] == [True]
+    assert killed.history.filter(source="trainer", kind="started", data__resumed_from__isnull=False).exists()
+    reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=300)
+    assert reference.status == "completed" and reference.attempts == 1, reference.status_message
+    assert abs(_final_loss(killed) - _final_loss(reference)) <= 1e-6, (_final_loss(killed), _final_loss(reference))
+
+
+def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_with_the_uninterrupted_loss(
+        broker, tiny_run_parts, slurm_cluster):
+    owner, one_rank, dataset = tiny_run_parts
+    model = one_rank.model_config
+
+    def cluster(name: str, **fields) -> models.Cluster:
+        return models.Cluster.objects.create(
+            name=name, kind="slurm", spec=presets.local_cpu_cluster(1).to_dict(), partition=slurm_cluster.partition,
+            env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster.interface}"], **fields)
+
+    # Slurm's shortest limit is a minute; asked to stop 45 s before it, each attempt trains for some 10 s
+    limited = cluster("one-minute", time_limit="1", stop_before_limit_s=45)
+    steps = 1500  # some 25 s of training at 15-25 ms a step: three attempts or more
+    run = services.run_create(owner=owner, name="limited", plan=_plan(owner, model, limited), dataset=dataset,
+                              steps=steps, checkpoint_every=200, max_restarts=0, launch=True)
+    reference = services.run_create(owner=owner, name="unlimited", plan=_plan(owner, model, cluster("unlimited")),
+                                    dataset=dataset, steps=steps, checkpoint_every=200, launch=True)
+    run = reconcile_until(broker, run.pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=420)
+    assert run.status == "completed", run.status_message
+    attempts = list(run.attempt_records.order_by("number"))
+    assert len(attempts) >= 2 and run.restarts == 0
+    assert all(a.why == "requeued after its time limit" for a in attempts[1:]), [a.why for a in attempts]
+    assert run.history.filter(source="trainer", kind="time_limit_near").count() == len(attempts) - 1
+    assert "#SBATCH --signal=B:USR1@45" in attempts[0].script
+    reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=120)
+    assert reference.status == "completed" and reference.attempts == 1, reference.status_message
+    assert abs(_final_loss(run) - _final_loss(reference)) <= 1e-6
+    assert json.loads(Path(run.run_dir, "launch.json").read_text())["resume"] is True
