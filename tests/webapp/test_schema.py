@@ -13,6 +13,8 @@ from openapi_spec_validator import validate
 
 from trainer.contract import presets
 from webapp import models
+from webapp.services import run_updates
+from webapp.services.series.store import series_write
 
 
 def test_it_serves_a_valid_openapi_3_schema(db, client):
@@ -62,11 +64,15 @@ CHECKS = [schemathesis.checks.not_a_server_error, schemathesis.checks.status_cod
 
 
 @pytest.fixture
-def populated(alice, bob, staff, cluster8, data_root, plan222, corpus):
+def populated(alice, bob, staff, cluster8, data_root, plan222, corpus, monkeypatch):
     models.ModelConfig.objects.create(owner=bob, name="tiny", spec=presets.MODELS["tiny"].to_dict(), shared=True)
     run = models.Run.objects.create(owner=alice, name="r", model_config=plan222.model_config, plan=plan222,
                                     cluster=cluster8, dataset=corpus)
     models.Metric.objects.create(run=run, step=1, loss=3.0, values={"loss": 3.0})
+    series_write(run, [{"step": s, "loss": 3.0 - s / 100, "tokens_seen": 64 * s, "time": 1e9 + s}
+                       for s in range(1, 50)])
+    # A long poll with cursors at the newest waits out its time: in this test, a tenth of a second
+    monkeypatch.setattr(run_updates, "MAX_WAIT_S", 0.1)
     models.Checkpoint.objects.create(run=run, step=1, path=str(data_root / "ckpt"))
     models.Profile.objects.create(run=run, name="p", path=str(data_root / "prof"))
     models.TuneJob.objects.create(owner=alice, request={"model": "tiny"}, dataset=corpus)

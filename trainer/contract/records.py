@@ -27,6 +27,7 @@ class Event:
     FINISHED = "finished"
     STOPPED = "stopped"  # SIGTERM or --until-step: a checkpoint was saved, the run can resume
     FAILED = "failed"
+    TIME_LIMIT_NEAR = "time_limit_near"  # written by a Slurm batch script when its time-limit signal came
     # Events that say where a run stands (the web app's status follows the last of these)
     MILESTONES = (STARTED, FINISHED, STOPPED, FAILED)
 
@@ -42,7 +43,9 @@ class StepMetrics:
 
     ``memory`` holds this rank's bytes (params_bytes, grads_bytes, optimizer_bytes, activations_bytes,
     max_allocated_bytes) and, on the first step of a multi-rank job, ``per_rank``: every rank's. ``routing`` holds
-    the mixture-of-experts figures (aux_loss, expert_load, dropped_fraction), written as top-level keys.
+    the mixture-of-experts figures (aux_loss, expert_load, dropped_fraction), written as top-level keys. ``ranks``
+    holds, in a multi-rank job, the step's ``RANK_FIGURES`` of every rank as lists in rank order (left out for a
+    world of one, whose figures are the row's own). ``time``: when the row was made, in seconds since the epoch.
     """
 
     step: int
@@ -58,10 +61,16 @@ class StepMetrics:
     mfu: float
     memory: dict[str, Any]
     routing: dict[str, Any] = field(default_factory=dict)
+    ranks: dict[str, list[float]] = field(default_factory=dict)
+    time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        return {**{k: v for k, v in out.items() if k != "routing"}, **self.routing}
+        return {**{k: v for k, v in out.items() if k != "routing" and (k != "ranks" or v)}, **self.routing}
+
+
+# Each rank's own figures of a step, gathered into StepMetrics.ranks: the slowest rank sets the pace of all.
+RANK_FIGURES = ("step_time_s", "tokens_per_s", "max_allocated_bytes")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from . import planner, views
+from . import live, planner, views
 
 router = DefaultRouter()
 router.register("model-configs", views.ModelConfigViewSet)
@@ -17,5 +17,6 @@ router.register("tune-jobs", planner.TuneJobViewSet)
 urlpatterns = [
     path("estimate/", planner.EstimateView.as_view(), name="estimate"),
     path("tune/", planner.TuneView.as_view(), name="tune"),
+    path("runs/<int:pk>/updates/", live.RunUpdatesView.as_view(), name="run-updates"),
     path("", include(router.urls)),
 ]

@@ -9,6 +9,7 @@ from rest_framework.response import Response
 from .. import models, services
 from ..services.datasets import NotText, UploadTooLarge, upload_limit
 from . import filters
+from .live import RunLiveData
 from .fields import StrictCharField
 from .parsers import RequestTooLarge
 from .permissions import IsOwnerOrStaffToChange, IsStaffOrReadOnly
@@ -86,9 +87,10 @@ class CancelSerializer(serializers.Serializer):
     reason = StrictCharField(required=False, default="cancelled by user", max_length=500)
 
 
-class RunViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
+class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
                  viewsets.GenericViewSet):
-    """Training runs: create (as a draft, or queued with `launch`), list with filters, retrieve, launch, cancel."""
+    """Training runs: create (as a draft, or queued with `launch`), list with filters, retrieve, launch, cancel;
+    and their live data (webapp.api.live)."""
 
     queryset = models.Run.objects.all()
     serializer_class = RunSerializer

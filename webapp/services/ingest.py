@@ -3,9 +3,12 @@ registered. Idempotent and incremental: byte offsets into the JSONL files are ke
 left for next time, and reading a record twice changes nothing (unique constraints). A step recorded again (a resumed
 attempt redoing steps after its checkpoint) replaces the earlier record: the last record of a step is the one that
 counts. Checkpoints that retention has deleted leave the registry."""
+import json
+import math
 from pathlib import Path
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.utils import timezone
 
 from trainer.contract.manifest import read_manifest
 from trainer.contract.records import Event, is_eval_row, is_step_row
@@ -13,6 +16,9 @@ from trainer.contract.runfolder import EVENTS, METRICS, read_json, read_jsonl
 
 from ..finite import finite
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
+from .history import Source, record_event
+from .series.store import series_write
+from .upsert import upsert
 
 
 MAX_STEP = 2**31 - 1
@@ -22,20 +28,34 @@ def _folder_size(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
 
 
-def _metric_rows(run: Run, records: list[dict]) -> list[Metric]:
-    rows: dict[tuple[str, int], Metric] = {}  # one row per (kind, step): the last record of it
-    for record in map(finite, records):  # a diverged run logs NaN losses; stored as null, as JSON can hold them
+METRIC_COLUMNS = ["run_id", "kind", "step", "loss", "values", "recorded_at"]
+
+
+def _metric_rows(run: Run, records: list[dict]) -> list[tuple]:
+    """One Metric row per (kind, step), the last record of it, as ``upsert`` takes them (the record as JSON)."""
+    rows: dict[tuple[str, int], tuple] = {}
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    for record in records:
         if is_eval_row(record):
             kind, loss = "val", record["val_loss"]
         elif is_step_row(record):
             kind, loss = "train", record["loss"]
         else:
             continue
-        if not isinstance(loss, (int, float)) or isinstance(loss, bool):
+        if not isinstance(loss, (int, float)) or isinstance(loss, bool) or not math.isfinite(loss):
             loss = None
         if 0 <= record["step"] <= MAX_STEP:  # a damaged line may say anything; steps are stored unsigned, 32 bits
-            rows[(kind, record["step"])] = Metric(run=run, kind=kind, step=record["step"], loss=loss, values=record)
+            rows[(kind, record["step"])] = (run.pk, kind, record["step"], loss, _json(record), now)
     return list(rows.values())
+
+
+def _json(record: dict) -> str:
+    """A diverged run logs NaN losses: stored as null, as JSON can hold them (the check costs nothing when every
+    number is finite, which is almost always)."""
+    try:
+        return json.dumps(record, allow_nan=False)
+    except ValueError:
+        return json.dumps(finite(record))
 
 
 def checkpoint_register(run: Run, event: dict) -> Checkpoint | None:
@@ -66,8 +86,20 @@ def profile_register(run: Run, event: dict) -> Profile:
     return profile
 
 
+def _event_message(event: dict) -> str:
+    kind, step = event.get("event"), event.get("step")
+    if kind == Event.FAILED:
+        return f"rank {event.get('rank')} failed: {event.get('error', 'unknown error')}"
+    if kind == Event.STARTED and event.get("resumed_from"):
+        return f"started at step {step}, resumed from {event['resumed_from']}"
+    return f"{kind.replace('_', ' ')} at step {step}" if step is not None else kind.replace("_", " ")
+
+
 def _apply_event(run: Run, event: dict) -> None:
     kind = event.get("event")
+    if isinstance(kind, str) and kind:
+        details = {k: v for k, v in event.items() if k not in ("event", "time", "traceback")}
+        record_event(run, Source.TRAINER, kind[:32], _event_message(event), at=event.get("time"), **details)
     if kind == Event.STARTED and run.status == RunStatus.SUBMITTED:
         run.transition(RunStatus.RUNNING)
     elif kind == Event.CHECKPOINT_SAVED:
@@ -92,8 +124,8 @@ def run_ingest(run_id: int) -> Run:
     metrics, offset = [], state.get("metrics_offset", 0)
     for offset, record in read_jsonl(folder / METRICS, offset):
         metrics.append(record)
-    Metric.objects.bulk_create(_metric_rows(run, metrics), update_conflicts=True,
-                               unique_fields=["run", "kind", "step"], update_fields=["loss", "values", "recorded_at"])
+    upsert(Metric, METRIC_COLUMNS, ["run_id", "kind", "step"], _metric_rows(run, metrics))
+    series_write(run, metrics)
     state["metrics_offset"] = offset
     train_steps = [r["step"] for r in metrics if is_step_row(r) and 0 <= r["step"] <= MAX_STEP]
     if train_steps:
@@ -105,6 +137,8 @@ def run_ingest(run_id: int) -> Run:
         saved = saved or event.get("event") == Event.CHECKPOINT_SAVED
         if event.get("event") in Event.MILESTONES:
             state["last_event"] = event["event"]
+        elif event.get("event") == Event.TIME_LIMIT_NEAR:  # the stop that follows requeues the run
+            state["time_limit_near"] = True
     state["events_offset"] = offset
     if saved:  # retention prunes when a checkpoint is saved
         checkpoints_follow_retention(run)

@@ -5,8 +5,8 @@ from trainer.contract import ParallelPlan
 from trainer.contract.manifest import (FORMAT_DCP, CheckpointManifest, complete_checkpoints, incomplete_before,
                                        latest_checkpoint, read_manifest, step_dir)
 from trainer.contract.presets import MODELS
-from trainer.contract.records import (Event, EvalMetrics, LaunchRecord, StepMetrics, event, is_eval_row, is_step_row,
-                                      last_step_rows, step_times)
+from trainer.contract.records import (RANK_FIGURES, Event, EvalMetrics, LaunchRecord, StepMetrics, event, is_eval_row,
+                                      is_step_row, last_step_rows, step_times)
 
 
 def _manifest(step: int, plan: ParallelPlan = ParallelPlan(dp=2, micro_batch=1, global_batch=2)):
@@ -72,3 +72,12 @@ def test_it_reads_the_last_record_of_each_step():
             {"step": 2, "val_loss": 2.4}]
     assert last_step_rows(rows) == [rows[0], redone, rows[2]]
     assert step_times(rows, after_step=1) == [0.2, 0.3]
+
+
+def test_it_stamps_a_step_row_with_its_time_and_leaves_out_empty_rank_figures():
+    fields = dict(step=1, loss=2.5, lr=1e-3, grad_norm=0.5, tokens_per_s=100.0, step_time_s=0.2, tokens_seen=384,
+                  flops_per_step=10, loss_scale=1.0, skipped=False, mfu=0.1, memory={})
+    alone = StepMetrics(**fields).to_dict()
+    assert "ranks" not in alone and alone["time"] > 1.6e9
+    ranks = {name: [1.0, 2.0] for name in RANK_FIGURES}
+    assert StepMetrics(**fields, ranks=ranks, time=5.0).to_dict()["ranks"] == ranks
