@@ -1,8 +1,8 @@
 """Watching and stopping runs (launching is in workers.launching). The database, the scheduler and the run folder
 hold all state; any worker can pick up where another stopped, and every step is safe to repeat.
 
-One reconcile pass: every active run's job is polled with one scheduler call per cluster (not one per run), a run
-folder is read only when its files have grown, and a job seen to end settles its run: completed, requeued (it
+One reconcile pass: every active run's job is polled with one scheduler call per cluster (not one per run), the
+folders that have grown are handed to ingest tasks (workers.ingesting), and a job seen to end settles its run: completed, requeued (it
 stopped itself with a checkpoint: a time limit near, a preemption), restarted from its newest checkpoint while
 restarts remain, or failed with the scheduler's reason.
 """
@@ -27,6 +27,7 @@ from webapp.services.ingest import run_ingest
 from webapp.services.runs import LAUNCH_TASK
 
 from .launchers import Job, JobState, JobStates, LaunchError, launcher_for
+from .ingesting import request_ingest
 from .launching import WAITING, scheduler_settings
 
 log = logging.getLogger(__name__)
@@ -64,11 +65,12 @@ class PassReport:
     runs: int = 0
     scheduler_calls: dict[str, int] = field(default_factory=dict)
     settled: dict[int, str] = field(default_factory=dict)
+    ingest_requested: int = 0
 
 
 def reconcile_pass() -> PassReport:
     """Bring every active run in line with its folder and its job; launch what waits."""
-    report = PassReport()
+    report, grown = PassReport(), []
     by_cluster: dict[int, list[Run]] = defaultdict(list)
     for run in active_runs():
         by_cluster[run.cluster_id].append(run)
@@ -84,21 +86,26 @@ def reconcile_pass() -> PassReport:
         report.scheduler_calls[settings.kind] = report.scheduler_calls.get(settings.kind, 0) + calls
         for run in runs:
             report.runs += 1
+            if _folder_grew(run):
+                grown.append(run.pk)
             try:
-                status = reconcile_run(run, states.get(run.job_id))
+                status = reconcile_run(run, states.get(run.job_id), ingest=False)
             except Exception:  # one broken run folder must not stop the others from being watched
                 log.exception("reconciling run %s failed", run.pk)
                 continue
             if status is not None:
                 report.settled[run.pk] = status
+    report.ingest_requested = request_ingest([run_id for run_id in grown if run_id not in report.settled])
     for run_id in launchable_run_ids():
         services.enqueue(LAUNCH_TASK, run_id)
     return report
 
 
-def reconcile_run(run: Run, job: JobState | None) -> str | None:
-    """One run, given its job's state (None: unknown this pass); the run's status if its job was seen to end."""
-    if _folder_grew(run):
+def reconcile_run(run: Run, job: JobState | None, ingest: bool = True) -> str | None:
+    """One run, given its job's state (None: unknown this pass); the run's status if its job was seen to end.
+    ``ingest``: read a grown folder in here (the pass leaves that to ingest tasks; a job seen to end is read to its
+    last line here in any case)."""
+    if ingest and _folder_grew(run):
         run = run_ingest(run.pk)
     if job is None:
         return None
@@ -165,9 +172,15 @@ def _restart(run: Run, job: JobState) -> Run:
 
 
 def launchable_run_ids(older_than_s: float = 120) -> list[int]:
-    """Queued runs to send the launch task for again (it is idempotent): those waiting for local CPU slots, and
-    those whose launch message may have been lost (a broker restart)."""
+    """Queued runs to send the launch task for again (it is idempotent): those waiting for local CPU slots, those
+    whose launch message may have been lost (a broker restart), and those whose launch was claimed that long ago by
+    a worker that died while starting the job. That worker's task comes back only after the broker's visibility
+    timeout (an hour); the delivery sent now takes the stale claim over, and adopts the job by its name if it was
+    submitted (a claim still fresh for its launcher only lets it adopt: it never submits)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    queued = Run.objects.filter(status=RunStatus.QUEUED, launching_since__isnull=True)
-    waiting = queued.filter(**{f"ingest_state__{WAITING}": True})
-    return list((waiting | queued.filter(queued_at__lt=cutoff)).values_list("pk", flat=True).distinct())
+    queued = Run.objects.filter(status=RunStatus.QUEUED)
+    unclaimed = queued.filter(launching_since__isnull=True)
+    waiting = unclaimed.filter(**{f"ingest_state__{WAITING}": True})
+    lost = unclaimed.filter(queued_at__lt=cutoff)
+    abandoned = queued.filter(launching_since__lt=cutoff)
+    return list((waiting | lost | abandoned).values_list("pk", flat=True).distinct())

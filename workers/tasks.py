@@ -6,7 +6,7 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
-from . import launching, runs, tuning
+from . import ingesting, launching, runs, tuning
 
 
 @shared_task(name="workbench.health")
@@ -36,7 +36,13 @@ def reconcile() -> dict:
     The one writer of a run's status from what its job and its folder say."""
     report = runs.reconcile_pass()
     return {"runs": report.runs, "scheduler_calls": report.scheduler_calls,
-            "settled": {str(k): v for k, v in report.settled.items()}}
+            "settled": {str(k): v for k, v in report.settled.items()}, "ingest_requested": report.ingest_requested}
+
+
+@shared_task(name="workbench.runs.ingest")
+def ingest(run_ids: list[int]) -> int:
+    """Read these runs' folders in (metrics, events, checkpoints, profiles); sent by reconcile for grown folders."""
+    return ingesting.ingest_runs(run_ids)
 
 
 @shared_task(name="workbench.tune.run")

@@ -1,7 +1,7 @@
 """Benchmark: live run data on PostgreSQL, each figure beside its target.
 
-    python -m webapp.bench_live                     # the local server's postgres database
-    DATABASE_URL=postgres://me@db:5432/postgres python -m webapp.bench_live
+    python -m workers.bench_live                     # the local server's postgres database
+    DATABASE_URL=postgres://me@db:5432/postgres python -m workers.bench_live
 
 It creates a throwaway database next to the one DATABASE_URL names (its user needs CREATEDB), migrates it, and
 drops it at the end, whatever happens. Figures:
@@ -12,7 +12,12 @@ drops it at the end, whatever happens. Figures:
 (b) the chart query of a 1,000,000-step run, through the REST endpoint, downsampled to ~2,000 points a series:
     the median of 20 ranges from the whole run down to a zoom of 2,000 steps, beside the raw query of the same
     ranges (every step row of the range), and their ratio;
-(c) a reconcile pass over 500 active runs: ``reconcile_pass`` is the place for it, not measured here.
+(c) one reconcile pass over 500 active runs (workers.runs.reconcile_pass, as the beat task runs it): their jobs
+    polled at once (local jobs: the process table and each folder's exit record), every folder looked at, and the
+    new lines of each read in; the median of passes where every run wrote one step since the last, and of passes
+    where none wrote anything.
+
+It lives with the workers because (c) is theirs; (a) and (b) are the web app's, which the workers may import.
 """
 from __future__ import annotations
 
@@ -30,9 +35,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 INGEST_TARGET_POINTS_S = 50_000
 CHART_TARGET_S = 0.200
+RECONCILE_TARGET_S, RECONCILE_RUNS, RECONCILE_PASSES = 1.0, 500, 7
 INGEST_STEPS, INGEST_READ_STEPS, REDO_STEPS = 60_000, 5_000, 2_000
 CHART_STEPS, CHART_POINTS, CHART_QUERIES = 1_000_000, 2_000, 20
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+BENCH_REDIS_URL = "redis://127.0.0.1:6379/11"
 
 
 @dataclass
@@ -88,7 +95,9 @@ def _drop(url: str, base: str) -> None:
 
 
 def _django(url: str, var: Path) -> None:
-    os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="webapp.settings", WORKBENCH_VAR=str(var))
+    # the reconcile passes send ingest tasks: to a Redis database of the benchmark's own, emptied at the end
+    os.environ.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="webapp.settings", WORKBENCH_VAR=str(var),
+                      REDIS_URL=os.environ.get("BENCH_REDIS_URL", BENCH_REDIS_URL))
     os.environ.setdefault("DJANGO_SECRET_KEY", secrets.token_urlsafe(50))  # signs nothing that outlives the run
     os.environ.setdefault("DJANGO_SECURE", "0")  # the requests are the test client's, in process, plain HTTP
     import django
@@ -253,14 +262,77 @@ def chart_queries(folder: Path) -> list[Figure]:
     return figures
 
 
-# ------------------------------------------------------------------------------------------------ (c) the hook
+# ---------------------------------------------------------------------------------------------- (c) reconcile
 
-def reconcile_pass(folder: Path, active_runs: int = 500) -> Figure:
-    """A reconcile pass over ``active_runs`` active runs (one scheduler poll, every run folder ingested): not
-    measured here. To measure it, build the runs under ``folder``, time workers' reconcile over them, and return
-    the Figure with its target; main() prints it beside the others."""
-    return Figure(f"(c) reconcile pass over {active_runs} active runs", None, "s",
-                  note="hook: webapp.bench_live.reconcile_pass")
+def _active_runs(folder: Path, count: int) -> list:
+    """``count`` running runs on a local cluster, each with a folder and a live job (this process: it is alive
+    for the whole benchmark, as a trainer would be)."""
+    from trainer.contract import ParallelPlan, presets
+    from webapp import models
+    from workers.supervise import JOB_FILE, own_job_id
+
+    owner, first = _run(folder, "reconcile-0")
+    cluster = models.Cluster.objects.create(name="bench-local", spec=presets.local_cpu_cluster(1).to_dict())
+    plan = models.ParallelismPlan.objects.create(owner=owner, name="one", model_config=first.model_config,
+                                                 cluster=cluster, spec=ParallelPlan(micro_batch=1,
+                                                                                    global_batch=1).to_dict())
+    job_id = own_job_id()
+    runs = []
+    for i in range(count):
+        run_dir = folder / f"reconcile-{i}"
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / JOB_FILE).write_text(json.dumps({"name": f"bench-{i}", "job_id": job_id}))
+        runs.append(models.Run(owner=owner, name=f"reconcile-{i}", model_config=first.model_config, plan=plan,
+                               cluster=cluster, dataset=first.dataset, run_dir=str(run_dir), status="running",
+                               job_id=job_id, attempts=1, ingest_state={"job_ended": False}))
+    first.delete()
+    return models.Run.objects.bulk_create(runs)
+
+
+def _one_step_each(runs: list, step: int, rng: random.Random) -> None:
+    for run in runs:
+        with open(Path(run.run_dir) / "metrics.jsonl", "a") as f:
+            f.write(_step_line(step, rng, 1))
+
+
+def reconcile_pass(folder: Path, active_runs: int = RECONCILE_RUNS) -> list[Figure]:
+    """Passes as the beat task runs them, their ingest tasks sent to a Redis database of the benchmark's own (and
+    emptied after); the ingestion those tasks ask for, timed apart as one worker would do it."""
+    from workers.ingesting import ingest_runs
+    from workers.runs import reconcile_pass as one_pass
+
+    runs, rng = _active_runs(folder, active_runs), random.Random(3)
+    busy, idle, ingest = [], [], []
+    try:
+        for step in range(1, RECONCILE_PASSES + 1):
+            _one_step_each(runs, step, rng)
+            started = time.perf_counter()
+            report = one_pass()
+            busy.append(time.perf_counter() - started)
+            assert report.runs == active_runs and report.ingest_requested == active_runs, report
+            started = time.perf_counter()
+            ingest_runs([run.pk for run in runs])
+            ingest.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            one_pass()
+            idle.append(time.perf_counter() - started)
+    finally:
+        _empty_bench_queue()
+    name = f"(c) reconcile pass, {active_runs} active runs"
+    return [Figure(f"{name}, each with a new step", statistics.median(busy), "s", RECONCILE_TARGET_S, False,
+                   note=f"median of {RECONCILE_PASSES}: one poll, {active_runs} folders looked at, their ingest "
+                        f"sent in tasks of 25 runs"),
+            Figure(f"{name}, nothing new", statistics.median(idle), "s", RECONCILE_TARGET_S, False),
+            Figure("    the ingest tasks of that pass, one worker", statistics.median(ingest), "s",
+                   note=f"{active_runs / statistics.median(ingest):,.0f} runs/s: a worker keeps up with "
+                        f"{5 * active_runs / statistics.median(ingest):,.0f} runs writing every 5 s")]
+
+
+def _empty_bench_queue() -> None:
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).flushdb()
 
 
 SECTIONS = (ingestion, chart_queries, reconcile_pass)
