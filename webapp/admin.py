@@ -53,7 +53,9 @@ class ClusterAdmin(admin.ModelAdmin):
     list_display = ("name", "kind", "partition", "account", "created_at")
     list_filter = ("kind",)
     search_fields = ("name", "partition", "account")
-    formfield_overrides = OwnedAdmin.formfield_overrides
+    # slurmrestd usually answers plain HTTP on a login node: an address given without a scheme means http://
+    formfield_overrides = {**OwnedAdmin.formfield_overrides,
+                           models.Cluster._meta.get_field("rest_url").__class__: {"assume_scheme": "http"}}
 
 
 @admin.register(models.DataRoot)

@@ -84,7 +84,8 @@ class ClusterViewSet(viewsets.ModelViewSet):
 
 
 class CancelSerializer(serializers.Serializer):
-    reason = StrictCharField(required=False, default="cancelled by user", max_length=500)
+    reason = StrictCharField(required=False, max_length=500,
+                             help_text="Why, for the run's history; by default who cancelled it")
 
 
 class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin,
@@ -115,7 +116,7 @@ class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mi
         run = self.get_object()
         body = CancelSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = services.run_cancel(run, body.validated_data["reason"])
+        run = services.run_cancel(run, body.validated_data.get("reason") or f"cancelled by {request.user.username}")
         return Response(RunSerializer(run, context={"request": request}).data)
 
 

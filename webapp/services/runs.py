@@ -9,6 +9,7 @@ from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan
 
 from ..models import Run, RunStatus, data_roots_for
 from ..spec_errors import spec_field_errors
+from .history import Source, record_event
 from .tasks import enqueue
 
 LAUNCH_TASK = "workbench.runs.launch"
@@ -122,10 +123,13 @@ def run_queue(run: Run) -> Run:
     problems = run_access_problems(run)
     if problems:
         raise ValidationError(problems)
-    if run.status == RunStatus.FAILED:
+    restart = run.status == RunStatus.FAILED
+    if restart:
         run.restarts += 1
     run.transition(RunStatus.QUEUED)
     run.save()
+    record_event(run, Source.WORKBENCH, "queued", f"restart {run.restarts} of {run.max_restarts}: queued to resume "
+                                                  f"from its newest checkpoint" if restart else "queued for launch")
     enqueue(LAUNCH_TASK, run.pk)
     return run
 
@@ -139,6 +143,7 @@ def run_cancel(run: Run, reason: str = "cancelled by user") -> Run:
     had_job = run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING)
     run.transition(RunStatus.CANCELLED, reason)
     run.save()
+    record_event(run, Source.WORKBENCH, "cancelled", reason)
     if had_job:
         enqueue(STOP_TASK, run.pk)
     return run
