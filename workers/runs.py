@@ -132,7 +132,7 @@ def _settle(run_id: int, job: JobState) -> Run:
     run = run_ingest(run_id)  # the last lines were written just before the job ended
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
-        counts_as_restart = False
+        counts_as_restart, was = False, run.status
         if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
             if run.ingest_state.get("last_event") == Event.STOPPED:
                 why = "requeued after its time limit" if run.ingest_state.get("time_limit_near") else \
@@ -151,7 +151,8 @@ def _settle(run_id: int, job: JobState) -> Run:
         attempt_ended(run, job.state, job.exit_code, job.reason, counts_as_restart)
         run.ingest_state = {**run.ingest_state, "job_ended": True}
         run.save()
-        record_event(run, Source.WORKBENCH, run.status, run.status_message)
+        if run.status != was:
+            record_event(run, Source.WORKBENCH, run.status, run.status_message)
     if run.status == RunStatus.QUEUED:
         services.enqueue(LAUNCH_TASK, run.pk)
     elif run.status == RunStatus.FAILED and counts_as_restart and run.restarts < run.max_restarts:

@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+from rest_framework.authtoken.models import Token
 
+from tests.webapp.conftest import client_for
 from tests.workers.conftest import reconcile_until
+from trainer.contract import ParallelPlan, presets
 from trainer.contract.records import LaunchRecord
 from webapp import models, services
 
@@ -51,3 +54,38 @@ def test_it_stops_a_cancelled_run_which_saves_a_checkpoint_on_the_way_out(broker
     assert run.status == "cancelled" and run.status_message == "enough"
     assert run.checkpoints.exists() and run.last_step < 100_000
     assert run.ingest_state["last_event"] == "stopped"
+
+
+def test_a_dp2_run_through_the_api_is_queued_runs_and_completes_with_all_it_wrote_readable(broker, tiny_run_parts):
+    owner, one_rank, dataset = tiny_run_parts
+    cluster = models.Cluster.objects.create(name="local-2", spec=presets.local_cpu_cluster(2).to_dict())
+    plan = models.ParallelismPlan.objects.create(owner=owner, name="dp2", model_config=one_rank.model_config,
+                                                 cluster=cluster,
+                                                 spec=ParallelPlan(dp=2, micro_batch=2, global_batch=4).to_dict())
+    Token.objects.get_or_create(user=owner)
+    owner.refresh_from_db()
+    client = client_for(owner)
+    created = client.post("/api/runs/", {"name": "dp2", "plan": plan.pk, "dataset": dataset.pk, "steps": 6,
+                                         "checkpoint_every": 3, "profile": {"start_step": 1, "steps": 2},
+                                         "launch": True}, format="json")
+    assert created.status_code == 201, created.json()
+    run_id = created.json()["id"]
+    assert created.json()["status"] == "queued"
+    reconcile_until(broker, run_id, lambda r: r.is_finished and r.ingest_state.get("job_ended"))
+
+    shown = client.get(f"/api/runs/{run_id}/").json()
+    assert (shown["status"], shown["last_step"], shown["attempts"]) == ("completed", 6, 1), shown["status_message"]
+    events = client.get(f"/api/runs/{run_id}/events/").json()["results"]
+    said = [(e["source"], e["kind"]) for e in events if e["kind"] in ("queued", "submitted", "started", "finished")]
+    assert said == [("workbench", "queued"), ("workbench", "submitted"), ("trainer", "started"),
+                    ("trainer", "finished")]
+    assert ("scheduler", "completed") in [(e["source"], e["kind"]) for e in events]
+    series = client.get(f"/api/runs/{run_id}/series/?names=loss").json()["series"]["loss"]
+    assert [x for x, _ in series["points"]] == [1, 2, 3, 4, 5, 6] and not series["downsampled"]
+    logs = client.get(f"/api/runs/{run_id}/logs/?rank=1").json()
+    assert "rank 1: finished at step 6" in logs["text"]
+    [profile] = client.get(f"/api/profiles/?run={run_id}").json()["results"]
+    assert profile["summary"], profile
+    assert sorted(c["step"] for c in client.get(f"/api/checkpoints/?run={run_id}").json()["results"]) == [3, 6]
+    ranks = client.get(f"/api/runs/{run_id}/ranks/").json()
+    assert ranks["world_size"] == 2 and ranks["slowest_rank"] in (0, 1)

@@ -78,8 +78,6 @@ class JobStates:
     ACTIVE = frozenset({PENDING, RUNNING, COMPLETING, "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED",
                         "SIGNALING", "STAGE_OUT", "STOPPED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD",
                         "SPECIAL_EXIT", "UPDATE_DB"})
-    # Ends that are not the program's fault: another attempt does not use up one of the run's restarts.
-    NOT_THE_RUNS_FAULT = frozenset({PREEMPTED, NODE_FAIL, BOOT_FAIL})
 
 
 @dataclass(frozen=True)
