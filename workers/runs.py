@@ -173,15 +173,10 @@ def _restart(run: Run, job: JobState) -> Run:
 
 
 def launchable_run_ids(older_than_s: float = 120) -> list[int]:
-    """Queued runs to send the launch task for again (it is idempotent): those waiting for local CPU slots, those
-    whose launch message may have been lost (a broker restart), and those whose launch was claimed that long ago by
-    a worker that died while starting the job. That worker's task comes back only after the broker's visibility
-    timeout (an hour); the delivery sent now takes the stale claim over, and adopts the job by its name if it was
-    submitted (a claim still fresh for its launcher only lets it adopt: it never submits)."""
+    """Queued runs to send the launch task for again (it is idempotent): those waiting for local CPU slots, and
+    those queued for a while, whose launch message may have been lost (a broker restart) or whose claim a worker
+    that died left behind (a fresh claim makes the task skip; a stale one is taken over)."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     queued = Run.objects.filter(status=RunStatus.QUEUED)
-    unclaimed = queued.filter(launching_since__isnull=True)
-    waiting = unclaimed.filter(**{f"ingest_state__{WAITING}": True})
-    lost = unclaimed.filter(queued_at__lt=cutoff)
-    abandoned = queued.filter(launching_since__lt=cutoff)
-    return list((waiting | lost | abandoned).values_list("pk", flat=True).distinct())
+    waiting = queued.filter(launching_since__isnull=True, **{f"ingest_state__{WAITING}": True})
+    return list((waiting | queued.filter(queued_at__lt=cutoff)).values_list("pk", flat=True).distinct())
