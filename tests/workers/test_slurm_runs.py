@@ -53,9 +53,13 @@ def _losses(run_dir: str) -> list[float]:
     return [r["loss"] for _, r in read_jsonl(Path(run_dir) / METRICS) if "loss" in r]
 
 
-def test_a_tp2_run_on_slurm_completes_through_the_api_with_its_batch_script_stored(broker, on_slurm):
+@pytest.mark.parametrize("kind, plan", [("slurm", {"tp": 2}), ("slurm-rest", {"pp": 2})])
+def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(broker, on_slurm, slurm_cluster,
+                                                                                kind, plan):
+    """Through Slurm's commands with tp=2, and through slurmrestd with pp=2."""
     owner, dataset, make_plan = on_slurm
-    created = _create(owner, make_plan(tp=2), dataset, steps=4, checkpoint_every=2)
+    created = _create(owner, make_plan(kind=kind, **plan), dataset, steps=4, checkpoint_every=2)
+    # the trainer's last records finish the run; the attempt's state comes once the job is seen to have ended
     run = reconcile_until(broker, created["id"], lambda r: r.is_finished and r.ingest_state.get("job_ended"))
     assert run.status == "completed", run.status_message
     client = _client(owner)
@@ -64,11 +68,15 @@ def test_a_tp2_run_on_slurm_completes_through_the_api_with_its_batch_script_stor
     script = Path(run.run_dir, "job.sbatch").read_text()
     assert shown["batch_script"] == script and f"#SBATCH --job-name=wb-run{run.pk}-a1" in script
     assert "#SBATCH --nodes=1" in script and "--nproc_per_node=2" in script
+    # slurmrestd ignores a script's #SBATCH lines: there the job's name and shape came in the request
+    job = slurm_cluster.job(int(run.job_id))
+    assert (job["JobName"], job["NumNodes"], job["CPUs/Task"]) == (f"wb-run{run.pk}-a1", "1", "2")
+    assert run.history.get(source="trainer", kind="started").data["world_size"] == 2
     steps = [m["step"] for m in client.get(f"/api/metrics/?run={run.pk}&kind=train").json()["results"]]
     assert sorted(steps) == [1, 2, 3, 4]
     assert sorted(c["step"] for c in client.get(f"/api/checkpoints/?run={run.pk}").json()["results"]) == [2, 4]
     attempt = run.attempt_records.get()
-    assert (attempt.backend, attempt.job_id, attempt.state) == ("slurm", run.job_id, "COMPLETED")
+    assert (attempt.backend, attempt.job_id, attempt.state) == (kind, run.job_id, "COMPLETED")
     assert Path(run.run_dir, "logs", f"slurm-{run.job_id}.out").exists()
 
 
@@ -100,27 +108,3 @@ def test_cancelling_a_slurm_run_ends_its_job_within_ten_seconds(broker, on_slurm
     assert run.status == "cancelled" and time.monotonic() - asked < 10 + 5
     assert not slurm_cluster.run(["squeue", "--noheader", f"--jobs={run.job_id}", "--states=RUNNING,COMPLETING"],
                                  check=False).stdout.strip()
-
-
-def test_a_pp2_run_through_slurmrestd_completes_with_its_batch_script_stored(broker, on_slurm, slurm_cluster):
-    owner, dataset, make_plan = on_slurm
-    created = _create(owner, make_plan(kind="slurm-rest", pp=2), dataset, steps=4, checkpoint_every=2)
-    # the trainer's last records finish the run; the attempt's state comes once the job is seen to have ended
-    run = reconcile_until(broker, created["id"], lambda r: r.is_finished and r.ingest_state.get("job_ended"))
-    assert run.status == "completed", run.status_message
-    client = _client(owner)
-    shown = client.get(f"/api/runs/{run.pk}/").json()
-    assert (shown["status"], shown["attempts"], shown["last_step"]) == ("completed", 1, 4)
-    script = Path(run.run_dir, "job.sbatch").read_text()
-    assert shown["batch_script"] == script and f"#SBATCH --job-name=wb-run{run.pk}-a1" in script
-    assert "--nproc_per_node=2" in script
-    # slurmrestd ignores the script's #SBATCH lines: the job's name and shape came in the request
-    job = slurm_cluster.job(int(run.job_id))
-    assert (job["JobName"], job["NumNodes"], job["CPUs/Task"]) == (f"wb-run{run.pk}-a1", "1", "2")
-    assert run.history.get(source="trainer", kind="started").data["world_size"] == 2
-    steps = [m["step"] for m in client.get(f"/api/metrics/?run={run.pk}&kind=train").json()["results"]]
-    assert sorted(steps) == [1, 2, 3, 4]
-    assert sorted(c["step"] for c in client.get(f"/api/checkpoints/?run={run.pk}").json()["results"]) == [2, 4]
-    attempt = run.attempt_records.get()
-    assert (attempt.backend, attempt.job_id, attempt.state) == ("slurm-rest", run.job_id, "COMPLETED")
-    assert Path(run.run_dir, "logs", f"slurm-{run.job_id}.out").exists()
