@@ -24,6 +24,11 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
+    # A worker that loses Redis reconnects (every 2, 4, ... up to 30 s) for as long as Redis is away, instead of
+    # exiting after Celery's default 100 tries (about 50 minutes): the runs' state is in the database and the run
+    # folders, so a worker that comes back simply carries on with the next reconcile pass.
+    broker_connection_retry=True,
+    broker_connection_max_retries=None,
     result_expires=3600,
     timezone="UTC",
     beat_schedule={

@@ -69,9 +69,22 @@ def env_setup_problems(value) -> list[str]:
     return problems
 
 
+# What a runs root may not hold, and why: it is the start of every run folder, and a run folder is also a part of
+# the output file name sbatch (or slurmrestd) is given, and of the batch script.
+RUNS_ROOT_CHARACTERS = {
+    "\x00": "a NUL, which no path can hold",
+    "\r": "a carriage return: sbatch refuses a script that holds one before a line break (DOS line breaks)",
+    "%": "'%', which Slurm replaces in the output file name (%j: the job id, %x: its name, …)",
+    "\\": "a backslash, which turns off Slurm's replacements in the output file name (and is dropped from it)",
+}
+
+
 def runs_root_problem(value: str) -> str:
     if not value:
         return ""
+    for character, why in RUNS_ROOT_CHARACTERS.items():
+        if character in value:
+            return f"{value!r} holds {why}: give a folder whose path has none"
     allowed = [Path(os.path.realpath(r)) for r in settings.WORKBENCH["RUNS_ROOTS"]]
     path = Path(value)
     listed = ", ".join(str(r) for r in settings.WORKBENCH["RUNS_ROOTS"])
