@@ -1,12 +1,15 @@
 """What a cluster's fields put into a batch script: directives checked once more, setup lines verbatim, the command
-quoted word by word."""
+quoted word by word; what the script records for a launch repeated later."""
 import shlex
+from pathlib import Path
 
 import pytest
 
-from trainer.contract import presets
+from trainer.contract import DatasetSpec, ParallelPlan, RunSpec, presets
 from webapp import models
-from workers.launchers.sbatch import UnsafeScriptValue, command_line, directives, setup_lines
+from workers.launchers import JobRequest, SchedulerSettings
+from workers.launchers.sbatch import UnsafeScriptValue, batch_script, command_line, directives, setup_lines
+from workers.launchers.slurm_jobs import started_job_id
 
 
 def _cluster(**fields) -> models.Cluster:
@@ -37,3 +40,18 @@ def test_it_quotes_every_word_of_the_command():
              "/runs/it's here/spec.json", "$(id)"]
     line = command_line(words)
     assert shlex.split(line) == words and "'$(id)'" in line
+
+
+def test_a_launch_finds_the_job_its_script_recorded_after_slurm_has_forgotten_it(tmp_path):
+    spec = RunSpec(model=presets.MODELS["tiny"], plan=ParallelPlan(micro_batch=2, global_batch=2),
+                   cluster=presets.local_cpu_cluster(1), dataset=DatasetSpec(path="/data.txt"),
+                   output_dir=str(tmp_path))
+    request = JobRequest(run_id=7, attempt=2, run_dir=Path(tmp_path), spec=spec,
+                         settings=SchedulerSettings(kind="slurm", time_limit="0"))
+    script = batch_script(request)
+    assert '{"name":"wb-run7-a2","job_id":"%s"}' in script
+    assert "#SBATCH --signal" not in script and "sleep" not in script  # a time limit of 0 is Slurm's "none"
+    (tmp_path / "job.json").write_text('{"name": "wb-run7-a1", "job_id": "41"}')
+    assert started_job_id(request) is None  # the attempt before's job
+    (tmp_path / "job.json").write_text('{"name": "wb-run7-a2", "job_id": "42"}')
+    assert started_job_id(request) == "42"

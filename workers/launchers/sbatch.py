@@ -27,10 +27,11 @@ from typing import Sequence
 from trainer.contract.command import ENDPOINT_FROM_ENV, trainer_command
 from trainer.contract.records import Event
 from trainer.contract.runfolder import EVENTS, LOGS, SPEC
-from webapp.models.clusterfields import env_setup_problems, slurm_name_problem, time_limit_problem
+from webapp.models.clusterfields import (RUNS_ROOT_CHARACTERS, env_setup_problems, slurm_name_problem,
+                                         time_limit_problem)
 
 from .base import JobRequest
-from ..supervise import EXIT_FILE
+from ..supervise import EXIT_FILE, JOB_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 RDZV_PORT_BASE = 20000  # the rendezvous port is 20000 + job id mod 20000: two jobs sharing a first node differ
@@ -125,8 +126,12 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
              # the workbench starts another attempt itself, from the newest checkpoint, as a new job
              "#SBATCH --no-requeue",
              *directives(settings)]
+    path_problem = next((f"the run folder {str(run_dir)!r} holds {why}" for character, why in
+                         RUNS_ROOT_CHARACTERS.items() if character in str(run_dir)), None)
+    if path_problem:  # checked when the runs root was saved; a folder that came another way is checked here
+        raise UnsafeScriptValue(path_problem)
     timer = []
-    if settings.time_limit:
+    if settings.time_limit and time_limit_s(settings.time_limit):  # 0 is Slurm's "no limit"
         before = signal_before_limit_s(settings.time_limit, settings.stop_before_limit_s)
         lines.append(f"#SBATCH --signal=B:USR1@{before}")
         # Slurm sends its signal at its next periodic check (tens of seconds late), and slurmrestd cannot ask for it
@@ -159,6 +164,9 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         'export PET_RDZV_ID="$SLURM_JOB_ID"',
         f"per_node={shlex.quote(PER_NODE)}",
         f"run_dir={run}",
+        "# the job's name and id in the run folder: a launch repeated after Slurm forgot the job still finds it",
+        f'printf \'{{"name":"{request.job_name}","job_id":"%s"}}\\n\' "$SLURM_JOB_ID" > "$run_dir/.{JOB_FILE}.tmp" '
+        f'&& mv "$run_dir/.{JOB_FILE}.tmp" "$run_dir/{JOB_FILE}"',
         "time_limit_near() {",
         '  [ -n "$stopping" ] && return; stopping=1  # Slurm\'s signal and the script\'s own timer: the first counts',
         f"  printf '{{\"event\":\"{Event.TIME_LIMIT_NEAR}\",\"time\":%s,\"rank\":-1}}\\n' \"$(date +%s)\" "

@@ -13,7 +13,8 @@ from typing import Sequence
 
 from .base import Job, JobRequest, JobState, LaunchError, StartedJob
 from .sbatch import output_pattern
-from .slurm_jobs import forgotten_job_state, output_log, recorded_exit_code, write_batch_script
+from .slurm_jobs import (forgotten_job_state, output_log, recorded_exit_code, started_job_id,
+                         write_batch_script)
 from .slurm_states import exit_status, job_state
 
 # What a job's environment starts with; the script sets the rest. The worker's own environment (its database URL,
@@ -60,7 +61,7 @@ class SlurmCLILauncher:
     def find(self, request: JobRequest) -> str | None:
         done = self._slurm("squeue", "--noheader", "--states=all", f"--name={request.job_name}", "--format=%i")
         ids = done.stdout.split()
-        return ids[0] if ids else None
+        return ids[0] if ids else started_job_id(request)
 
     def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
         if not jobs:

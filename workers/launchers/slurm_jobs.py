@@ -1,13 +1,13 @@
 """What the two Slurm launchers (commands and slurmrestd) do alike with a run's batch job: the script stored in the
 run folder before it is submitted, the exit code the script records as it ends, where Slurm writes its output, and
-the state of a job Slurm has forgotten."""
+the state of a job Slurm has forgotten, and the job its script says it was."""
 from pathlib import Path
 
 from trainer.contract.runfolder import LOGS, read_json
 
 from .base import Job, JobRequest, JobState, JobStates, LaunchError
 from .sbatch import UnsafeScriptValue, batch_script, output_pattern
-from ..supervise import EXIT_FILE
+from ..supervise import EXIT_FILE, JOB_FILE
 
 SCRIPT = "job.sbatch"
 
@@ -24,6 +24,15 @@ def write_batch_script(request: JobRequest) -> tuple[Path, str]:
     (request.run_dir / LOGS).mkdir(exist_ok=True)
     (request.run_dir / EXIT_FILE).unlink(missing_ok=True)
     return path, script
+
+
+def started_job_id(request: JobRequest) -> str | None:
+    """The id of this attempt's job as its script recorded it when it started: a launch repeated after Slurm has
+    forgotten the job (MinJobAge, 300 s by default) still finds it."""
+    record = read_json(request.run_dir / JOB_FILE)
+    if isinstance(record, dict) and record.get("name") == request.job_name and str(record.get("job_id")).isdigit():
+        return str(record["job_id"])
+    return None
 
 
 def recorded_exit_code(job: Job) -> int | None:

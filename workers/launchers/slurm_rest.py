@@ -20,7 +20,8 @@ from typing import Any, Sequence
 
 from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
 from .sbatch import output_pattern, time_limit_s
-from .slurm_jobs import forgotten_job_state, output_log, recorded_exit_code, write_batch_script
+from .slurm_jobs import (forgotten_job_state, output_log, recorded_exit_code, started_job_id,
+                         write_batch_script)
 from .slurm_states import job_state
 
 API = "slurm/v0.0.38"
@@ -126,7 +127,7 @@ class SlurmRestLauncher:
         for entry in self._jobs():
             if entry.get("name") == request.job_name:
                 return str(entry["job_id"])
-        return None
+        return started_job_id(request)
 
     def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
         if not jobs:
