@@ -138,6 +138,14 @@ def _settle(run_id: int, job: JobState) -> Run:
                 why = "requeued after its time limit" if run.ingest_state.get("time_limit_near") else \
                     "requeued after a stop signal (preemption)"
                 run.transition(RunStatus.QUEUED, f"attempt {run.attempts} stopped with a checkpoint; {why}")
+                run.ingest_state = {**run.ingest_state, "next_why": why, "unsaved_requeues": 0}
+            elif run.ingest_state.get("time_limit_near") and _may_requeue_unsaved(run):
+                # Asked to stop before its limit, the trainer ended before it could save (the signal came while it
+                # was starting: Slurm sends it up to a minute early). It resumes from its newest checkpoint without
+                # using a restart, unless attempts keep ending so without saving anything new.
+                why = "requeued after its time limit"
+                run.transition(RunStatus.QUEUED, f"attempt {run.attempts} was stopped at its time limit before it "
+                                                 f"could save; {why}, from its newest checkpoint")
                 run.ingest_state = {**run.ingest_state, "next_why": why}
             elif job.state == JobStates.PREEMPTED:
                 run.transition(RunStatus.QUEUED, f"attempt {run.attempts}: {job.reason}; requeued")
@@ -158,6 +166,20 @@ def _settle(run_id: int, job: JobState) -> Run:
     elif run.status == RunStatus.FAILED and counts_as_restart and run.restarts < run.max_restarts:
         run = _restart(run, job)
     return run
+
+
+UNSAVED_REQUEUES = 3  # time-limit stops in a row that saved nothing new, before the next counts as a failure
+
+
+def _may_requeue_unsaved(run: Run) -> bool:
+    """Whether an attempt that ended at its time limit without its stop record may be requeued for free: it saved a
+    checkpoint beyond where it started, or fewer than UNSAVED_REQUEUES attempts in a row have saved nothing."""
+    started = run.ingest_state.get("started_at_step")
+    newest = run.checkpoints.order_by("-step").values_list("step", flat=True).first()
+    saved = isinstance(started, int) and newest is not None and newest > started
+    unsaved = 0 if saved else run.ingest_state.get("unsaved_requeues", 0) + 1
+    run.ingest_state = {**run.ingest_state, "unsaved_requeues": unsaved}
+    return unsaved < UNSAVED_REQUEUES
 
 
 def _restart(run: Run, job: JobState) -> Run:

@@ -27,6 +27,9 @@ def worker_database_url() -> str:
     return f"postgres://{user}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}/{settings['NAME']}"
 
 
+LOCAL_SLOTS = 2  # the worker's machine, whatever this one has: runs beyond two local ranks wait
+
+
 def _slurm_env(request) -> dict[str, str]:
     """The test Slurm cluster's environment, so that the worker's launches reach it; none where it cannot run."""
     try:
@@ -40,7 +43,8 @@ def _slurm_env(request) -> dict[str, str]:
 def worker(redis_url, tmp_path_factory, django_db_setup, request):
     """One worker process for the session, on the tests' Redis database and the test database, able to submit to
     the test Slurm cluster."""
-    env = {**os.environ, **_slurm_env(request), "REDIS_URL": redis_url, "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var")),
+    env = {**os.environ, **_slurm_env(request), "REDIS_URL": redis_url,
+           "WORKBENCH_LOCAL_SLOTS": str(LOCAL_SLOTS), "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var")),
            # the tests' datasets lie in their own temporary folders, all under this one
            "WORKBENCH_DATA_ROOTS": str(tmp_path_factory.getbasetemp()),
            "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789"}

@@ -72,6 +72,9 @@ def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with
     # the reference waits for the machine's two CPU slots, which the killed run holds until it completes
     reference = services.run_create(owner=owner, name="uninterrupted", plan=plan, dataset=dataset, steps=200,
                                     checkpoint_every=every, max_restarts=0, launch=True)
+    waiting = reconcile_until(broker, reference.pk, lambda r: r.status_message.startswith("waiting"))
+    assert (waiting.status, waiting.status_message) == ("queued", "waiting for 2 free CPU slots: 2 of 2 are in use "
+                                                                  "by other runs")
     killed = reconcile_until(broker, killed.pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"),
                              timeout=300)
     assert killed.status == "completed", killed.status_message
@@ -95,9 +98,9 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
             name=name, kind="slurm", spec=presets.local_cpu_cluster(1).to_dict(), partition=slurm_cluster.partition,
             env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster.interface}"], **fields)
 
-    # Slurm's shortest limit is a minute; asked to stop 45 s before it, each attempt trains for some 10 s
-    limited = cluster("one-minute", time_limit="1", stop_before_limit_s=45)
-    steps = 1500  # some 25 s of training at 15-25 ms a step: three attempts or more
+    # Slurm's shortest limit is a minute; asked to stop 40 s before it, each attempt trains for some 15 s
+    limited = cluster("one-minute", time_limit="1", stop_before_limit_s=40)
+    steps = 1500  # some 25 s of training at 15-25 ms a step: two attempts or more
     run = services.run_create(owner=owner, name="limited", plan=_plan(owner, model, limited), dataset=dataset,
                               steps=steps, checkpoint_every=200, max_restarts=0, launch=True)
     reference = services.run_create(owner=owner, name="unlimited", plan=_plan(owner, model, cluster("unlimited")),
@@ -108,7 +111,7 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
     assert len(attempts) >= 2 and run.restarts == 0
     assert all(a.why == "requeued after its time limit" for a in attempts[1:]), [a.why for a in attempts]
     assert run.history.filter(source="trainer", kind="time_limit_near").count() == len(attempts) - 1
-    assert "#SBATCH --signal=B:USR1@45" in attempts[0].script
+    assert "#SBATCH --signal=B:USR1@40" in attempts[0].script
     reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=120)
     assert reference.status == "completed" and reference.attempts == 1, reference.status_message
     assert abs(_final_loss(run) - _final_loss(reference)) <= 1e-6

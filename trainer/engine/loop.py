@@ -43,16 +43,23 @@ def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
     reached: a checkpoint is saved either way). A failure is written as an event, then raised. Callable again in the
     same process group (the tests and benchmarks run several jobs per launch)."""
     run_dir = Path(run_dir)
-    engine = build_engine(spec)
-    files = RunFiles(run_dir, engine.rank)
-    with files.failure_recorded():
-        try:
-            return _train(spec, run_dir, resume, stop_at, engine, files)
-        finally:
-            engine.close()
+    # Listening for SIGTERM from the start: a stop asked for while the ranks meet, build and load (a time limit
+    # near, a preemption) is honoured at the first step's end instead of killing a rank that has saved nothing.
+    stop = StopRequest()
+    try:
+        engine = build_engine(spec)
+        files = RunFiles(run_dir, engine.rank)
+        with files.failure_recorded():
+            try:
+                return _train(spec, run_dir, resume, stop_at, engine, files, stop)
+            finally:
+                engine.close()
+    finally:
+        stop.restore()
 
 
-def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Engine, files: RunFiles) -> str:
+def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Engine, files: RunFiles,
+           stop: StopRequest) -> str:
     plan = spec.plan
     data = prepare_dataset(spec.dataset, spec.model.vocab_size)
     train_tokens, val_tokens = load_tokens(data.train_path), load_tokens(data.val_path)
@@ -83,59 +90,55 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     manifest = CheckpointManifest(step=step, format=engine.checkpoint_format, tokens_seen=tokens_seen,
                                   model=spec.model.to_dict(), plan=plan.to_dict(), world_size=plan.world_size,
                                   tokenizer=str(data.tokenizer_path), seed=spec.seed, run=spec.name)
-    stop = StopRequest()
     outcome, last_saved, state_bytes = "finished", (step if resumed else -1), None
-    try:
-        while step < spec.steps:
-            measure = state_bytes is None  # the first step this process runs: every state's bytes, activations
-            lr = lr_at(step, spec.optimizer, spec.steps)
-            engine.set_lr(lr)
-            _synchronize(engine.device)
-            t0 = time.perf_counter()
-            local_loss = engine.forward_backward(sampler.micro_batches(step), measure)
-            done = engine.step(measure)
-            loss = engine.mean_loss(local_loss)
-            routing = engine.routing_metrics()
-            _synchronize(engine.device)
-            step_time = time.perf_counter() - t0
-            step += 1
-            tokens_seen += tokens_step
-            if measure:
-                state_bytes = done.state_bytes
-            memory = {**state_bytes, "max_allocated_bytes": max_allocated_bytes(engine.device)}
-            if measure and engine.world_size > 1:
-                memory["per_rank"] = _gather(state_bytes, engine.world_size)
-            ranks = _gather_figures(engine, (step_time, tokens_step / step_time, memory["max_allocated_bytes"]))
-            files.metric(StepMetrics(
-                step=step, loss=loss, lr=lr, grad_norm=done.grad_norm, tokens_per_s=tokens_step / step_time,
-                step_time_s=step_time, tokens_seen=tokens_seen, flops_per_step=flops_step,
-                loss_scale=done.loss_scale, skipped=not done.applied,
-                mfu=mfu(flops_step, step_time, spec.cluster.gpu.peak_tflops, engine.world_size), memory=memory,
-                routing=routing, ranks=ranks))
-            if step % spec.log_every == 0:
-                files.log(f"step {step} loss {loss:.4f} lr {lr:.2e} grad_norm {done.grad_norm:.3f} "
-                          f"{step_time * 1000:.1f} ms")
-            profiler.step()
-            if profiler.written:  # every rank's trace is on disk (the same step on all ranks)
-                report.once()
-            if spec.eval_every and step % spec.eval_every == 0:
-                val_loss = engine.evaluate(val)
-                files.metric(EvalMetrics(step=step, val_loss=val_loss))
-                files.log(f"step {step} val_loss {val_loss:.4f}")
-            stopping = stop.agreed(engine.device) or step == stop_at
-            if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or stopping:
-                _save(engine, run_dir, manifest, step, tokens_seen, spec, files)
-                last_saved = step
-            if stopping:
-                outcome = "stopped"
-                break
-        if outcome == "finished" and spec.checkpoint_every and last_saved != step:
-            _save(engine, run_dir, manifest, step, tokens_seen, spec, files)
-        profiler.close()  # a window cut short by the end of the run still writes what it recorded
-        if profiler.written:
+    while step < spec.steps:
+        measure = state_bytes is None  # the first step this process runs: every state's bytes, activations
+        lr = lr_at(step, spec.optimizer, spec.steps)
+        engine.set_lr(lr)
+        _synchronize(engine.device)
+        t0 = time.perf_counter()
+        local_loss = engine.forward_backward(sampler.micro_batches(step), measure)
+        done = engine.step(measure)
+        loss = engine.mean_loss(local_loss)
+        routing = engine.routing_metrics()
+        _synchronize(engine.device)
+        step_time = time.perf_counter() - t0
+        step += 1
+        tokens_seen += tokens_step
+        if measure:
+            state_bytes = done.state_bytes
+        memory = {**state_bytes, "max_allocated_bytes": max_allocated_bytes(engine.device)}
+        if measure and engine.world_size > 1:
+            memory["per_rank"] = _gather(state_bytes, engine.world_size)
+        ranks = _gather_figures(engine, (step_time, tokens_step / step_time, memory["max_allocated_bytes"]))
+        files.metric(StepMetrics(
+            step=step, loss=loss, lr=lr, grad_norm=done.grad_norm, tokens_per_s=tokens_step / step_time,
+            step_time_s=step_time, tokens_seen=tokens_seen, flops_per_step=flops_step,
+            loss_scale=done.loss_scale, skipped=not done.applied,
+            mfu=mfu(flops_step, step_time, spec.cluster.gpu.peak_tflops, engine.world_size), memory=memory,
+            routing=routing, ranks=ranks))
+        if step % spec.log_every == 0:
+            files.log(f"step {step} loss {loss:.4f} lr {lr:.2e} grad_norm {done.grad_norm:.3f} "
+                      f"{step_time * 1000:.1f} ms")
+        profiler.step()
+        if profiler.written:  # every rank's trace is on disk (the same step on all ranks)
             report.once()
-    finally:
-        stop.restore()
+        if spec.eval_every and step % spec.eval_every == 0:
+            val_loss = engine.evaluate(val)
+            files.metric(EvalMetrics(step=step, val_loss=val_loss))
+            files.log(f"step {step} val_loss {val_loss:.4f}")
+        stopping = stop.agreed(engine.device) or step == stop_at
+        if (spec.checkpoint_every and step % spec.checkpoint_every == 0) or stopping:
+            _save(engine, run_dir, manifest, step, tokens_seen, spec, files)
+            last_saved = step
+        if stopping:
+            outcome = "stopped"
+            break
+    if outcome == "finished" and spec.checkpoint_every and last_saved != step:
+        _save(engine, run_dir, manifest, step, tokens_seen, spec, files)
+    profiler.close()  # a window cut short by the end of the run still writes what it recorded
+    if profiler.written:
+        report.once()
     files.event(Event.FINISHED if outcome == "finished" else Event.STOPPED, step=step, tokens_seen=tokens_seen)
     files.log(f"{outcome} at step {step}")
     if engine.world_size > 1:

@@ -137,6 +137,8 @@ def run_ingest(run_id: int) -> Run:
         saved = saved or event.get("event") == Event.CHECKPOINT_SAVED
         if event.get("event") in Event.MILESTONES:
             state["last_event"] = event["event"]
+        if event.get("event") == Event.STARTED:  # where this attempt began: did it get further before it ended?
+            state["started_at_step"] = event.get("step")
         elif event.get("event") == Event.TIME_LIMIT_NEAR:  # the stop that follows requeues the run
             state["time_limit_near"] = True
     state["events_offset"] = offset
