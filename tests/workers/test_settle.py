@@ -8,8 +8,8 @@ from workers.runs import UNSAVED_REQUEUES, reconcile_run
 pytestmark = pytest.mark.django_db
 
 
-def _running(run: models.Run, **state) -> models.Run:
-    models.Run.objects.filter(pk=run.pk).update(status="running", attempts=run.attempts + 1, job_id="1:gone",
+def _running(run: models.Run, status: str = "running", **state) -> models.Run:
+    models.Run.objects.filter(pk=run.pk).update(status=status, attempts=run.attempts + 1, job_id="1:gone",
                                                 ingest_state={"job_ended": False, **state})
     run.refresh_from_db()
     return run
@@ -22,7 +22,8 @@ def test_a_run_stopped_at_its_time_limit_before_it_could_save_is_requeued_until_
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=0)
     killed = JobState(JobStates.FAILED, 143, "the job exited with code 143")
     for attempt in range(1, UNSAVED_REQUEUES):
-        run = _running(run, time_limit_near=True, started_at_step=0,
+        # the first attempt was stopped before its trainer had even said it started
+        run = _running(run, "submitted" if attempt == 1 else "running", time_limit_near=True, started_at_step=0,
                        unsaved_requeues=run.ingest_state.get("unsaved_requeues", 0))
         assert reconcile_run(run, killed) == "queued", attempt
         run.refresh_from_db()

@@ -19,11 +19,13 @@ class RunStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-# Which status may follow which. A failed attempt may be retried (failed → queued) while attempts remain.
+# Which status may follow which. A failed attempt may be retried (failed → queued) while restarts remain; a job
+# stopped for its time limit or preempted is requeued, also one stopped before its trainer started (submitted).
 TRANSITIONS: dict[str, set[str]] = {
     RunStatus.DRAFT: {RunStatus.QUEUED, RunStatus.CANCELLED},
     RunStatus.QUEUED: {RunStatus.SUBMITTED, RunStatus.FAILED, RunStatus.CANCELLED},
-    RunStatus.SUBMITTED: {RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED},
+    RunStatus.SUBMITTED: {RunStatus.RUNNING, RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED,
+                          RunStatus.QUEUED},
     RunStatus.RUNNING: {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.QUEUED},
     RunStatus.FAILED: {RunStatus.QUEUED},
     RunStatus.COMPLETED: set(),
