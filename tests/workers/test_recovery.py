@@ -88,6 +88,7 @@ def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with
     assert abs(_final_loss(killed) - _final_loss(reference)) <= 1e-6, (_final_loss(killed), _final_loss(reference))
 
 
+@pytest.mark.once
 def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_with_the_uninterrupted_loss(
         broker, tiny_run_parts, slurm_cluster):
     owner, one_rank, dataset = tiny_run_parts
@@ -100,7 +101,7 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
 
     # Slurm's shortest limit is a minute; asked to stop 40 s before it, each attempt trains for some 15 s
     limited = cluster("one-minute", time_limit="1", stop_before_limit_s=40)
-    steps = 1500  # some 25 s of training at 15-25 ms a step: two attempts or more
+    steps = 4000  # 20 s of training even at 5 ms a step (10-25 ms here): two attempts or more
     run = services.run_create(owner=owner, name="limited", plan=_plan(owner, model, limited), dataset=dataset,
                               steps=steps, checkpoint_every=200, max_restarts=0, launch=True)
     reference = services.run_create(owner=owner, name="unlimited", plan=_plan(owner, model, cluster("unlimited")),
@@ -112,7 +113,7 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
     assert all(a.why == "requeued after its time limit" for a in attempts[1:]), [a.why for a in attempts]
     assert run.history.filter(source="trainer", kind="time_limit_near").count() == len(attempts) - 1
     assert "#SBATCH --signal=B:USR1@40" in attempts[0].script
-    reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=120)
+    reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=300)
     assert reference.status == "completed" and reference.attempts == 1, reference.status_message
     assert abs(_final_loss(run) - _final_loss(reference)) <= 1e-6
     assert json.loads(Path(run.run_dir, "launch.json").read_text())["resume"] is True

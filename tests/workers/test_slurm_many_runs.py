@@ -10,7 +10,7 @@ from tests.webapp.conftest import client_for
 from trainer.contract import ParallelPlan, presets
 from webapp import models
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
 
 RUNS, DOOMED = 50, 5  # the doomed ones train on a text too short to split: they must fail, not hang or vanish
 

@@ -42,6 +42,7 @@ JOB = textwrap.dedent("""
     if rank == 0:
         with open(sys.argv[1], "w") as f:
             json.dump(found, f)
+    dist.barrier()  # no rank tears gloo down while its partner may still be in the last gather (an abort at exit)
     dist.destroy_process_group()
 """)
 
