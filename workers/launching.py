@@ -65,21 +65,18 @@ def run_launch(run_id: int) -> str:
     claim = _claim(run_id)
     if isinstance(claim, str):
         return claim
+    # An earlier attempt's folder is continued (the trainer refuses a used folder otherwise): from its newest
+    # checkpoint, or from step 0 when it saved none, the new records superseding the old ones.
+    claim = replace(claim, request=replace(claim.request, resume=used(claim.request.run_dir)))
     request = claim.request
     try:
         found = claim.launcher.find(request)
+        if found is not None:  # submitted by a delivery of this task that died before recording it
+            return _record(claim, StartedJob(found, []))
         if claim.since is None:
-            if found is None:
-                return "skipped: another launch claimed the run and is submitting its job"
-            return _record(claim, StartedJob(found, []))
-        if found is not None:
-            return _record(claim, StartedJob(found, []))
+            return "skipped: another launch claimed the run and is submitting its job"
         request.run_dir.mkdir(parents=True, exist_ok=True)
         _write_spec_once(request.run_dir, request.spec)
-        # An earlier attempt's folder is continued (the trainer refuses a used folder otherwise): from its newest
-        # checkpoint, or from step 0 when it saved none, the new records superseding the old ones.
-        request = replace(request, resume=used(request.run_dir))
-        claim = replace(claim, request=request)
         started = claim.launcher.submit(request)
     except (LaunchError, OSError) as exc:
         if claim.since is not None:
