@@ -31,13 +31,10 @@ def _final_loss(run: models.Run) -> float:
     return run.metrics.get(kind="train", step=run.steps).loss
 
 
-def _steps_lost(run: models.Run) -> list[int]:
-    """For each resume: the steps the stopped attempt had done beyond the checkpoint it was resumed from."""
-    records, lost = _train_records(run), []
-    for before, after in zip(records, records[1:]):
-        if after["step"] <= before["step"]:
-            lost.append(before["step"] - (after["step"] - 1))
-    return lost
+def _steps_redone(run: models.Run) -> int:
+    """Steps trained twice: those the killed attempt did beyond the checkpoint the next one resumed from (every
+    step's record is written again when it is redone)."""
+    return len(_train_records(run)) - run.steps
 
 
 def _rank_pid(run_dir: str, rank: int) -> int | None:
@@ -81,7 +78,7 @@ def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with
     first, second = killed.attempt_records.order_by("number")
     assert (first.state, first.counts_as_restart, second.resume) == ("FAILED", True, True), first.reason
     assert (killed.attempts, killed.restarts) == (2, 1)
-    assert [lost <= every for lost in _steps_lost(killed)] == [True]
+    assert 0 <= _steps_redone(killed) <= every, _steps_redone(killed)
     assert killed.history.filter(source="trainer", kind="started", data__resumed_from__isnull=False).exists()
     reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=300)
     assert reference.status == "completed" and reference.attempts == 1, reference.status_message
