@@ -108,7 +108,8 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
     attempts = list(run.attempt_records.order_by("number"))
     assert len(attempts) >= 2 and run.restarts == 0
     assert all(a.why == "requeued after its time limit" for a in attempts[1:]), [a.why for a in attempts]
-    assert run.history.filter(source="trainer", kind="time_limit_near").count() == len(attempts) - 1
+    # every attempt but the last was signalled; the last one's signal may come as it finishes
+    assert len(attempts) - 1 <= run.history.filter(source="trainer", kind="time_limit_near").count() <= len(attempts)
     assert "#SBATCH --signal=B:USR1@40" in attempts[0].script
     reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=300)
     assert reference.status == "completed" and reference.attempts == 1, reference.status_message
