@@ -215,8 +215,9 @@ class RunSerializer(OwnedSerializer):
                         "max_restarts": {"min_value": 0, "max_value": 100}}
 
     def get_batch_script(self, run) -> str:
-        latest = run.attempt_records.order_by("-number").values_list("script", flat=True).first()
-        return latest or ""
+        if hasattr(run, "latest_script"):  # annotated by the view's queryset
+            return run.latest_script or ""
+        return run.attempt_records.order_by("-number").values_list("script", flat=True).first() or ""
 
     def validate(self, attrs):
         attrs.setdefault("optimizer", OptimizerSpec().to_dict())

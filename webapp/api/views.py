@@ -1,4 +1,5 @@
 """Thin REST views: querysets limited to what the user may see, writes through serializers and services."""
+from django.db.models import OuterRef, Subquery
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -100,7 +101,10 @@ class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mi
     ordering_fields = ["created_at", "name", "status", "finished_at"]
 
     def get_queryset(self):
-        return models.Run.objects.visible_to(self.request.user).select_related("owner")
+        # the latest attempt's batch script in the same query, not one query a run of a listed page
+        latest_script = models.Attempt.objects.filter(run=OuterRef("pk")).order_by("-number").values("script")[:1]
+        return models.Run.objects.visible_to(self.request.user).select_related("owner").annotate(
+            latest_script=Subquery(latest_script))
 
     @extend_schema(request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
