@@ -2,7 +2,8 @@
 
 The manifest is written last (atomically, by rank 0) after every rank's shards are on disk, so a folder without one
 is an attempt that died part-way and is never used. The web app, the workers and deployment read checkpoints
-through this module alone; only the trainer writes them. Standard library only.
+through this module alone; only the trainer writes them, and deployment's import of weights trained elsewhere
+(format ``consolidated``: the weights file and this manifest, nothing to resume from). Standard library only.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from trainer.contract.specs import ModelSpec, ParallelPlan
 
 FORMAT_DCP = "torch.distributed.checkpoint"  # the native engine: every rank's shards, resharded on load
 FORMAT_DEEPSPEED = "deepspeed"               # DeepSpeed's own files (ZeRO partitions per rank)
+FORMAT_CONSOLIDATED = "consolidated"         # the consolidated file alone: weights only, no optimizer state (imports)
 CONSOLIDATED = "consolidated.safetensors"    # whole fp32 weights under the native names, any engine
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 

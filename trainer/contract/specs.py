@@ -23,6 +23,7 @@ Checkpointing = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Schedule = Literal["gpipe", "1f1b", "interleaved"]
 Positions = Literal["learned", "rope"]
+Activation = Literal["gelu", "gelu_tanh"]
 LRSchedule = Literal["cosine", "linear", "constant"]
 
 __all__ = ["ModelSpec", "ParallelPlan", "GPUSpec", "ClusterSpec", "DatasetSpec", "OptimizerSpec", "ProfileSpec",
@@ -83,6 +84,8 @@ class ModelSpec(_Spec):
 
     ``n_kv_heads`` < ``n_heads`` gives grouped-query attention; 0 means "same as n_heads".
     ``ffn_hidden`` 0 means 4 × d_model, the GPT-2/3 ratio.
+    ``activation`` is the MLP's GELU: "gelu" the exact x·Φ(x), "gelu_tanh" the approximation
+    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) that GPT-2 was trained with (so its imported weights need it).
     ``n_experts`` ≤ 1 is a dense model; otherwise every ``moe_every``-th block (counting from 1) routes each token to
     ``top_k`` of ``n_experts`` MLPs, each expert taking at most capacity_factor × tokens × top_k / n_experts tokens.
     """
@@ -96,6 +99,7 @@ class ModelSpec(_Spec):
     n_kv_heads: int = 0
     ffn_hidden: int = 0
     positions: Positions = "learned"
+    activation: Activation = "gelu"
     tied_embeddings: bool = True
     bias: bool = True
     dropout: float = 0.0

@@ -119,17 +119,22 @@ class Attention(nn.Module):
         return self.resid_drop(self.out(y))
 
 
+# ModelSpec.activation → F.gelu's ``approximate``: the exact x·Φ(x), or GPT-2's tanh approximation of it.
+_GELU_APPROXIMATION = {"gelu": "none", "gelu_tanh": "tanh"}
+
+
 class MLP(nn.Module):
-    """x → GELU(x W1 + b1) W2 + b2 with W1: C × F, W2: F × C."""
+    """x → GELU(x W1 + b1) W2 + b2 with W1: C × F, W2: F × C; GELU exact or tanh-approximated (spec.activation)."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.up = nn.Linear(spec.d_model, spec.ffn, bias=spec.bias)
         self.down = nn.Linear(spec.ffn, spec.d_model, bias=spec.bias)
         self.drop = nn.Dropout(spec.dropout)
+        self.approximate = _GELU_APPROXIMATION[spec.activation]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.down(F.gelu(self.up(x))))
+        return self.drop(self.down(F.gelu(self.up(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):

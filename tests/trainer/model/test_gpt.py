@@ -1,13 +1,15 @@
 """The GPT itself: parameter counts from docs/formulas.md, seeded initialisation, shapes, refusals."""
 import pytest
 import torch
+import torch.nn.functional as F
 
 from trainer.planner.estimate.flops import matmul_params, model_flops_per_token
 from trainer.profiling.memory import SavedActivations
 from trainer.model import GPT, build_model, count_parameters, loss_fn
+from trainer.model.gpt import MLP
 from trainer.parallel.ac import apply_ac
 from trainer.contract.presets import MODELS
-from trainer.contract import ModelSpec
+from trainer.contract import ModelSpec, SpecError
 
 TINY = MODELS["tiny"]
 
@@ -93,3 +95,21 @@ def test_it_recomputes_rotary_and_shared_heads_selectively():
     none, loss = _saved_bytes("none", spec)
     selective, loss_selective = _saved_bytes("selective", spec)
     assert selective < 0.9 * none and loss == loss_selective
+
+
+def test_it_uses_the_tanh_approximation_of_gelu_when_asked():
+    torch.manual_seed(0)
+    exact, tanh = MLP(TINY), MLP(TINY.replace(activation="gelu_tanh"))
+    tanh.load_state_dict(exact.state_dict())
+    x = torch.randn(2, 8, TINY.d_model) * 3  # wide enough for the two GELUs to differ
+    with torch.no_grad():
+        expected = tanh.down(F.gelu(tanh.up(x), approximate="tanh"))
+        assert torch.equal(tanh(x), expected)
+        assert torch.equal(exact(x), exact.down(F.gelu(exact.up(x))))
+        assert not torch.allclose(tanh(x), exact(x), atol=1e-7, rtol=0)
+
+
+def test_it_refuses_an_unknown_activation_naming_the_choices():
+    with pytest.raises(SpecError, match="activation: must be one of 'gelu' \\| 'gelu_tanh', got 'relu'"):
+        ModelSpec.from_dict({**TINY.to_dict(), "activation": "relu"})
+    assert ModelSpec.from_dict(TINY.replace(activation="gelu_tanh").to_dict()).activation == "gelu_tanh"

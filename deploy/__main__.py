@@ -1,0 +1,42 @@
+"""python -m deploy <command> ...: deployment's command line.
+
+    python -m deploy import-hf SOURCE TARGET   a GPT-2 in the Hugging Face layout → a checkpoint folder
+
+Each command is one entry of ``COMMANDS``: its name → (a function adding its arguments to its subparser, a function
+running it on the parsed arguments and returning the exit status: 0 done, 2 refused with one line saying why). The
+first line of the run function's docstring is the command's help.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+from deploy import hf_import
+
+AddArguments = Callable[[argparse.ArgumentParser], None]
+Run = Callable[[argparse.Namespace], int]
+
+COMMANDS: dict[str, tuple[AddArguments, Run]] = {
+    "import-hf": (hf_import.add_arguments, hf_import.run),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="python -m deploy", description=__doc__.split("\n")[0])
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (add_arguments, run) in COMMANDS.items():
+        summary = (run.__doc__ or "").strip().split("\n")[0]
+        sub = commands.add_parser(name, help=summary, description=summary)
+        add_arguments(sub)
+        sub.set_defaults(run=run)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
