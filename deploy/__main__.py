@@ -1,6 +1,8 @@
 """python -m deploy <command> ...: deployment's command line.
 
     python -m deploy import-hf SOURCE TARGET   a GPT-2 in the Hugging Face layout → a checkpoint folder
+    python -m deploy export --checkpoint … --repository … --name …   a checkpoint → a Triton model entry
+    python -m deploy triton --repository …   a local Triton server with explicit model control
 
 Each command is one entry of ``COMMANDS``: its name → (a function adding its arguments to its subparser, a function
 running it on the parsed arguments and returning the exit status: 0 done, 2 refused with one line saying why). The
@@ -12,13 +14,15 @@ import argparse
 import sys
 from typing import Callable
 
-from deploy import hf_import
+from deploy import export, hf_import, triton
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 
 COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "import-hf": (hf_import.add_arguments, hf_import.run),
+    "export": (export.add_arguments, export.run),
+    "triton": (triton.add_arguments, triton.run),
 }
 
 

@@ -1,0 +1,281 @@
+"""The GPT as the server runs it: many sequences decoded together over one slot cache.
+
+Shapes: S slots (sequences the engine can hold at once), L = seq_len, B sequences in this call, T prompt length,
+C = d_model, H heads and K key/value heads held by this rank, D head size, V vocabulary, t tensor-parallel ranks.
+
+The weights are the trainer's, under its parameter names, possibly int8 per output channel (``<name>_scale``) and
+possibly this rank's tensor-parallel shard (``deploy.reshard``). The maths is the trainer's model exactly
+(``trainer.model.gpt``); what differs is only how work is laid out for serving:
+- every sequence owns a slot of a preallocated key/value cache (S, K, L, D) per layer, and its own length, so a
+  decode step runs one new position of every active sequence in one batch whatever their lengths;
+- a decode step's query sees the cached positions ≤ its own, masked per row (the others hold another sequence's past
+  or nothing);
+- tensor parallel (Megatron's split): q, k, v and the MLP's up projection are split by output columns, so a rank
+  holds H/t heads and F/t hidden units; the attention output and the MLP's down projection are split by input rows,
+  so each rank's product is a partial sum Y = Σ_r X_r A_r that one all-reduce completes (its bias added once, by
+  rank 0). Embedding, norms, the router and the head are whole on every rank.
+This file stands alone (torch only): the exporter copies it into the model repository beside the Triton model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+SCALE_SUFFIX = "_scale"
+
+
+@dataclass(frozen=True)
+class ServingSpec:
+    """The model's shape, from the model spec the exporter writes (the trainer's ModelSpec as JSON)."""
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    seq_len: int
+    vocab_size: int
+    n_kv_heads: int = 0
+    ffn_hidden: int = 0
+    positions: str = "learned"
+    tied_embeddings: bool = True
+    bias: bool = True
+    activation: str = "gelu"
+    n_experts: int = 0
+    top_k: int = 2
+    moe_every: int = 1
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServingSpec":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def is_moe_layer(self, index: int) -> bool:
+        return self.n_experts > 1 and (index + 1) % self.moe_every == 0
+
+
+AllReduce = Callable[[torch.Tensor], None]  # sums a tensor over the tensor-parallel ranks, in place
+
+
+class Linear:
+    """y = x Wᵀ (+ b); W kept as stored: floating, or int8 with one fp32 scale per output row (W ≈ s · q)."""
+
+    def __init__(self, weight: torch.Tensor, scale: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                 dtype: torch.dtype):
+        self.weight = weight if scale is not None else weight.to(dtype)
+        self.scale = scale.to(dtype).unsqueeze(-1) if scale is not None else None
+        self.bias = bias.to(dtype) if bias is not None else None
+
+    def matrix(self) -> torch.Tensor:
+        if self.scale is None:
+            return self.weight
+        return self.weight.to(self.scale.dtype) * self.scale  # dequantised for this product only: int8 stays in memory
+
+    def __call__(self, x: torch.Tensor, bias: bool = True) -> torch.Tensor:
+        return F.linear(x, self.matrix(), self.bias if bias else None)
+
+
+class Weights:
+    """A rank's tensors by native name; int8 ones dequantised on use."""
+
+    def __init__(self, state: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+        self.state = {k: v.to(device) for k, v in state.items()}
+        self.dtype = dtype
+
+    def has(self, name: str) -> bool:
+        return f"{name}.weight" in self.state
+
+    def linear(self, name: str) -> Linear:
+        return Linear(self.state[f"{name}.weight"], self.state.get(f"{name}.weight{SCALE_SUFFIX}"),
+                      self.state.get(f"{name}.bias"), self.dtype)
+
+    def tensor(self, name: str) -> torch.Tensor:
+        return self.linear(name.removesuffix(".weight")).matrix() if name.endswith(".weight") \
+            else self.state[name].to(self.dtype)
+
+    def optional(self, name: str) -> Optional[torch.Tensor]:
+        return self.tensor(name) if name in self.state else None
+
+
+class LayerNorm:
+    def __init__(self, w: Weights, name: str, d_model: int):
+        self.gain, self.bias, self.d_model = w.tensor(f"{name}.weight"), w.optional(f"{name}.bias"), d_model
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (self.d_model,), self.gain, self.bias)
+
+
+class RowParallel:
+    """A linear split by input rows across ranks: each computes a partial sum; one all-reduce completes it."""
+
+    def __init__(self, linear: Linear, rank: int, all_reduce: Optional[AllReduce]):
+        self.linear, self.first, self.all_reduce = linear, rank == 0, all_reduce
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x, bias=self.first)  # the bias once, not t times
+        if self.all_reduce is not None:
+            self.all_reduce(y)
+        return y
+
+
+class MLP:
+    """x → act(x W1 + b1) W2 (+ b2): W1 split by columns, W2 by rows under tensor parallel (reduced by the caller)."""
+
+    def __init__(self, w: Weights, name: str, approximate: str, rank: int):
+        self.up, self.down, self.approximate, self.first = w.linear(f"{name}.up"), w.linear(f"{name}.down"), \
+            approximate, rank == 0
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x), approximate=self.approximate), bias=self.first)
+
+
+class MoE:
+    """Top-k routing without capacity drops (serving keeps every token; the trainer's capacity only bounds a
+    training batch): y = Σ_j g_j · expert_{e_j}(x), g the router's top-k probabilities, renormalised when k > 1."""
+
+    def __init__(self, w: Weights, name: str, spec: ServingSpec, approximate: str, rank: int):
+        self.router = w.linear(f"{name}.router")
+        self.experts = [MLP(w, f"{name}.experts.{e}", approximate, rank) for e in range(spec.n_experts)]
+        self.top_k = spec.top_k
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        tokens = x.reshape(-1, shape[-1])  # (N, C)
+        probs = F.softmax(self.router(tokens).float(), dim=-1)  # (N, E), fp32 as in training
+        top_p, top_e = probs.topk(self.top_k, dim=-1)
+        gate = (top_p / top_p.sum(-1, keepdim=True) if self.top_k > 1 else top_p).to(tokens.dtype)
+        y = torch.zeros_like(tokens)
+        for e, expert in enumerate(self.experts):
+            rows, choice = (top_e == e).nonzero(as_tuple=True)
+            if rows.numel():
+                y.index_add_(0, rows, expert(tokens[rows]) * gate[rows, choice].unsqueeze(-1))
+        return y.view(shape)
+
+
+class SlotCache:
+    """Keys and values of every slot's past positions, per layer: (S, K, L, D) each, and each slot's length."""
+
+    def __init__(self, n_layers: int, slots: int, kv_heads: int, seq_len: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device):
+        shape = (slots, kv_heads, seq_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+
+
+class ServingGPT:
+    """prefill(slot, ids) and decode(slots, tokens), each returning the next-token logits of its sequences."""
+
+    def __init__(self, spec: ServingSpec, state: dict[str, torch.Tensor], slots: int, rank: int = 0,
+                 world: int = 1, all_reduce: Optional[AllReduce] = None, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str = "cpu"):
+        if spec.n_heads % world or spec.kv_heads % world:
+            raise ValueError(f"tensor_parallel={world} must divide n_heads={spec.n_heads} and "
+                             f"kv_heads={spec.kv_heads}")
+        self.spec, self.device, self.dtype = spec, torch.device(device), dtype
+        w = Weights(state, dtype, self.device)
+        reduce = all_reduce if world > 1 else None
+        approximate = "tanh" if spec.activation == "gelu_tanh" else "none"
+        self.tokens = w.tensor("embed.tokens.weight")
+        self.positions = w.optional("embed.positions.weight")
+        self.layers = []
+        for i in range(spec.n_layers):
+            p = f"layers.{i}"
+            mlp = MoE(w, f"{p}.mlp", spec, approximate, rank) if spec.is_moe_layer(i) else \
+                MLP(w, f"{p}.mlp", approximate, rank)
+            self.layers.append(dict(
+                ln1=LayerNorm(w, f"{p}.ln1", spec.d_model), ln2=LayerNorm(w, f"{p}.ln2", spec.d_model),
+                q=w.linear(f"{p}.attn.q"), k=w.linear(f"{p}.attn.k"), v=w.linear(f"{p}.attn.v"),
+                out=RowParallel(w.linear(f"{p}.attn.out"), rank, reduce), mlp=mlp, reduce=reduce))
+        self.norm = LayerNorm(w, "norm", spec.d_model)
+        self.head = self.tokens if spec.tied_embeddings or not w.has("head") else w.tensor("head.weight")
+        self.group = spec.n_heads // spec.kv_heads
+        self.cache = SlotCache(spec.n_layers, slots, spec.kv_heads // world, spec.seq_len, spec.head_dim, dtype,
+                               self.device)
+        if spec.positions == "rope":
+            D = spec.head_dim
+            inv_freq = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+            angles = torch.outer(torch.arange(spec.seq_len, dtype=torch.float32), inv_freq)  # (L, D/2)
+            self.cos, self.sin = angles.cos().to(self.device), angles.sin().to(self.device)
+
+    @property
+    def slots(self) -> int:
+        return self.cache.lengths.numel()
+
+    def _rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Rotary positions as the trainer applies them; x (B, heads, T, D), pos (B, T)."""
+        cos, sin = self.cos[pos].unsqueeze(1).to(x.dtype), self.sin[pos].unsqueeze(1).to(x.dtype)  # (B, 1, T, D/2)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, prefill: bool) -> torch.Tensor:
+        """ids, pos (B, T) → last-position logits (B, V), writing each row's keys and values into its slot.
+        Prefill: one sequence (B = 1) from position 0, causal. Decode: T = 1, each row at its own position."""
+        B, T = ids.shape
+        D = self.spec.head_dim
+        x = F.embedding(ids, self.tokens)  # (B, T, C)
+        if self.positions is not None:
+            x = x + F.embedding(pos, self.positions)
+        L = self.spec.seq_len
+        visible = torch.arange(L, device=self.device).view(1, 1, 1, L) <= pos.view(B, 1, T, 1)  # (B, 1, T, L)
+        for i, layer in enumerate(self.layers):
+            h = layer["ln1"](x)
+            q = layer["q"](h).view(B, T, -1, D).transpose(1, 2)  # (B, H, T, D)
+            k = layer["k"](h).view(B, T, -1, D).transpose(1, 2)  # (B, K, T, D)
+            v = layer["v"](h).view(B, T, -1, D).transpose(1, 2)
+            if self.spec.positions == "rope":
+                q, k = self._rotate(q, pos), self._rotate(k, pos)
+            keys, values = self.cache.keys[i], self.cache.values[i]
+            if prefill:
+                keys[slots[0], :, :T] = k[0]
+                values[slots[0], :, :T] = v[0]
+                kk, vv = k, v  # the prompt attends to itself only
+                mask = None
+            else:
+                keys[slots, :, pos[:, 0]] = k[:, :, 0]
+                values[slots, :, pos[:, 0]] = v[:, :, 0]
+                kk, vv, mask = keys[slots], values[slots], visible  # (B, K, L, D)
+            if self.group > 1:
+                kk, vv = kk.repeat_interleave(self.group, dim=1), vv.repeat_interleave(self.group, dim=1)
+            y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=prefill and T > 1)
+            x = x + layer["out"](y.transpose(1, 2).reshape(B, T, -1))
+            m = layer["mlp"](layer["ln2"](x))
+            if layer["reduce"] is not None:
+                layer["reduce"](m)
+            x = x + m
+        x = self.norm(x[:, -1])  # (B, C): only the last position's logits are needed
+        return F.linear(x, self.head).float()  # (B, V)
+
+    @torch.no_grad()
+    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
+        """Start ``slot`` over on ``ids`` (at most seq_len of them); logits (V,) of the token after them."""
+        if not 0 < len(ids) <= self.spec.seq_len:
+            raise ValueError(f"a prefill takes 1 to seq_len={self.spec.seq_len} tokens, not {len(ids)}")
+        t = torch.tensor([ids], device=self.device)
+        slots = torch.tensor([slot], device=self.device)
+        logits = self._forward(t, torch.arange(len(ids), device=self.device).unsqueeze(0), slots, prefill=True)
+        self.cache.lengths[slot] = len(ids)
+        return logits[0]
+
+    @torch.no_grad()
+    def decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
+        """One new token for each of ``slots`` (each below seq_len cached positions); logits (B, V)."""
+        s = torch.tensor(slots, device=self.device)
+        pos = self.cache.lengths[s].unsqueeze(1)  # (B, 1)
+        if int(pos.max()) >= self.spec.seq_len:
+            raise ValueError("a slot is full: prefill it again over its last tokens")
+        logits = self._forward(torch.tensor(tokens, device=self.device).unsqueeze(1), pos, s, prefill=False)
+        self.cache.lengths[s] += 1
+        return logits
+
+    def length(self, slot: int) -> int:
+        return int(self.cache.lengths[slot])

@@ -1,0 +1,172 @@
+"""The Triton Python-backend model of an exported GPT (written into the repository as ``1/model.py``).
+
+``initialize`` reads the config and the version folder once: the weights (this instance's tensor-parallel ranks
+started as processes when the model is split), the tokenizer, and the engine's thread. ``execute`` only hands each
+request to the engine and returns: the engine answers through the request's response sender, one response per
+token for a streamed request (decoupled models), one final response otherwise.
+
+Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p, seed (−1: none), stop
+(strings), stream. Outputs of each response: text_output (the new text), token_ids, finish_reason ("" until the
+last), prompt_tokens, completion_tokens.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from workbench_serving.engine import Engine, Request, Result  # noqa: E402
+from workbench_serving.layout import SERVING, TOKENIZER, Codec, read_json  # noqa: E402
+from workbench_serving.sampling import Sampling  # noqa: E402
+from workbench_serving.tensor_parallel import build_rank_model, device_for, start_leader  # noqa: E402
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64]
+SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+RATE_BUCKETS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500]
+
+
+def _family(name: str, description: str, kind):
+    return pb_utils.MetricFamily(name=name, description=description, kind=kind)
+
+
+class TritonMetrics:
+    """The engine's figures on Triton's metrics endpoint, labelled by model and version."""
+
+    def __init__(self, labels: dict[str, str]):
+        H, G, C = pb_utils.MetricFamily.HISTOGRAM, pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+        # The families must outlive their metrics: both are kept on self.
+        self.families = [
+            _family("workbench_time_to_first_token_seconds", "From a request's arrival to its first token", H),
+            _family("workbench_decode_batch_size", "Sequences served by each decode step", H),
+            _family("workbench_tokens_per_second", "Decode rate of each finished request, tokens per second", H),
+            _family("workbench_generated_tokens_total", "Tokens generated", C),
+            _family("workbench_active_sequences", "Sequences in the engine's slots", G)]
+        ttft, batch, rate, tokens, active = self.families
+        self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.batch = batch.Metric(labels=labels, buckets=BATCH_BUCKETS)
+        self.rate = rate.Metric(labels=labels, buckets=RATE_BUCKETS)
+        self.tokens = tokens.Metric(labels=labels)
+        self.sequences = active.Metric(labels=labels)
+
+    def first_token(self, seconds: float) -> None:
+        self.ttft.observe(seconds)
+
+    def decode_step(self, batch_size: int, seconds: float) -> None:
+        self.batch.observe(batch_size)
+
+    def finished(self, completion_tokens: int, decode_seconds: float) -> None:
+        self.tokens.increment(completion_tokens)
+        if completion_tokens > 1 and decode_seconds > 0:
+            self.rate.observe((completion_tokens - 1) / decode_seconds)
+
+    def active(self, sequences: int) -> None:
+        self.sequences.set(sequences)
+
+
+def _tensor(name: str, values, dtype) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.array(values, dtype=dtype))
+
+
+def _response(text: str, token_ids: list[int], finish_reason: str, prompt_tokens: int,
+              completion_tokens: int) -> "pb_utils.InferenceResponse":
+    return pb_utils.InferenceResponse(output_tensors=[
+        _tensor("text_output", [text.encode()], object),
+        _tensor("token_ids", token_ids, np.int32),
+        _tensor("finish_reason", [finish_reason.encode()], object),
+        _tensor("prompt_tokens", [prompt_tokens], np.int32),
+        _tensor("completion_tokens", [completion_tokens], np.int32)])
+
+
+class ResponseSink:
+    """One request's response sender, as the engine's Sink."""
+
+    def __init__(self, sender, prompt_tokens: int):
+        self.sender, self.prompt_tokens, self.count = sender, prompt_tokens, 0
+
+    def on_token(self, text: str, token_id: int) -> None:
+        self.count += 1
+        self.sender.send(_response(text, [token_id], "", self.prompt_tokens, self.count))
+
+    def on_finish(self, result: Result) -> None:
+        streamed = self.count > 0
+        text = result.unsent if streamed else result.text
+        ids = [] if streamed else result.token_ids
+        self.sender.send(_response(text, ids, result.finish_reason, result.prompt_tokens, result.completion_tokens),
+                         flags=FINAL)
+
+    def on_error(self, message: str) -> None:
+        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+
+    def is_cancelled(self) -> bool:
+        return self.sender.is_cancelled()
+
+
+def _input(request, name: str, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    values = tensor.as_numpy().reshape(-1)
+    return values.tolist() if name == "stop" else (values[0] if values.size else default)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        folder = Path(args["model_repository"]) / args["model_version"]
+        serving = read_json(folder / SERVING)
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        world = int(params.get("tensor_parallel", serving.get("tensor_parallel", 1)))
+        slots = int(params.get("max_sequences", 16))
+        kind = "gpu" if args.get("model_instance_kind") == "GPU" else "cpu"
+        base = int(args.get("model_instance_device_id") or 0)
+        dtype = getattr(torch, serving.get("compute_dtype_" + kind, "float32"))
+        self.leader = None
+        if world > 1:
+            self.leader = start_leader(folder, world, slots, kind, base, dtype)
+            runner = self.leader
+        else:
+            runner = build_rank_model(folder, 0, 1, slots, device_for(kind, base, 0), dtype)
+        self.codec = Codec(folder / TOKENIZER)
+        labels = {"model": args["model_name"], "version": args["model_version"]}
+        self.metrics = TritonMetrics(labels)
+        self.engine = Engine(runner, self.codec, int(serving["seq_len"]), self.metrics,
+                             device_for(kind, base, 0))
+        self.engine.start()
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                stream = bool(_input(request, "stream", False))
+                if stream and not self.decoupled:
+                    raise ValueError("streaming needs the model exported as decoupled; ask without stream")
+                seed = int(_input(request, "seed", -1))
+                prompt = self.codec.encode(_text(_input(request, "text_input", b"")))
+                self.engine.submit(Request(
+                    prompt_ids=prompt, sink=ResponseSink(sender, len(prompt)),
+                    max_tokens=int(_input(request, "max_tokens", 64)),
+                    sampling=Sampling(float(_input(request, "temperature", 0.0)), int(_input(request, "top_k", 0)),
+                                      float(_input(request, "top_p", 1.0)), seed if seed >= 0 else None),
+                    stop=tuple(_text(s) for s in _input(request, "stop", []) if s), stream=stream))
+            except (ValueError, TypeError, OverflowError) as exc:
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad request: {exc}")),
+                            flags=FINAL)
+        return None
+
+    def finalize(self):
+        self.engine.stop()
+        if self.leader is not None:
+            self.leader.close()
