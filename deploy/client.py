@@ -292,6 +292,18 @@ class TritonClient:
         finally:
             answer.close()  # leaving early drops the connection: Triton cancels the request
 
+    def _grpc_error(self, client, error) -> TritonError:
+        """A stream's error, classified; a broken stream's message hides why it broke, so ask the server."""
+        found = _classify(str(error.message() if hasattr(error, "message") else error), self.grpc_url)
+        if isinstance(found, RequestRejected):
+            try:
+                live = client.is_server_live()
+            except InferenceServerException:
+                live = False
+            if not live:
+                return TritonUnavailable(f"Triton at {self.grpc_url} cannot be reached: {found.message}")
+        return found
+
     def _grpc_stream(self, model: str, params: GenerateParams, stream: bool) -> Iterator[Chunk]:
         if not self.grpc_url:
             raise TritonError("no gRPC URL is configured for this server")
@@ -315,7 +327,7 @@ class TritonClient:
                     raise TritonUnavailable(f"Triton at {self.grpc_url} sent nothing for {self.timeout_s:.0f} s") \
                         from None
                 if error is not None:
-                    raise _classify(str(error.message() if hasattr(error, "message") else error), self.grpc_url)
+                    raise self._grpc_error(client, error)
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 if response.outputs:
@@ -329,7 +341,7 @@ class TritonClient:
                     finished = True
                     return
         except InferenceServerException as exc:
-            raise _classify(str(exc.message() or exc), self.grpc_url) from None
+            raise self._grpc_error(client, exc) from None
         finally:
             try:
                 client.stop_stream(cancel_requests=not finished)

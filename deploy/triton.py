@@ -18,6 +18,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -51,6 +52,18 @@ def backend_directory(target: Path) -> Path:
     return Path(target)
 
 
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` distinct ports nothing listens on now (all held open together, so none is given twice)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 def server_environment() -> dict[str, str]:
     env = dict(os.environ)
     libs = [str(_wheel_root().parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
@@ -68,6 +81,10 @@ class LocalTriton:
     metrics_port: int = 8002
     host: str = "127.0.0.1"
     process: Optional[subprocess.Popen] = None
+
+    @classmethod
+    def on_free_ports(cls, repository: Path, work_dir: Path, host: str = "127.0.0.1") -> "LocalTriton":
+        return cls(Path(repository), Path(work_dir), *free_ports(3, host), host)
 
     @property
     def http_url(self) -> str:

@@ -89,7 +89,7 @@ class Metrics(Protocol):
 
     def decode_step(self, batch_size: int, seconds: float) -> None: ...
 
-    def finished(self, completion_tokens: int, decode_seconds: float) -> None: ...
+    def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None: ...
 
     def active(self, sequences: int) -> None: ...
 
@@ -101,6 +101,7 @@ class CountingMetrics:
         self.first_tokens: list[float] = []
         self.batch_sizes: list[int] = []
         self.tokens = 0
+        self.reasons: list[str] = []
         self.active_now = 0
 
     def first_token(self, seconds: float) -> None:
@@ -109,8 +110,9 @@ class CountingMetrics:
     def decode_step(self, batch_size: int, seconds: float) -> None:
         self.batch_sizes.append(batch_size)
 
-    def finished(self, completion_tokens: int, decode_seconds: float) -> None:
+    def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
         self.tokens += completion_tokens
+        self.reasons.append(reason)
 
     def active(self, sequences: int) -> None:
         self.active_now = sequences
@@ -136,7 +138,7 @@ class Engine:
         self.device = torch.device(device)
         self._waiting: deque[Request] = deque()
         self._active: list[_Sequence] = []
-        self._free = list(range(runner.slots))[::-1]
+        self._free = list(range(runner.slots))
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
@@ -192,6 +194,7 @@ class Engine:
             else:
                 batch.append(seq)
         if batch:
+            batch.sort(key=lambda s: s.slot)  # consecutive slots are read in place (ServingGPT.decode)
             started = time.perf_counter()
             logits = self.runner.decode([s.slot for s in batch], [s.context[-1] for s in batch])
             self.metrics.decode_step(len(batch), time.perf_counter() - started)
@@ -209,7 +212,9 @@ class Engine:
             if request.sink.is_cancelled():
                 request.sink.on_finish(Result("", [], len(request.prompt_ids), 0, "cancelled"))
                 continue
-            seq = _Sequence(request, self._free.pop(), list(request.prompt_ids)[-self.seq_len:],
+            slot = min(self._free)  # the lowest free slot keeps the active ones consecutive (read in place)
+            self._free.remove(slot)
+            seq = _Sequence(request, slot, list(request.prompt_ids)[-self.seq_len:],
                             generator_for(request.sampling, self.device))
             self._active.append(seq)
             self._emit(seq, self.runner.prefill(seq.slot, seq.context))
@@ -255,7 +260,7 @@ class Engine:
             if reason == "cancelled" and seq.request.stop:
                 text = text[:_safe_end(text, seq.request.stop)]
         if seq.generated:
-            self.metrics.finished(len(seq.generated), time.perf_counter() - seq.first_at)
+            self.metrics.finished(len(seq.generated), time.perf_counter() - seq.first_at, reason)
         unsent = text[seq.sent:] if seq.request.stream else ""
         seq.request.sink.on_finish(Result(text, seq.generated, len(seq.request.prompt_ids), len(seq.generated),
                                           reason, unsent))

@@ -172,6 +172,13 @@ class SlotCache:
         self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
 
 
+def _as_range(slots: torch.Tensor) -> slice | torch.Tensor:
+    first, n = int(slots[0]), slots.numel()
+    if int(slots[-1]) == first + n - 1 and bool((slots.diff() == 1).all()):
+        return slice(first, first + n)
+    return slots
+
+
 class ServingGPT:
     """prefill(slot, ids) and decode(slots, tokens), each returning the next-token logits of its sequences."""
 
@@ -225,7 +232,8 @@ class ServingGPT:
         x = F.embedding(ids, self.tokens)  # (B, T, C)
         if self.positions is not None:
             x = x + F.embedding(pos, self.positions)
-        L = self.spec.seq_len
+        # Decode attends to the cached positions up to the longest row's, not to the whole window.
+        L = int(pos.max()) + 1
         visible = torch.arange(L, device=self.device).view(1, 1, 1, L) <= pos.view(B, 1, T, 1)  # (B, 1, T, L)
         for i, layer in enumerate(self.layers):
             h = layer["ln1"](x)
@@ -243,7 +251,8 @@ class ServingGPT:
             else:
                 keys[slots, :, pos[:, 0]] = k[:, :, 0]
                 values[slots, :, pos[:, 0]] = v[:, :, 0]
-                kk, vv, mask = keys[slots], values[slots], visible  # (B, K, L, D)
+                rows = _as_range(slots)  # consecutive slots are read in place; others are gathered (a copy)
+                kk, vv, mask = keys[rows, :, :L], values[rows, :, :L], visible  # (B, K, L, D)
             if self.group > 1:
                 kk, vv = kk.repeat_interleave(self.group, dim=1), vv.repeat_interleave(self.group, dim=1)
             y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=prefill and T > 1)

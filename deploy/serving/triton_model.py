@@ -48,8 +48,11 @@ class TritonMetrics:
             _family("workbench_decode_batch_size", "Sequences served by each decode step", H),
             _family("workbench_tokens_per_second", "Decode rate of each finished request, tokens per second", H),
             _family("workbench_generated_tokens_total", "Tokens generated", C),
-            _family("workbench_active_sequences", "Sequences in the engine's slots", G)]
-        ttft, batch, rate, tokens, active = self.families
+            _family("workbench_active_sequences", "Sequences in the engine's slots", G),
+            _family("workbench_requests_total", "Requests answered, by finish reason", C)]
+        ttft, batch, rate, tokens, active, self.requests = self.families
+        self.labels = labels
+        self.by_reason: dict[str, object] = {}
         self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
         self.batch = batch.Metric(labels=labels, buckets=BATCH_BUCKETS)
         self.rate = rate.Metric(labels=labels, buckets=RATE_BUCKETS)
@@ -62,7 +65,10 @@ class TritonMetrics:
     def decode_step(self, batch_size: int, seconds: float) -> None:
         self.batch.observe(batch_size)
 
-    def finished(self, completion_tokens: int, decode_seconds: float) -> None:
+    def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
+        if reason not in self.by_reason:
+            self.by_reason[reason] = self.requests.Metric(labels={**self.labels, "finish_reason": reason})
+        self.by_reason[reason].increment(1)
         self.tokens.increment(completion_tokens)
         if completion_tokens > 1 and decode_seconds > 0:
             self.rate.observe((completion_tokens - 1) / decode_seconds)

@@ -1,0 +1,197 @@
+"""Serving benchmark: what the KV cache buys, what Triton costs, and how batching scales with concurrent streams.
+
+    python -m deploy.bench [--checkpoint runs/<id>/checkpoints/step-<n>] [--new-tokens 256]
+
+Without a checkpoint it builds one: a model of random weights (the figures are about speed, not text) with a
+byte-level BPE trained on the repository's Shakespeare text. It prints, side by side:
+1. in-process greedy decoding of ``--new-tokens`` tokens with the KV cache and without it (every token recomputes
+   the whole prefix): tokens/s and their ratio (target ≥ 5×);
+2. one request at batch 1 end to end through a local Triton (gRPC) against the same request through the same
+   engine in this process: seconds and their ratio (target ≤ 1.2×);
+3. 1, 4, 8 and 16 concurrent streams through Triton: total tokens/s, its ratio to one stream, and the mean time to
+   first token.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from deploy.client import GenerateParams
+from deploy.export import ExportOptions, export
+from deploy.serving.engine import CountingMetrics, Engine, Request
+from deploy.serving.layout import Codec
+from deploy.serving.model import ServingGPT, ServingSpec
+from deploy.triton import LocalTriton
+from trainer.checkpoint.consolidated import checkpoint_state, write_consolidated
+from trainer.contract import ModelSpec, ParallelPlan
+from trainer.contract.manifest import CONSOLIDATED, FORMAT_CONSOLIDATED, CheckpointManifest, read_manifest
+from trainer.contract.presets import demo_text
+from trainer.data.tokenizer import TOKENIZER, train_tokenizer
+from trainer.generate import generate
+from trainer.model import build_model
+
+BENCH_MODEL = ModelSpec(name="bench", n_layers=4, d_model=512, n_heads=8, seq_len=512, vocab_size=2048)
+PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
+
+
+def bench_checkpoint(folder: Path) -> Path:
+    """A checkpoint of BENCH_MODEL with random weights and a Shakespeare tokenizer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    text = demo_text(300_000).decode()
+    tokenizer = train_tokenizer((text[i:i + 1000] for i in range(0, len(text), 1000)), BENCH_MODEL.vocab_size)
+    tokenizer.save(str(folder / TOKENIZER))
+    write_consolidated(build_model(BENCH_MODEL, seed=0).state_dict(), folder / CONSOLIDATED)
+    CheckpointManifest(step=0, format=FORMAT_CONSOLIDATED, tokens_seen=0, model=BENCH_MODEL.to_dict(),
+                       plan=ParallelPlan().to_dict(), world_size=1, tokenizer=str(folder / TOKENIZER), seed=0,
+                       run="bench", consolidated=CONSOLIDATED).write(folder)
+    return folder
+
+
+def _rate(tokens: int, seconds: float) -> str:
+    return f"{tokens / seconds:9.0f} tokens/s"
+
+
+def kv_cache(model, prompt_ids: list[int], new_tokens: int) -> tuple[float, float]:
+    """Seconds for new_tokens greedy tokens with the cache and by recomputing the prefix each token."""
+    started = time.perf_counter()
+    with_cache = generate(model, prompt_ids, new_tokens, temperature=0)
+    cached = time.perf_counter() - started
+    ids = list(prompt_ids)
+    started = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            ids.append(int(model(torch.tensor([ids[-model.spec.seq_len:]]))[0, -1].argmax()))
+    recomputed = time.perf_counter() - started
+    assert ids == with_cache, "the cache changed the tokens"
+    return cached, recomputed
+
+
+class _Done:
+    def __init__(self):
+        self.event, self.result = threading.Event(), None
+
+    def on_token(self, text, token_id):
+        pass
+
+    def on_finish(self, result):
+        self.result = result
+        self.event.set()
+
+    def on_error(self, message):
+        raise RuntimeError(message)
+
+    def is_cancelled(self):
+        return False
+
+
+def in_process_seconds(folder: Path, prompt_ids: list[int], new_tokens: int, repeats: int) -> float:
+    """Median seconds of one request through the engine in this process, over the exported weights."""
+    from deploy.serving.layout import MODEL_SPEC, load_shard, read_json
+
+    spec = ServingSpec.from_dict(read_json(folder / MODEL_SPEC))
+    engine = Engine(ServingGPT(spec, load_shard(folder, 0), 16), Codec(folder / "tokenizer.json"), spec.seq_len,
+                    CountingMetrics())
+    engine.start()
+    times = []
+    try:
+        for _ in range(repeats + 1):
+            done = _Done()
+            started = time.perf_counter()
+            engine.submit(Request(list(prompt_ids), done, max_tokens=new_tokens))
+            done.event.wait()
+            times.append(time.perf_counter() - started)
+    finally:
+        engine.stop()
+    return statistics.median(times[1:])
+
+
+def concurrent(client, model: str, streams: int, new_tokens: int) -> tuple[float, float]:
+    """(total tokens/s, mean seconds to the first token) of ``streams`` gRPC streams started together."""
+    firsts: list[float] = []
+    counts: list[int] = []
+
+    def one(i: int) -> None:
+        started = time.perf_counter()
+        n = 0
+        for chunk in client.stream(model, GenerateParams(f"{i} {PROMPT}", max_tokens=new_tokens), "grpc"):
+            if chunk.token_ids and n == 0:
+                firsts.append(time.perf_counter() - started)
+            n += len(chunk.token_ids)
+        counts.append(n)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.perf_counter() - started), statistics.mean(firsts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--checkpoint", default="", help="a checkpoint folder (default: a random bench model)")
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="deploy-bench-") as tmp:
+        root = Path(tmp)
+        checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(root / "checkpoint")
+        manifest = read_manifest(checkpoint)
+        spec = manifest.model_spec()
+        model = build_model(spec, 0).eval()
+        model.load_state_dict(checkpoint_state(checkpoint))
+        codec = Codec(Path(manifest.tokenizer))
+        prompt_ids = codec.encode(PROMPT)
+        new = min(args.new_tokens, spec.seq_len - len(prompt_ids))
+        print(f"model {spec.name or 'checkpoint'}: {spec.n_layers} layers, d_model {spec.d_model}, "
+              f"seq_len {spec.seq_len}; prompt {len(prompt_ids)} tokens, {new} new tokens; "
+              f"{torch.get_num_threads()} torch threads")
+
+        cached, recomputed = kv_cache(model, prompt_ids, new)
+        print(f"\n1. in-process decoding, {new} new tokens")
+        print(f"   with the KV cache    {cached:7.3f} s {_rate(new, cached)}")
+        print(f"   without (recompute)  {recomputed:7.3f} s {_rate(new, recomputed)}")
+        print(f"   ratio                {recomputed / cached:7.1f}×   (target ≥ 5×)")
+
+        export(checkpoint, root / "models", ExportOptions(name="bench", measure=False))
+        local = in_process_seconds(root / "models" / "bench" / "1", prompt_ids, new, args.repeats)
+        server = LocalTriton.on_free_ports(root / "models", root / "triton").start()
+        try:
+            client = server.client(timeout_s=300)
+            client.load("bench")
+            params = GenerateParams(PROMPT, max_tokens=new)
+            client.generate("bench", params, "grpc")  # warm up
+            times = []
+            for _ in range(args.repeats):
+                started = time.perf_counter()
+                client.generate("bench", params, "grpc")
+                times.append(time.perf_counter() - started)
+            served = statistics.median(times)
+            print(f"\n2. one request at batch 1, {new} new tokens (median of {args.repeats})")
+            print(f"   in-process engine    {local:7.3f} s {_rate(new, local)}")
+            print(f"   through Triton gRPC  {served:7.3f} s {_rate(new, served)}")
+            print(f"   ratio                {served / local:7.2f}×   (target ≤ 1.2×)")
+
+            print(f"\n3. concurrent gRPC streams, {new} new tokens each")
+            print("   streams   total tokens/s   × one stream   mean time to first token")
+            base = None
+            for streams in (1, 4, 8, 16):
+                rate, first = concurrent(client, "bench", streams, new)
+                base = base or rate
+                print(f"   {streams:7d}   {rate:14.0f}   {rate / base:12.1f}×   {first * 1e3:10.1f} ms")
+            client.unload("bench")
+            client.close()
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

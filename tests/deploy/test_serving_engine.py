@@ -1,0 +1,186 @@
+"""The serving model and its engine, in this process: the trainer's tokens, batched, streamed, stopped, cancelled."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from deploy.reduce import reduce_state
+from deploy.serving.engine import Engine, Request, Result
+from deploy.serving.model import ServingGPT, ServingSpec
+from deploy.serving.sampling import Sampling
+from trainer.contract.presets import MODELS
+from trainer.generate import generate
+from trainer.model import build_model
+
+
+class ListSink:
+    """Collects one request's answer; cancelled after ``cancel_after`` tokens if given."""
+
+    def __init__(self, cancel_after: int | None = None):
+        self.tokens: list[tuple[str, int]] = []
+        self.result: Result | None = None
+        self.error: str | None = None
+        self.cancel_after = cancel_after
+        self.done = threading.Event()
+
+    def on_token(self, text, token_id):
+        self.tokens.append((text, token_id))
+
+    def on_finish(self, result):
+        self.result = result
+        self.done.set()
+
+    def on_error(self, message):
+        self.error = message
+        self.done.set()
+
+    def is_cancelled(self):
+        return self.cancel_after is not None and len(self.tokens) >= self.cancel_after
+
+
+class ByteCodec:
+    """Token id → one character: enough to check text, stop strings and streaming against ids."""
+
+    eos_id = None
+
+    def decode(self, ids):
+        return "".join(chr(65 + i % 26) for i in ids)
+
+
+def _engine(kw=None, slots=4, reduction="none"):
+    spec = MODELS["tiny"].replace(**(kw or {}))
+    model = build_model(spec, 3).eval()
+    serving = ServingGPT(ServingSpec.from_dict(spec.to_dict()), reduce_state(model.state_dict(), reduction), slots)
+    return model, Engine(serving, ByteCodec(), spec.seq_len)
+
+
+def _drain(engine):
+    while engine.busy():
+        engine.step()
+
+
+@pytest.mark.parametrize("kw", [{}, dict(positions="rope", n_kv_heads=2, tied_embeddings=False),
+                                dict(n_experts=4, top_k=2, capacity_factor=8.0)])
+def test_it_gives_the_trainers_greedy_tokens_for_sequences_decoded_together(kw):
+    model, engine = _engine(kw)
+    prompts = [[5, 6, 7], [1, 2, 3, 4, 9, 10], [42], [7] * 20]
+    sinks = [ListSink() for _ in prompts]
+    for prompt, sink in zip(prompts, sinks):
+        engine.submit(Request(prompt, sink, max_tokens=24))
+    _drain(engine)
+    for prompt, sink in zip(prompts, sinks):
+        assert sink.result.token_ids == generate(model, prompt, 24, temperature=0)[len(prompt):]
+        assert sink.result.finish_reason == "length" and sink.result.completion_tokens == 24
+    assert max(engine.metrics.batch_sizes) == 4  # every sequence in one decode step
+
+
+def test_it_slides_past_the_context_window_as_the_trainer_does():
+    model, engine = _engine(dict(seq_len=16))
+    sink = ListSink()
+    engine.submit(Request(list(range(10)), sink, max_tokens=40))
+    _drain(engine)
+    assert sink.result.token_ids == generate(model, list(range(10)), 40, temperature=0)[10:]
+
+
+def test_it_samples_the_trainers_tokens_from_a_seed():
+    model, engine = _engine()
+    sampling = Sampling(temperature=0.9, top_k=40, top_p=0.9, seed=11)
+    sinks = [ListSink(), ListSink()]
+    engine.submit(Request([1, 2], sinks[0], max_tokens=20, sampling=sampling))
+    engine.submit(Request([3, 4, 5], sinks[1], max_tokens=20, sampling=sampling))  # decoded beside the first
+    _drain(engine)
+    assert sinks[0].result.token_ids == generate(model, [1, 2], 20, temperature=0.9, top_k=40, top_p=0.9,
+                                                 seed=11)[2:]
+
+
+def test_it_lets_new_requests_join_between_decode_steps():
+    _, engine = _engine()
+    first, second = ListSink(), ListSink()
+    engine.submit(Request([1, 2, 3], first, max_tokens=30))
+    for _ in range(5):
+        engine.step()
+    engine.submit(Request([4, 5], second, max_tokens=10))
+    engine.step()
+    assert engine.metrics.batch_sizes[-1] == 2 and first.result is None  # joined while the first is running
+    _drain(engine)
+    assert first.result.completion_tokens == 30 and second.result.completion_tokens == 10
+
+
+def test_it_streams_one_token_at_a_time_and_the_pieces_make_the_text():
+    _, engine = _engine()
+    sink = ListSink()
+    engine.submit(Request([1, 2, 3], sink, max_tokens=12, stream=True))
+    _drain(engine)
+    assert len(sink.tokens) == 12 and [t for _, t in sink.tokens] == sink.result.token_ids
+    assert "".join(text for text, _ in sink.tokens) + sink.result.unsent == sink.result.text
+
+
+def test_it_stops_at_a_stop_string_and_never_streams_past_it():
+    _, probe = _engine()
+    sink = ListSink()
+    probe.submit(Request([1, 2, 3], sink, max_tokens=12))
+    _drain(probe)
+    full = sink.result.text
+    stop = full[5:7]  # two characters the model will produce
+    _, engine = _engine()
+    streamed = ListSink()
+    engine.submit(Request([1, 2, 3], streamed, max_tokens=12, stop=(stop,), stream=True))
+    _drain(engine)
+    expected = full[:full.find(stop)]
+    assert streamed.result.finish_reason == "stop" and streamed.result.text == expected
+    assert "".join(text for text, _ in streamed.tokens) + streamed.result.unsent == expected
+
+
+def test_it_stops_a_cancelled_request_within_one_decode_step():
+    _, engine = _engine()
+    cancelled, other = ListSink(cancel_after=3), ListSink()
+    engine.submit(Request([1, 2, 3], cancelled, max_tokens=50, stream=True))
+    engine.submit(Request([4, 5, 6], other, max_tokens=50))
+    _drain(engine)
+    assert cancelled.result.finish_reason == "cancelled" and cancelled.result.completion_tokens == 3
+    assert other.result.completion_tokens == 50  # the others go on
+
+
+def test_it_waits_for_a_free_slot_when_all_are_taken():
+    _, engine = _engine(slots=2)
+    sinks = [ListSink() for _ in range(5)]
+    for i, sink in enumerate(sinks):
+        engine.submit(Request([i + 1], sink, max_tokens=8))
+    _drain(engine)
+    assert all(s.result.completion_tokens == 8 for s in sinks) and max(engine.metrics.batch_sizes) == 2
+
+
+def test_it_refuses_a_bad_request_with_the_reason():
+    _, engine = _engine()
+    sink = ListSink()
+    engine.submit(Request([], sink, max_tokens=0))
+    assert "prompt is empty" in sink.error and "max_tokens=0" in sink.error and not engine.busy()
+
+
+def test_it_serves_from_its_own_thread():
+    _, engine = _engine()
+    engine.start()
+    try:
+        sinks = [ListSink() for _ in range(3)]
+        for i, sink in enumerate(sinks):
+            engine.submit(Request([i + 1, 2], sink, max_tokens=10))
+        assert all(s.done.wait(30) for s in sinks)
+        assert all(s.result.completion_tokens == 10 for s in sinks)
+    finally:
+        engine.stop()
+
+
+def test_it_serves_int8_weights_as_their_dequantized_model():
+    from deploy.quality import model_with
+    from deploy.reduce import dequantize_state
+
+    spec = MODELS["tiny"]
+    model = build_model(spec, 3).eval()
+    reduced = reduce_state(model.state_dict(), "int8")
+    engine = Engine(ServingGPT(ServingSpec.from_dict(spec.to_dict()), reduced, 2), ByteCodec(), spec.seq_len)
+    sink = ListSink()
+    engine.submit(Request([5, 6, 7], sink, max_tokens=20))
+    _drain(engine)
+    reference = model_with(dequantize_state(reduced), spec)
+    assert sink.result.token_ids == generate(reference, [5, 6, 7], 20, temperature=0)[3:]
