@@ -3,6 +3,7 @@
     python -m deploy import-hf SOURCE TARGET   a GPT-2 in the Hugging Face layout → a checkpoint folder
     python -m deploy export --checkpoint … --repository … --name …   a checkpoint → a Triton model entry
     python -m deploy triton --repository …   a local Triton server with explicit model control
+    python -m deploy onnx --checkpoint … --output model.onnx   the forward as ONNX, checked with onnxruntime
 
 Each command is one entry of ``COMMANDS``: its name → (a function adding its arguments to its subparser, a function
 running it on the parsed arguments and returning the exit status: 0 done, 2 refused with one line saying why). The
@@ -14,7 +15,7 @@ import argparse
 import sys
 from typing import Callable
 
-from deploy import export, hf_import, triton
+from deploy import export, hf_import, onnx_export, triton
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -23,6 +24,7 @@ COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "import-hf": (hf_import.add_arguments, hf_import.run),
     "export": (export.add_arguments, export.run),
     "triton": (triton.add_arguments, triton.run),
+    "onnx": (onnx_export.add_arguments, onnx_export.run),
 }
 
 

@@ -21,6 +21,8 @@ The sequence axis is bounded by the model's seq_len: learned positions and rotar
 """
 from __future__ import annotations
 
+import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -113,3 +115,25 @@ def check_onnx(model: GPT, path: Path, ids: np.ndarray | torch.Tensor) -> float:
     finally:
         model.train(was_training)
     return float(np.abs(onnx_logits(path, ids) - expected).max())
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--checkpoint", required=True, help="a checkpoints/step-<n> folder (any plan, any engine)")
+    parser.add_argument("--output", required=True, help="the .onnx file to write")
+
+
+def run(args) -> int:
+    """A checkpoint's forward → an ONNX graph (the input of TensorRT), checked against PyTorch with onnxruntime."""
+    from trainer.generate import load_model_from_checkpoint
+
+    try:
+        model, _ = load_model_from_checkpoint(args.checkpoint)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    path = export_onnx(model, Path(args.output))
+    ids = torch.randint(0, model.spec.vocab_size, (2, min(16, model.spec.seq_len)),
+                        generator=torch.Generator().manual_seed(0))
+    print(json.dumps({"path": str(path), "bytes": path.stat().st_size,
+                      "max_abs_difference": check_onnx(model, path, ids)}))
+    return 0

@@ -33,3 +33,13 @@ def test_it_refuses_sequences_longer_than_the_model_holds(tmp_path):
     model = build_model(MODELS["tiny"], seed=3)
     with pytest.raises(ValueError, match="seq_len=65"):
         export_onnx(model, tmp_path / "model.onnx", seq_len=65)
+
+
+def test_it_exports_a_checkpoint_from_the_command_line_and_checks_it(shakespeare_checkpoint, tmp_path, capsys):
+    import json
+
+    from deploy.__main__ import main as deploy_main
+
+    assert deploy_main(["onnx", "--checkpoint", str(shakespeare_checkpoint), "--output", str(tmp_path / "m.onnx")]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["max_abs_difference"] < 1e-4 and (tmp_path / "m.onnx").stat().st_size == report["bytes"]
