@@ -1,6 +1,8 @@
 """A training run and what it produced: metrics, checkpoints and profiles (ingested from its run folder)."""
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 
 from trainer.contract import RunSpec, SpecError
@@ -135,8 +137,23 @@ class Metric(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "kind", "step"], name="unique_metric_per_step")]
 
 
+class CheckpointQuerySet(models.QuerySet):
+    def visible_to(self, user):
+        """A trained checkpoint is seen with its run (its owner's, or shared); an imported one by its owner alone."""
+        if user.is_staff:
+            return self
+        return self.filter(Q(run__in=Run.objects.visible_to(user)) | Q(owner=user))
+
+
 class Checkpoint(models.Model):
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    """Weights a run saved (``run`` set, ingested from its folder), or a checkpoint folder a user registered from
+    elsewhere (``run`` empty, ``owner`` set: an import, e.g. of Hugging Face weights by ``python -m deploy
+    import-hf``). Whose it is follows from that: the run's owner, or the importing user."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints", null=True, blank=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True,
+                              blank=True, help_text="Who registered an imported checkpoint; empty for a run's")
+    name = models.CharField(max_length=120, blank=True, help_text="An imported checkpoint's name")
     step = models.PositiveIntegerField()
     path = models.CharField(max_length=500)
     tokens_seen = models.BigIntegerField(default=0)
@@ -144,12 +161,37 @@ class Checkpoint(models.Model):
     manifest = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
 
+    objects = CheckpointQuerySet.as_manager()
+
     class Meta:
-        ordering = ["run", "-step"]
-        constraints = [models.UniqueConstraint(fields=["run", "step"], name="unique_checkpoint_per_step")]
+        ordering = ["run", "-step", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "step"], name="unique_checkpoint_per_step"),
+            # registering the same folder twice finds the first registration instead of making a second
+            models.UniqueConstraint(fields=["owner", "path"], condition=Q(run__isnull=True),
+                                    name="unique_imported_checkpoint_per_owner"),
+            models.CheckConstraint(condition=Q(run__isnull=False) | Q(owner__isnull=False),
+                                   name="checkpoint_of_a_run_or_an_owner"),
+        ]
 
     def __str__(self):
+        if self.run_id is None:
+            return f"{self.name or self.path} (imported)"
         return f"{self.run.name} step {self.step}"
+
+    @property
+    def source(self) -> str:
+        return "trained" if self.run_id is not None else "imported"
+
+    @property
+    def owner_user(self):
+        """Whose weights these are: the run's owner, or the user who imported them."""
+        return self.run.owner if self.run_id is not None else self.owner
+
+    def is_visible_to(self, user) -> bool:
+        if self.run_id is not None:
+            return self.run.is_visible_to(user)
+        return user.is_staff or self.owner_id == user.pk
 
 
 class Profile(models.Model):
