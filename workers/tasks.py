@@ -6,7 +6,7 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
-from . import ingesting, launching, runs, tuning
+from . import deploying, ingesting, launching, runs, tuning
 
 
 @shared_task(name="workbench.health")
@@ -48,3 +48,15 @@ def ingest(run_ids: list[int]) -> int:
 @shared_task(name="workbench.tune.run")
 def tune_run(job_id: int) -> str:
     return tuning.tune_job_run(job_id)
+
+
+@shared_task(name="workers.deploy")
+def deploy(deployment_id: int) -> str:
+    """Export a pending deployment's checkpoint, load it on its Triton server and smoke-check it."""
+    return deploying.deployment_deploy(deployment_id)
+
+
+@shared_task(name="workers.undeploy")
+def undeploy(deployment_id: int) -> str:
+    """Unload a deployment's model from its Triton server."""
+    return deploying.deployment_undeploy(deployment_id)

@@ -1,8 +1,14 @@
 """Business operations named <entity>_<verb>; views and admin call these instead of touching models directly."""
+from .checkpoints import checkpoint_import_register
 from .datasets import dataset_upload
+from .deployments import (deployment_access_problem, deployment_create, deployment_generate, deployment_stream,
+                          deployment_undeploy)
 from .runs import run_access_problems, run_cancel, run_check, run_create, run_queue
 from .tasks import enqueue
+from .triton import triton_server_status
 from .tuning import tune_job_create, tune_job_dataset_problem, tune_job_finish, tune_job_progress, tune_job_start
 
-__all__ = ["dataset_upload", "run_access_problems", "run_cancel", "run_check", "run_create", "run_queue", "enqueue",
-           "tune_job_create", "tune_job_dataset_problem", "tune_job_finish", "tune_job_progress", "tune_job_start"]
+__all__ = ["checkpoint_import_register", "dataset_upload", "deployment_access_problem", "deployment_create",
+           "deployment_generate", "deployment_stream", "deployment_undeploy", "run_access_problems", "run_cancel",
+           "run_check", "run_create", "run_queue", "enqueue", "triton_server_status", "tune_job_create",
+           "tune_job_dataset_problem", "tune_job_finish", "tune_job_progress", "tune_job_start"]

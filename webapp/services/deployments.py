@@ -1,0 +1,167 @@
+"""Deploying checkpoints on Triton servers, undeploying them, and generating with what is deployed.
+
+A deployment is checked and saved here (pending), then a worker does the work (workers.deploying): export the
+checkpoint into the server's model repository, load it, compare the served model's greedy tokens with the
+checkpoint's own, ready. Generation goes to Triton through deploy.client (webapp.services.triton turns its failures
+into ServingError): only a ready deployment answers.
+"""
+import re
+from typing import Iterator
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from deploy.client import Chunk, Completion, GenerateParams
+from trainer.contract import ModelSpec, SpecError
+
+from ..models import Checkpoint, Deployment, PromptTemplate, TritonServer, data_roots_for
+from .tasks import enqueue
+from .triton import ServingError, ServingRejected, ServingUnavailable, client_for, triton_errors
+
+DEPLOY_TASK = "workers.deploy"
+UNDEPLOY_TASK = "workers.undeploy"
+MAX_TENSOR_PARALLEL = MAX_INSTANCES = 64
+PROTOCOLS = ("http", "grpc")
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _model_spec(checkpoint: Checkpoint) -> ModelSpec:
+    try:
+        return ModelSpec.from_dict(checkpoint.manifest.get("model") or {})
+    except (SpecError, TypeError, AttributeError) as exc:
+        raise ValidationError({"checkpoint": [f"checkpoint {checkpoint.pk} has no valid model in its manifest "
+                                              f"({exc}): register the checkpoint folder again"]}) from None
+
+
+def tensor_parallel_problem(spec: ModelSpec, tensor_parallel: int) -> str:
+    """Why the model cannot be split over ``tensor_parallel`` ranks, or '' (deploy.reshard splits heads and the
+    MLP evenly)."""
+    if not 1 <= tensor_parallel <= MAX_TENSOR_PARALLEL:
+        return f"tensor_parallel={tensor_parallel}: give 1 to {MAX_TENSOR_PARALLEL}"
+    if spec.n_heads % tensor_parallel or spec.kv_heads % tensor_parallel or spec.ffn % tensor_parallel:
+        return (f"tensor_parallel={tensor_parallel} must divide the model's n_heads={spec.n_heads}, "
+                f"kv_heads={spec.kv_heads} and MLP width {spec.ffn}")
+    return ""
+
+
+def deployment_access_problem(deployment: Deployment) -> str:
+    """Why the deployment's owner may not export its checkpoint (any more), or '' (checked when the deployment is
+    made and again by the worker before it exports: sharing can be withdrawn, a folder can change in between)."""
+    checkpoint, owner = deployment.checkpoint, deployment.owner
+    if not checkpoint.is_visible_to(owner):
+        return f"checkpoint {checkpoint.pk} is not one you may see: deploy a checkpoint of your own runs"
+    if checkpoint.run_id is None:  # an imported folder: still under the owner's data roots
+        problem = data_roots_for(owner).problem(checkpoint.path)
+        if problem:
+            return f"checkpoint {checkpoint.pk}: {problem}"
+    return ""
+
+
+@transaction.atomic
+def deployment_create(*, owner, checkpoint: Checkpoint, server: TritonServer, model_name: str,
+                      reduction: str = Deployment.Reduction.NONE, tensor_parallel: int = 1, instances: int = 1,
+                      streaming: bool = True, prompt_template: PromptTemplate | None = None,
+                      shared: bool = False) -> Deployment:
+    """Check and save a pending deployment; a worker deploys it once this transaction commits."""
+    errors: dict[str, list[str]] = {}
+    if not _MODEL_NAME.match(model_name or "") or len(model_name) > 100:
+        errors["model_name"] = [f"{model_name!r}: use 1 to 100 letters, digits, '-' and '_' (Triton's model name)"]
+    elif Deployment.objects.filter(server=server, model_name=model_name, status__in=Deployment.HOLDING).exists():
+        errors["model_name"] = [f"{server.name} already serves a model named {model_name!r}: choose another name, "
+                                f"or undeploy that one first"]
+    if reduction not in Deployment.Reduction.values:
+        errors["reduction"] = [f"{reduction!r}: choose one of {', '.join(Deployment.Reduction.values)}"]
+    if not 1 <= instances <= MAX_INSTANCES:
+        errors["instances"] = [f"instances={instances}: give 1 to {MAX_INSTANCES}"]
+    if prompt_template is not None and not prompt_template.is_visible_to(owner):
+        errors["prompt_template"] = [f"prompt template {prompt_template.pk} is not one you may see"]
+    deployment = Deployment(owner=owner, checkpoint=checkpoint, server=server, model_name=model_name,
+                            reduction=reduction, tensor_parallel=tensor_parallel, instances=instances,
+                            streaming=streaming, prompt_template=prompt_template, shared=shared)
+    problem = deployment_access_problem(deployment)
+    if problem:
+        errors["checkpoint"] = [problem]
+    else:
+        problem = tensor_parallel_problem(_model_spec(checkpoint), tensor_parallel)
+        if problem:
+            errors["tensor_parallel"] = [problem]
+    if errors:
+        raise ValidationError(errors)
+    deployment.status_message = f"waiting for a worker to export it to {server.name}"
+    deployment.save()
+    enqueue(DEPLOY_TASK, deployment.pk)
+    return deployment
+
+
+def deployment_undeploy(deployment: Deployment) -> Deployment:
+    """Ask a worker to unload the model from its server (the deployment becomes unloaded once it has)."""
+    enqueue(UNDEPLOY_TASK, deployment.pk)
+    return deployment
+
+
+def _ready(deployment: Deployment) -> None:
+    if deployment.status != Deployment.Status.READY:
+        why = f": {deployment.status_message}" if deployment.status_message else ""
+        then = {Deployment.Status.FAILED: "deploy the checkpoint again",
+                Deployment.Status.UNLOADED: "deploy the checkpoint again"}.get(deployment.status,
+                                                                                 "wait until it is ready")
+        raise ServingUnavailable(f"deployment {deployment.pk} ({deployment.model_name}) is {deployment.status}"
+                                 f"{why}; {then}")
+
+
+def _protocol(server: TritonServer, protocol: str | None, stream: bool) -> str:
+    """The protocol asked for, or the server's best: gRPC for a stream where the server has it, else HTTP."""
+    if protocol is None:
+        return "grpc" if stream and server.grpc_url else "http"
+    if protocol not in PROTOCOLS:
+        raise ServingRejected(f"protocol {protocol!r}: choose http or grpc")
+    if protocol == "grpc" and not server.grpc_url:
+        raise ServingRejected(f"the Triton server {server.name!r} has no gRPC URL: use protocol http")
+    return protocol
+
+
+def deployment_generate(deployment: Deployment, params: GenerateParams, protocol: str | None = None) -> Completion:
+    """The whole answer of a ready deployment; ServingError when it cannot be had."""
+    _ready(deployment)
+    server = deployment.server
+    protocol = _protocol(server, protocol, stream=False)
+    with client_for(server) as client, triton_errors(server, deployment.model_name):
+        return client.generate(deployment.model_name, params, protocol=protocol)
+
+
+def deployment_stream(deployment: Deployment, params: GenerateParams,
+                      protocol: str | None = None) -> Iterator[Chunk]:
+    """The answer chunk by chunk. The first chunk is awaited here, so that a server that cannot answer is a
+    ServingError before anything is sent; a failure later is a ServingError raised by the iterator. Closing the
+    iterator early cancels the request on the server."""
+    _ready(deployment)
+    server = deployment.server
+    protocol = _protocol(server, protocol, stream=True)
+    client = client_for(server)
+    try:
+        with triton_errors(server, deployment.model_name):
+            chunks = client.stream(deployment.model_name, params, protocol=protocol)
+            first = next(chunks, None)
+    except BaseException:
+        client.close()
+        raise
+    if first is None:
+        client.close()
+        raise ServingError(f"the Triton server {server.name!r} ended the stream without an answer")
+    return _rest(server, deployment.model_name, client, chunks, first)
+
+
+def _rest(server, model: str, client, chunks: Iterator[Chunk], first: Chunk) -> Iterator[Chunk]:
+    try:
+        chunk = first
+        while True:
+            yield chunk
+            if chunk.finish_reason:
+                return
+            with triton_errors(server, model):
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+    finally:
+        chunks.close()  # early: cancels the request on the server
+        client.close()

@@ -1,0 +1,276 @@
+"""Deploying a checkpoint on a Triton server and unloading it (the tasks workers.deploy and workers.undeploy).
+
+    pending → exporting   ``python -m deploy export`` writes the model into the server's model repository. It is a
+                          subprocess: the export needs torch, which the workers never import. Its one-line JSON
+                          report is kept on the deployment; the status message shows how long it has run.
+            → loading     Triton loads the model (explicit model control) and is asked until it says it is ready.
+            → ready       the smoke check passed: the served model's greedy tokens for the report's prompt are the
+                          checkpoint's own (``report["smoke"]["token_ids"]``), so the export changed nothing.
+    any failure → failed, with a message that says what to change.
+
+Each delivery of workers.deploy claims the deployment (``claimed_at``) and writes it only while the claim is its
+own. A redelivered task (its worker died) finds the deployment exporting or loading and starts over from the
+export, which builds its entry beside the repository and renames it into place, so a half-written one is never
+served. A deployment ready, failed or unloaded is left as it is. An undeploy takes the claim away: a deploy still
+going stops at its next step and unloads what it loaded.
+"""
+import json
+import logging
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from deploy.client import GenerateParams, TritonClient, TritonError, TritonUnavailable
+from webapp.models import Deployment
+from webapp.services.deployments import deployment_access_problem
+
+log = logging.getLogger(__name__)
+Status = Deployment.Status
+
+EXPORT_TIMEOUT_S = 3600.0
+LOAD_TIMEOUT_S = 600.0
+SMOKE_TIMEOUT_S = 300.0
+PROGRESS_EVERY_S = 2.0   # how often the status message tells how long the export has run
+READY_POLL_S = 0.5
+SETTLED = (Status.READY, Status.FAILED, Status.UNLOADED)
+IN_FLIGHT = (Status.PENDING, Status.EXPORTING, Status.LOADING)
+
+
+class Superseded(Exception):
+    """A later delivery of the task, or an undeploy, took the deployment over."""
+
+
+class DeployFailed(Exception):
+    def __init__(self, message: str, smoke_ok: bool | None = None):
+        super().__init__(message)
+        self.message, self.smoke_ok = message, smoke_ok
+
+
+def _client(deployment: Deployment, timeout_s: float = SMOKE_TIMEOUT_S) -> TritonClient:
+    server = deployment.server
+    return TritonClient(server.http_url, server.grpc_url, server.metrics_url, timeout_s)
+
+
+@contextmanager
+def _unreachable_fails(deployment: Deployment):
+    try:
+        yield
+    except TritonUnavailable as exc:
+        server = deployment.server
+        raise DeployFailed(f"the Triton server {server.name!r} cannot be reached at {server.http_url} "
+                           f"({exc.message}): start it, or have staff correct its URLs, then deploy again") from None
+
+
+def _write(deployment: Deployment, since, **fields) -> None:
+    """Update the deployment while the claim ``since`` is still its claim; Superseded otherwise."""
+    if not Deployment.objects.filter(pk=deployment.pk, claimed_at=since).update(updated_at=timezone.now(),
+                                                                                 **fields):
+        raise Superseded()
+
+
+def _claim(deployment_id: int):
+    with transaction.atomic():
+        deployment = (Deployment.objects.select_for_update(of=("self",))
+                      .select_related("server", "checkpoint", "owner").filter(pk=deployment_id).first())
+        if deployment is None or deployment.status in SETTLED:
+            return None, None
+        since = timezone.now()
+        deployment.status, deployment.claimed_at, deployment.smoke_ok = Status.EXPORTING, since, None
+        deployment.report, deployment.ready_at, deployment.repository_path = {}, None, ""
+        deployment.status_message = _exporting(deployment, 0)
+        deployment.save()
+        return deployment, since
+
+
+def _exporting(deployment: Deployment, seconds: float) -> str:
+    return (f"exporting checkpoint {deployment.checkpoint_id} ({deployment.reduction}, tensor parallel "
+            f"{deployment.tensor_parallel}) into {deployment.server.model_repository}: {seconds:.0f} s so far")
+
+
+def export_command(deployment: Deployment) -> list[str]:
+    command = [sys.executable, "-m", "deploy", "export", "--checkpoint", deployment.checkpoint.path,
+               "--repository", deployment.server.model_repository, "--name", deployment.model_name,
+               "--reduction", deployment.reduction, "--tensor-parallel", str(deployment.tensor_parallel),
+               "--instances", str(deployment.instances)]
+    return command if deployment.streaming else [*command, "--no-stream"]
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in (text or "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _export(deployment: Deployment, since) -> dict:
+    """The exporter's report; DeployFailed with its refusal (exit 2), its crash, or its time out."""
+    started = time.monotonic()
+    process = subprocess.Popen(export_command(deployment), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=settings.BASE_DIR)
+    try:
+        while True:
+            try:
+                out, err = process.communicate(timeout=PROGRESS_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:  # no output is lost: communicate is called again
+                elapsed = time.monotonic() - started
+                if elapsed > EXPORT_TIMEOUT_S:
+                    raise DeployFailed(f"the export ran over {EXPORT_TIMEOUT_S:.0f} s and was stopped: deploy a "
+                                       f"smaller reduction or model, or on a faster machine") from None
+                _write(deployment, since, status_message=_exporting(deployment, elapsed))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    if process.returncode == 2:
+        refusal = _last_line(err).removeprefix("error: ")
+        raise DeployFailed(f"the export was refused: {refusal}")
+    if process.returncode != 0:
+        raise DeployFailed(f"the export failed (exit status {process.returncode}); its last words:\n"
+                           f"{(err or '').strip()[-2000:]}")
+    try:
+        report = json.loads(_last_line(out))
+        smoke = report["smoke"]
+        smoke = {**smoke, "prompt": str(smoke["prompt"]), "max_tokens": int(smoke["max_tokens"]),
+                 "token_ids": [int(t) for t in smoke["token_ids"]]}
+    except (ValueError, KeyError, TypeError) as exc:  # the smoke check needs these; nothing else is read
+        raise DeployFailed(f"the exporter's report could not be read ({type(exc).__name__}: {exc}): "
+                           f"{_last_line(out)[:500]!r}") from None
+    return {**report, "smoke": smoke}
+
+
+def _load(client: TritonClient, deployment: Deployment) -> None:
+    name = deployment.model_name
+    with _unreachable_fails(deployment):
+        try:
+            client.load(name)
+        except TritonUnavailable:
+            raise
+        except TritonError as exc:
+            raise DeployFailed(f"Triton could not load the exported model: {exc.message}; the server's log says "
+                               f"more") from None
+        deadline = time.monotonic() + LOAD_TIMEOUT_S
+        while not client.model_ready(name):
+            if time.monotonic() > deadline:
+                raise DeployFailed(f"{name!r} was still not ready {LOAD_TIMEOUT_S:.0f} s after Triton loaded it: "
+                                   f"see the Triton server's log")
+            time.sleep(READY_POLL_S)
+
+
+def _smoke(client: TritonClient, deployment: Deployment, report: dict) -> None:
+    smoke = report["smoke"]
+    expected = smoke["token_ids"]
+    params = GenerateParams(prompt=smoke["prompt"], max_tokens=smoke["max_tokens"], temperature=0.0)
+    with _unreachable_fails(deployment):
+        try:
+            served = client.generate(deployment.model_name, params).token_ids
+        except TritonUnavailable:
+            raise
+        except TritonError as exc:
+            raise DeployFailed(f"the smoke check's generation failed: {exc.message}", smoke_ok=False) from None
+    if served != expected:
+        _unload_quietly(client, deployment.model_name)
+        raise DeployFailed(f"smoke check failed: for the prompt {params.prompt!r} the served model's greedy tokens "
+                           f"are {served}, the checkpoint's own are {expected}; the served weights or serving code "
+                           f"differ from the trainer's: deploy with reduction none, and compare the two lists",
+                           smoke_ok=False)
+
+
+def _unload_quietly(client: TritonClient, name: str) -> None:
+    try:
+        client.unload(name)
+    except TritonError as exc:
+        log.warning("could not unload %s: %s", name, exc.message)
+
+
+def _name_held_by_another(deployment: Deployment) -> bool:
+    return (Deployment.objects.filter(server_id=deployment.server_id, model_name=deployment.model_name,
+                                      status__in=Deployment.HOLDING).exclude(pk=deployment.pk).exists())
+
+
+def _unload_if_abandoned(deployment: Deployment) -> None:
+    """After an undeploy took the claim away mid-deploy: unload what this delivery loaded, unless the name is
+    another deployment's now or another delivery claimed this one."""
+    current = Deployment.objects.filter(pk=deployment.pk).values_list("claimed_at", flat=True).first()
+    if current is None and not _name_held_by_another(deployment):
+        with _client(deployment) as client:
+            _unload_quietly(client, deployment.model_name)
+
+
+def deployment_deploy(deployment_id: int) -> str:
+    """pending (or a redelivery's exporting or loading) → ready or failed; any other status: nothing."""
+    deployment, since = _claim(deployment_id)
+    if deployment is None:
+        return "skipped"
+    loading = False
+    try:
+        problem = deployment_access_problem(deployment)
+        if problem:
+            raise DeployFailed(problem)
+        report = _export(deployment, since)
+        _write(deployment, since, status=Status.LOADING, report=report, repository_path=report.get("path", ""),
+               status_message=f"loading {deployment.model_name} on {deployment.server.name}")
+        with _client(deployment) as client:
+            loading = True
+            _load(client, deployment)
+            _write(deployment, since, status_message=f"smoke check: {report['smoke']['max_tokens']} greedy tokens")
+            _smoke(client, deployment, report)
+        _write(deployment, since, status=Status.READY, smoke_ok=True, ready_at=timezone.now(),
+               status_message=f"serving as {deployment.model_name} on {deployment.server.name}; its greedy "
+                              f"tokens are the checkpoint's own")
+        return Status.READY
+    except Superseded:
+        if loading:
+            _unload_if_abandoned(deployment)
+        return "superseded"
+    except Exception as exc:  # noqa: BLE001 - whatever stops a deploy is told on the deployment, not only the log
+        if isinstance(exc, DeployFailed):
+            message, smoke_ok = exc.message, exc.smoke_ok
+        else:
+            log.exception("deploying deployment %s failed", deployment_id)
+            message, smoke_ok = f"the deploy failed unexpectedly ({type(exc).__name__}: {exc}); the worker's log " \
+                                f"has the traceback", None
+        try:
+            _write(deployment, since, status=Status.FAILED, status_message=message, smoke_ok=smoke_ok)
+        except Superseded:
+            return "superseded"
+        return Status.FAILED
+
+
+def deployment_undeploy(deployment_id: int) -> str:
+    """Unload the model and mark the deployment unloaded. When Triton cannot be reached a ready deployment stays
+    ready, a message saying so; one that was still being deployed fails (its deploy has been stopped)."""
+    with transaction.atomic():
+        deployment = (Deployment.objects.select_for_update(of=("self",)).select_related("server")
+                      .filter(pk=deployment_id).first())
+        if deployment is None or deployment.status == Status.UNLOADED:
+            return "skipped"
+        was = deployment.status
+        # a deploy still going stops at its next step
+        Deployment.objects.filter(pk=deployment.pk).update(claimed_at=None, updated_at=timezone.now())
+        held = _name_held_by_another(deployment)
+    server = deployment.server
+    if held:
+        done = f"undeployed; the name {deployment.model_name!r} is another deployment's now, so nothing was unloaded"
+    else:
+        try:
+            with _client(deployment, timeout_s=LOAD_TIMEOUT_S) as client:
+                client.unload(deployment.model_name)
+        except TritonError as exc:
+            unreachable = isinstance(exc, TritonUnavailable)
+            why = (f"the Triton server {server.name!r} cannot be reached at {server.http_url}" if unreachable
+                   else f"Triton refused to unload it ({exc.message})")
+            fields = {"status_message": f"could not unload {deployment.model_name!r}: {why}; undeploy again once "
+                                        f"the server is back"}
+            if was in IN_FLIGHT:
+                fields["status"] = Status.FAILED
+                fields["status_message"] = f"undeployed while being deployed, but {why}; its deploy was stopped"
+            Deployment.objects.filter(pk=deployment.pk).update(updated_at=timezone.now(), **fields)
+            return "unreachable" if unreachable else "refused"
+        done = f"unloaded from {server.name}"
+    Deployment.objects.filter(pk=deployment.pk).update(status=Status.UNLOADED, unloaded_at=timezone.now(),
+                                                       status_message=done, updated_at=timezone.now())
+    return Status.UNLOADED
