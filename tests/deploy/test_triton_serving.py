@@ -137,17 +137,18 @@ def test_it_stops_the_sequence_of_a_client_that_disconnects(served, protocol):
             break
     stream.close()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # the gauge is set at the end of the step that finished the request
         after = served.metrics()
         cancelled = _metric(after, "workbench_requests_total", "par", version="1", finish_reason="cancelled") - \
             _metric(before, "workbench_requests_total", "par", version="1", finish_reason="cancelled")
-        if cancelled:
+        if cancelled and _metric(after, "workbench_active_sequences", "par", version="1") == 0:
             break
         time.sleep(0.05)
     assert cancelled == 1, "the engine finished the request as cancelled"
     generated = _metric(after, "workbench_generated_tokens_total", "par", version="1") - \
         _metric(before, "workbench_generated_tokens_total", "par", version="1")
-    assert generated < 1000, f"{generated:.0f} tokens generated for a client that left after {received}"
+    # Tokens already on their way when the client left are generated too: a few, not the 100,000 asked for.
+    assert generated <= received + 50, f"{generated:.0f} tokens generated for a client that left after {received}"
     assert _metric(after, "workbench_active_sequences", "par", version="1") == 0
 
 
