@@ -127,6 +127,17 @@ def _chunk(get) -> Chunk:
                  int(_first(get("prompt_tokens"))), int(_first(get("completion_tokens"))))
 
 
+def _infer_inputs(make, params: GenerateParams, stream: bool) -> list:
+    """The request's tensors as tritonclient's InferInput of one protocol (``make``)."""
+    tensors = []
+    for name, (values, dtype) in params.inputs(stream).items():
+        array = np.array(values, dtype=dtype)
+        tensor = make(name, list(array.shape), np_to_triton_dtype(array.dtype))
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors
+
+
 _NOT_READY = ("not found", "unknown model", "no available versions", "is not ready", "not ready",
               "failed to load", "unavailable model")
 
@@ -245,13 +256,7 @@ class TritonClient:
         return self._http_stream(model, params)
 
     def _http_infer(self, model: str, params: GenerateParams) -> Chunk:
-        inputs = []
-        for name, (values, dtype) in params.inputs(stream=False).items():
-            array = np.array(values, dtype=dtype)
-            tensor = httpclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
-        result = self._call(self._http.infer, model, inputs)
+        result = self._call(self._http.infer, model, _infer_inputs(httpclient.InferInput, params, stream=False))
         return _chunk(result.as_numpy)
 
     def _request(self, model: str, path: str, body: dict) -> http.client.HTTPResponse:
@@ -309,12 +314,7 @@ class TritonClient:
             raise TritonError("no gRPC URL is configured for this server")
         client = grpcclient.InferenceServerClient(self.grpc_url)
         answers: queue.Queue = queue.Queue()
-        inputs = []
-        for name, (values, dtype) in params.inputs(stream=stream).items():
-            array = np.array(values, dtype=dtype)
-            tensor = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-            tensor.set_data_from_numpy(array)
-            inputs.append(tensor)
+        inputs = _infer_inputs(grpcclient.InferInput, params, stream)
         finished = False
         try:
             client.start_stream(callback=lambda result, error: answers.put((result, error)),
