@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The run command: the whole product on one machine with embedded defaults: SQLite in var/, a local Redis,
-# a Celery worker with beat, and the web server. Ctrl-C stops everything it started.
-# PORT (default 8000) and the variables in webapp/settings.py change the defaults.
+# a Celery worker with beat, a local Triton server, and the web server. Ctrl-C stops everything it started.
+# PORT (default 8000), TRITON_PORT (default 8100: HTTP; gRPC and metrics on the next two) and the variables in
+# webapp/settings.py change the defaults.
 # This is the development command: it turns DEBUG on (DJANGO_DEBUG=1) unless told otherwise, which also allows the
 # built-in secret key and plain HTTP. Production starts the server otherwise, with DJANGO_SECRET_KEY set
 # (docs/security.md).
@@ -10,6 +11,7 @@ export DJANGO_DEBUG="${DJANGO_DEBUG:-1}"
 source "$(dirname "$0")/setup-env.sh"
 cd "$REPO"
 PORT="${PORT:-8000}"
+TRITON_PORT="${TRITON_PORT:-8100}"
 mkdir -p var/log
 
 ensure_redis
@@ -30,6 +32,14 @@ echo "== starting a Celery worker with beat (log: var/log/worker.log)"
   --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
 pids+=($!)
 
+echo "== starting a local Triton server (log: var/triton/tritonserver.log)"
+"$PY" -m deploy triton --repository var/triton-models --work-dir var/triton --http-port "$TRITON_PORT" \
+  --grpc-port "$((TRITON_PORT + 1))" --metrics-port "$((TRITON_PORT + 2))" >var/log/triton.log 2>&1 &
+pids+=($!)
+"$PY" manage.py register_triton --name local --http-url "http://127.0.0.1:$TRITON_PORT" \
+  --grpc-url "127.0.0.1:$((TRITON_PORT + 1))" --metrics-url "http://127.0.0.1:$((TRITON_PORT + 2))" \
+  --repository var/triton-models
+
 echo "== starting the web server"
 "$PY" manage.py runserver "127.0.0.1:$PORT" --noreload &
 pids+=($!)
@@ -39,6 +49,8 @@ cat <<MSG
   The workbench is at      http://127.0.0.1:$PORT/api/   (API, browsable)
   API documentation        http://127.0.0.1:$PORT/api/docs/
   Admin                    http://127.0.0.1:$PORT/admin/
+  OpenAI-compatible API    http://127.0.0.1:$PORT/v1/    (key: your API token)
+  Triton (local)           http://127.0.0.1:$TRITON_PORT   (models: var/triton-models)
   Create an admin user:    .venv/bin/python manage.py createsuperuser
   Press Ctrl-C to stop everything.
 
