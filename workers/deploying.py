@@ -26,6 +26,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from deploy.client import GenerateParams, TritonClient, TritonError, TritonUnavailable
+from webapp.finite import finite
 from webapp.models import Deployment
 from webapp.services.deployments import deployment_access_problem
 
@@ -132,7 +133,7 @@ def _export(deployment: Deployment, since) -> dict:
         raise DeployFailed(f"the export failed (exit status {process.returncode}); its last words:\n"
                            f"{(err or '').strip()[-2000:]}")
     try:
-        report = json.loads(_last_line(out))
+        report = finite(json.loads(_last_line(out)))  # a perplexity may be infinite; jsonb holds no infinity
         smoke = report["smoke"]
         smoke = {**smoke, "prompt": str(smoke["prompt"]), "max_tokens": int(smoke["max_tokens"]),
                  "token_ids": [int(t) for t in smoke["token_ids"]]}

@@ -1,15 +1,18 @@
 """Personas and objects for the web tests: alice and bob are ordinary users, staff is staff."""
 import contextlib
+from dataclasses import dataclass
 
 import pytest
 import redis
 from django.contrib.auth.models import User
 from django.core.cache import cache
+from django.utils import timezone
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from trainer.contract import presets
 from webapp import models
+from tests.webapp import serving
 from webapp.services import tasks
 
 
@@ -121,3 +124,61 @@ def quiet_broker(redis_url, settings):
     base, _, number = redis_url.rpartition("/")
     with _broker(f"{base}/{(int(number or 0) + 1) % 16}", settings) as client:
         yield client
+
+
+# -- serving ------------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def refused_port():
+    with serving.refusing_port() as port:
+        yield port
+
+
+@pytest.fixture
+def nowhere(db, refused_port, tmp_path):
+    """A Triton server whose URLs point at a port nothing listens on."""
+    return models.TritonServer.objects.create(
+        name="nowhere", http_url=f"http://127.0.0.1:{refused_port}", grpc_url=f"127.0.0.1:{refused_port}",
+        metrics_url=f"http://127.0.0.1:{refused_port}", model_repository=str(tmp_path / "models"))
+
+
+@pytest.fixture
+def small_checkpoint(alice, data_root):
+    """Alice's imported checkpoint of serving.SMALL_MODEL (a manifest, no weights)."""
+    return serving.imported(alice, serving.checkpoint_folder(data_root / "small"))
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    name: str
+    report: dict
+    server: object  # the session's Triton (tests.deploy_fixtures)
+
+
+SERVED_NAME = "web-served"
+
+
+@pytest.fixture(scope="session")
+def served_model(triton, served_checkpoint):
+    """served_checkpoint exported into the session's Triton and loaded, once for all the web tests that generate
+    (a load costs seconds); the report is the exporter's. Unloaded at the end of the session."""
+    from deploy.export import ExportOptions, export
+
+    report = export(served_checkpoint, triton.repository, ExportOptions(name=SERVED_NAME, measure=False))
+    client = triton.client()
+    client.load(SERVED_NAME)
+    yield ServedModel(SERVED_NAME, report, triton)
+    client.unload(SERVED_NAME)
+    client.close()
+
+
+@pytest.fixture
+def served_deployment(alice, served_model, served_checkpoint):
+    """Alice's ready deployment of the served model, on a server row of the session's Triton."""
+    triton = served_model.server
+    server = models.TritonServer.objects.create(name="local", http_url=triton.http_url, grpc_url=triton.grpc_url,
+                                                metrics_url=triton.metrics_url,
+                                                model_repository=str(triton.repository))
+    checkpoint = serving.imported(alice, served_checkpoint)
+    return serving.deployment(alice, checkpoint, server, SERVED_NAME, report=served_model.report, smoke_ok=True,
+                              ready_at=timezone.now())

@@ -7,7 +7,9 @@ WRITES = [
     ("post", "/api/model-configs/"), ("post", "/api/plans/"), ("post", "/api/clusters/"), ("post", "/api/datasets/"),
     ("post", "/api/runs/"), ("put", "/api/model-configs/1/"), ("patch", "/api/plans/1/"),
     ("delete", "/api/clusters/1/"), ("delete", "/api/datasets/1/"), ("post", "/api/runs/1/cancel/"),
-    ("post", "/api/runs/1/launch/"),
+    ("post", "/api/runs/1/launch/"), ("post", "/api/triton-servers/"), ("post", "/api/deployments/"),
+    ("post", "/api/deployments/1/undeploy/"), ("post", "/api/deployments/1/generate/"),
+    ("post", "/api/checkpoints/register/"), ("post", "/api/prompt-templates/"),
 ]
 
 
@@ -17,7 +19,9 @@ def test_it_answers_every_write_without_credentials_with_401(db, api, method, ur
     assert response.status_code == 401
 
 
-@pytest.mark.parametrize("url", ["/api/model-configs/", "/api/runs/", "/api/metrics/", "/api/clusters/"])
+@pytest.mark.parametrize("url", ["/api/model-configs/", "/api/runs/", "/api/metrics/", "/api/clusters/",
+                                 "/api/triton-servers/", "/api/triton-servers/1/status/", "/api/deployments/",
+                                 "/api/prompt-templates/"])
 def test_it_answers_reads_without_credentials_with_401(db, api, url):
     assert api(None).get(url).status_code == 401
 

@@ -1,5 +1,6 @@
 """The OpenAPI schema is valid OpenAPI 3 and documents every error answer, the Swagger page renders offline, and
-generated requests get only documented status codes, never a 5xx."""
+generated requests get only documented status codes, never a server error (a model server that cannot answer is
+the documented 502 or 503 with a message, which is not one)."""
 from collections import Counter
 
 import pytest
@@ -61,10 +62,12 @@ def test_it_documents_each_operations_error_answers_with_their_bodies(db, client
 FUZZED_REQUESTS = 1500
 STATEFUL_SCENARIOS, STATEFUL_STEPS = 60, 10
 CHECKS = [schemathesis.checks.not_a_server_error, schemathesis.checks.status_code_conformance]
+# Triton unreachable (the populated server's URL points where nothing listens), or failing: documented, with why.
+MODEL_SERVER_ANSWERS = {502, 503}
 
 
 @pytest.fixture
-def populated(alice, bob, staff, cluster8, data_root, plan222, corpus, monkeypatch):
+def populated(alice, bob, staff, cluster8, data_root, plan222, corpus, nowhere, small_checkpoint, monkeypatch):
     models.ModelConfig.objects.create(owner=bob, name="tiny", spec=presets.MODELS["tiny"].to_dict(), shared=True)
     run = models.Run.objects.create(owner=alice, name="r", model_config=plan222.model_config, plan=plan222,
                                     cluster=cluster8, dataset=corpus)
@@ -76,6 +79,10 @@ def populated(alice, bob, staff, cluster8, data_root, plan222, corpus, monkeypat
     models.Checkpoint.objects.create(run=run, step=1, path=str(data_root / "ckpt"))
     models.Profile.objects.create(run=run, name="p", path=str(data_root / "prof"))
     models.TuneJob.objects.create(owner=alice, request={"model": "tiny"}, dataset=corpus)
+    # serving: a ready deployment on a server nothing listens at (generation and status answer 503 at once)
+    template = models.PromptTemplate.objects.create(owner=alice, name="chat")
+    models.Deployment.objects.create(owner=alice, checkpoint=small_checkpoint, server=nowhere, model_name="small",
+                                     status="ready", prompt_template=template)
     return {"user": alice, "staff": staff}
 
 
@@ -99,8 +106,11 @@ class Tally:
     def check(self, case, response, as_whom: str) -> None:
         self.sent += 1
         self.statuses[response.status_code] += 1
+        checks = CHECKS
+        if response.status_code in MODEL_SERVER_ANSWERS and '"detail"' in response.text:
+            checks = [schemathesis.checks.status_code_conformance]
         try:
-            case.validate_response(response, checks=CHECKS)
+            case.validate_response(response, checks=checks)
         except AssertionError as exc:  # schemathesis' failures are AssertionErrors, grouped
             self.failures.append(f"{as_whom}: {case.method} {case.formatted_path} {case.body!r:.300} -> "
                                  f"{response.status_code}: {response.text[:300]}\n{str(exc)[:500]}")

@@ -13,6 +13,7 @@ from rest_framework.views import exception_handler as drf_exception_handler
 from trainer.contract import SpecError
 
 from ..finite import non_finite_path
+from ..services.triton import ServingError
 from ..spec_errors import spec_field_errors
 from .parsers import body_limit, too_large_message
 from .specfields import api_field
@@ -63,6 +64,8 @@ def exception_handler(exc, context):
         users = sorted({f"{o._meta.verbose_name} {o.pk}" for o in exc.protected_objects})[:10]
         return Response({"detail": "still in use by " + ", ".join(users) + "; delete or change those first"},
                         status=status.HTTP_409_CONFLICT)
+    if isinstance(exc, ServingError):  # a model server's answer, or its absence: 503, 400 or 502 with why
+        return Response({"detail": exc.message}, status=exc.status)
     if isinstance(exc, IntegrityError):
         return Response({"detail": f"conflicts with an existing object: {exc}"}, status=status.HTTP_409_CONFLICT)
     return drf_exception_handler(exc, context)

@@ -4,7 +4,6 @@ polling for what is new (docs/live-data.md).
 Every answer is about runs the user may see, found exactly as RunViewSet finds a run (its queryset, get_object):
 a run the user may not see is a 404, the same answer as a run that does not exist.
 """
-from django.db import connection, transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
@@ -22,6 +21,7 @@ from .live_serializers import (IDS_PARAMETER, NAMES_PARAMETER, AttemptSerializer
                                CompareQuery, EventQuery, LogAnswerSerializer, LogQuery, RankQuery,
                                RankSummarySerializer, RunEventSerializer, SeriesAnswerSerializer, SeriesQuery,
                                UpdatesAnswerSerializer, UpdatesQuery)
+from .outside_transaction import OutsideRequestTransaction
 from .permissions import IsOwnerOrStaffToChange
 
 # The live actions read their own query parameters: the run list's filters and ordering are not theirs.
@@ -101,8 +101,9 @@ class RunLiveData:
                                      query.get("start"), query.get("end"), query["points"]))
 
 
-class RunUpdatesView(GenericAPIView):
-    """Long polling for a run's live view (webapp.services.run_updates says why, and what a wait costs)."""
+class RunUpdatesView(OutsideRequestTransaction, GenericAPIView):
+    """Long polling for a run's live view (webapp.services.run_updates says why, and what a wait costs); the wait
+    happens outside the request's transaction."""
 
     permission_classes = [IsAuthenticated, IsOwnerOrStaffToChange]
     filter_backends = []
@@ -111,22 +112,6 @@ class RunUpdatesView(GenericAPIView):
 
     def get_queryset(self):
         return models.Run.objects.visible_to(self.request.user)
-
-    @classmethod
-    def as_view(cls, **initkwargs):
-        # Waiting must not happen inside the request's transaction (ATOMIC_REQUESTS): on SQLite a transaction holds
-        # the write lock the workers need, and on PostgreSQL an open transaction for 30 s holds back vacuum.
-        return transaction.non_atomic_requests(super().as_view(**initkwargs))
-
-    def handle_exception(self, exc):
-        # DRF marks the transaction it finds open for rollback when it answers an error, taking it for the
-        # request's own; outside ATOMIC_REQUESTS a transaction open around this view (a test's) is not this view's.
-        outer = connection.in_atomic_block
-        marked = outer and transaction.get_rollback()
-        response = super().handle_exception(exc)
-        if outer and not marked:
-            transaction.set_rollback(False)
-        return response
 
     @extend_schema(parameters=[UpdatesQuery], responses=UpdatesAnswerSerializer)
     def get(self, request, pk):

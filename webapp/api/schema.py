@@ -2,6 +2,7 @@
 
 Errors have two shapes (webapp.api.errors): a field-by-field ``ValidationError`` for 400 (each field's messages,
 nested for a spec's fields, ``non_field_errors`` for the whole object) and ``{"detail": …}`` for the rest.
+Operations that ask a Triton server also declare 502 and 503, given the ``Error`` body here.
 """
 ERROR = {"type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}},
          "description": "What went wrong and what to change"}
@@ -21,6 +22,8 @@ _ANSWERS = {
     "415": ("the body is not of a media type this operation reads", "Error"),
     "429": ("too many requests of this kind (sign-in attempts); wait as Retry-After says", "Error"),
 }
+# Answered only by the operations that declare them (those that ask a model server): their bodies are added here.
+_DECLARED = ("502", "503")
 _WRITES = {"post", "put", "patch", "delete"}
 
 
@@ -49,4 +52,8 @@ def document_errors(result, generator, request, public):
                 description, component = _ANSWERS[code]
                 responses.setdefault(code, {"description": description, "content": {
                     "application/json": {"schema": {"$ref": f"#/components/schemas/{component}"}}}})
+            for code in _DECLARED:
+                if code in responses:
+                    responses[code].setdefault("content", {
+                        "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}})
     return result

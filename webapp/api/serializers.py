@@ -235,9 +235,17 @@ class MetricSerializer(serializers.ModelSerializer):
 
 
 class CheckpointSerializer(serializers.ModelSerializer):
+    source = serializers.ChoiceField(choices=["trained", "imported"], read_only=True,
+                                     help_text="trained: saved by `run`; imported: registered from a folder")
+    owner = serializers.SerializerMethodField(help_text="The run's owner, or who imported it")
+
     class Meta:
         model = models.Checkpoint
-        fields = ["id", "run", "step", "path", "tokens_seen", "size_bytes", "manifest", "created_at"]
+        fields = ["id", "run", "source", "name", "owner", "step", "path", "tokens_seen", "size_bytes", "manifest",
+                  "created_at"]
+
+    def get_owner(self, checkpoint) -> str:
+        return checkpoint.owner_user.username
 
 
 class ProfileSerializer(serializers.ModelSerializer):

@@ -14,6 +14,7 @@ from .live import RunLiveData
 from .fields import StrictCharField
 from .parsers import RequestTooLarge
 from .permissions import IsOwnerOrStaffToChange, IsStaffOrReadOnly
+from .serving_serializers import CheckpointRegisterSerializer
 from .serializers import (CheckpointSerializer, ClusterSerializer, DatasetSerializer, DatasetUploadSerializer,
                           MetricSerializer, ModelConfigSerializer, ParallelismPlanSerializer, ProfileSerializer,
                           RunSerializer)
@@ -142,9 +143,26 @@ class MetricViewSet(RunChildViewSet):
 
 
 class CheckpointViewSet(RunChildViewSet):
+    """Checkpoints: saved by runs you may see, or registered by you from a folder (`register`)."""
+
     queryset = models.Checkpoint.objects.all()
     serializer_class = CheckpointSerializer
     filterset_fields = ["run"]
+
+    def get_queryset(self):
+        return models.Checkpoint.objects.visible_to(self.request.user).select_related("run__owner", "owner")
+
+    @extend_schema(request=CheckpointRegisterSerializer, responses={201: CheckpointSerializer,
+                                                                    200: CheckpointSerializer})
+    @action(detail=False, methods=["post"], filter_backends=[])
+    def register(self, request):
+        """Register a checkpoint folder trained elsewhere (it must lie under one of your data roots and hold a
+        complete checkpoint); 200 with the earlier registration if you registered the folder before."""
+        body = CheckpointRegisterSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        checkpoint, created = services.checkpoint_import_register(request.user, **body.validated_data)
+        return Response(CheckpointSerializer(checkpoint, context={"request": request}).data,
+                        status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class ProfileViewSet(RunChildViewSet):
