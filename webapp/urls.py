@@ -1,8 +1,9 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from webapp.api import openai
 from webapp.api.auth import TokenView, throttle_logins
 
 urlpatterns = [
@@ -16,4 +17,10 @@ urlpatterns = [
     path("api/auth/", include("rest_framework.urls")),
     path("api/token/", TokenView.as_view(), name="token"),
     path("api/", include("webapp.api.urls")),
+    # OpenAI-compatible (webapp.api.openai): OpenAI's paths, without trailing slashes, and its 404 for the rest
+    path("v1/models", openai.ModelsView.as_view(), name="openai-models"),
+    path("v1/models/<str:model>", openai.ModelView.as_view(), name="openai-model"),
+    path("v1/completions", openai.CompletionsView.as_view(), name="openai-completions"),
+    path("v1/chat/completions", openai.ChatCompletionsView.as_view(), name="openai-chat-completions"),
+    re_path(r"^v1(?:/.*)?$", openai.NotFoundView.as_view(), name="openai-not-found"),
 ]

@@ -1,0 +1,299 @@
+"""The OpenAI-compatible /v1: keys, models, errors in OpenAI's shape, answers in OpenAI's shapes, chats written as
+prompts; and the official `openai` package against the product's /v1 with the session's real Triton."""
+import json
+
+import pytest
+from rest_framework.test import APIClient
+
+from deploy.client import Chunk, Completion
+from tests.webapp import serving
+from webapp import models
+from webapp.api import openai as v1
+from webapp.services.chat import chat_prompt
+
+Status = models.Deployment.Status
+
+
+def bearer(client, user):
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {user.auth_token.key}")
+    return client
+
+
+@pytest.fixture
+def openai_api():
+    """A client for ``user`` that authenticates as OpenAI's clients do (None: no key)."""
+    def client(user):
+        return bearer(APIClient(), user) if user is not None else APIClient()
+    return client
+
+
+def _error(answer, status: int) -> dict:
+    assert answer.status_code == status, (answer.status_code, answer.content[:500])
+    body = answer.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert body["error"]["message"]
+    return body["error"]
+
+
+@pytest.fixture
+def ready(alice, small_checkpoint, nowhere):
+    """Alice's ready deployment of the small model, on the server nothing listens at."""
+    return serving.deployment(alice, small_checkpoint, nowhere, model_name="small")
+
+
+COMPLETION = {"model": "small", "prompt": "ROMEO:", "max_tokens": 4}
+CHAT = {"model": "small", "messages": [{"role": "user", "content": "Hi"}]}
+
+
+# -- keys, models, errors -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("header", [None, "Bearer not-a-key", "Token {key}", "Bearer"])
+def test_it_refuses_a_missing_or_wrong_key_with_openais_401(alice, ready, header):
+    client = APIClient()
+    if header:
+        client.credentials(HTTP_AUTHORIZATION=header.format(key=alice.auth_token.key))
+    for method, path, body in [("get", "/v1/models", None), ("post", "/v1/completions", COMPLETION),
+                               ("post", "/v1/chat/completions", CHAT)]:
+        answer = getattr(client, method)(path, body, format="json")
+        error = _error(answer, 401)
+        assert error["code"] == "invalid_api_key" and answer["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_it_lists_the_ready_models_the_caller_may_use(openai_api, alice, bob, staff, small_checkpoint, nowhere,
+                                                      data_root):
+    serving.deployment(alice, small_checkpoint, nowhere, model_name="mine")
+    serving.deployment(alice, small_checkpoint, nowhere, model_name="loading", status=Status.LOADING)
+    theirs = serving.imported(bob, serving.checkpoint_folder(data_root / "bobs"))
+    serving.deployment(bob, theirs, nowhere, model_name="bobs-private")
+    serving.deployment(bob, theirs, nowhere, model_name="bobs-shared", shared=True)
+    answer = openai_api(alice).get("/v1/models")
+    assert answer.status_code == 200
+    body = answer.json()
+    assert body["object"] == "list"
+    assert sorted(m["id"] for m in body["data"]) == ["bobs-shared", "mine"]
+    mine = next(m for m in body["data"] if m["id"] == "mine")
+    assert mine["object"] == "model" and mine["owned_by"] == "alice" and isinstance(mine["created"], int)
+    assert len(openai_api(staff).get("/v1/models").json()["data"]) == 3
+    assert openai_api(alice).get("/v1/models/mine").json()["id"] == "mine"
+    _error(openai_api(alice).get("/v1/models/bobs-private"), 404)
+
+
+def test_it_answers_unknown_models_paths_and_methods_in_openais_shape(openai_api, alice, ready):
+    error = _error(openai_api(alice).post("/v1/completions", {**COMPLETION, "model": "gpt-4"}, format="json"), 404)
+    assert error["code"] == "model_not_found" and error["param"] == "model" and "gpt-4" in error["message"]
+    _error(openai_api(alice).post("/v1/chat/completions", {**CHAT, "model": "gpt-4"}, format="json"), 404)
+    _error(openai_api(alice).post("/v1/embeddings", {"model": "small", "input": "x"}, format="json"), 404)
+    _error(openai_api(None).get("/v1/nothing/here"), 404)
+    _error(openai_api(alice).get("/v1/completions"), 405)
+
+
+def test_it_answers_503_for_a_model_that_is_still_being_deployed(openai_api, alice, small_checkpoint, nowhere):
+    serving.deployment(alice, small_checkpoint, nowhere, status=Status.EXPORTING, status_message="exporting")
+    error = _error(openai_api(alice).post("/v1/completions", COMPLETION, format="json"), 503)
+    assert "not ready yet" in error["message"] and error["type"] == "server_error"
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/completions", {"n": 2}, "n"),
+    ("/v1/completions", {"max_tokens": 0}, "max_tokens"),
+    ("/v1/completions", {"max_tokens": 5000}, "max_tokens"),
+    ("/v1/completions", {"temperature": -1}, "temperature"),
+    ("/v1/completions", {"top_p": 0}, "top_p"),
+    ("/v1/completions", {"stop": ["x"] * 9}, "stop"),
+    ("/v1/completions", {"stop": 3}, "stop"),
+    ("/v1/completions", {"prompt": ["one", "two"]}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt"),
+    ("/v1/completions", {"echo": True}, "echo"),
+    ("/v1/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("/v1/completions", {"temprature": 0.5}, "temprature"),
+    ("/v1/completions", {"stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"n": 3}, "n"),
+    ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+])
+def test_it_refuses_bad_parameters_with_openais_400_naming_the_param(openai_api, alice, ready, path, fields, param):
+    body = {**(COMPLETION if path == "/v1/completions" else CHAT), **fields}
+    error = _error(openai_api(alice).post(path, body, format="json"), 400)
+    assert error["param"] == param and error["type"] == "invalid_request_error", error
+
+
+def test_it_takes_nulls_the_user_field_and_neutral_values_of_what_it_does_not_implement(openai_api, alice, ready,
+                                                                                       monkeypatch):
+    asked = []
+    monkeypatch.setattr(v1.services, "deployment_generate",
+                        lambda deployment, params: asked.append(params) or Completion("!", [5], 2, 1, "stop"))
+    body = {**COMPLETION, "user": "someone", "seed": None, "stop": None, "echo": False, "logprobs": None,
+            "presence_penalty": 0, "n": 1, "best_of": 1}
+    answer = openai_api(alice).post("/v1/completions", body, format="json")
+    assert answer.status_code == 200, answer.json()
+    assert asked[0].seed is None and asked[0].stop == () and asked[0].temperature == 1.0
+
+
+def test_it_refuses_a_body_that_is_not_json_in_openais_shape(openai_api, alice, ready):
+    answer = openai_api(alice).post("/v1/completions", "{not json", content_type="application/json")
+    _error(answer, 400)
+
+
+@pytest.mark.parametrize("path, body", [("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)])
+@pytest.mark.parametrize("stream", [False, True])
+def test_it_answers_503_in_openais_shape_when_triton_cannot_be_reached(openai_api, alice, ready, path, body,
+                                                                       stream):
+    answer = openai_api(alice).post(path, {**body, "stream": stream}, format="json")
+    error = _error(answer, 503)
+    assert "cannot be reached" in error["message"] and error["type"] == "server_error"
+
+
+# -- answers in OpenAI's shapes (the model server stood in for) -----------------------------------------------------
+
+def _data_events(response) -> list:
+    text = b"".join(response.streaming_content).decode()
+    blocks = [b for b in text.split("\n\n") if b]
+    assert all(b.startswith("data: ") for b in blocks), text
+    return [b.removeprefix("data: ") if b == "data: [DONE]" else json.loads(b.removeprefix("data: "))
+            for b in blocks]
+
+
+def _chunks(*pieces: tuple[str, list[int]], finish: str = "length") -> list[Chunk]:
+    chunks, count = [], 0
+    for i, (text, ids) in enumerate(pieces):
+        count += len(ids)
+        chunks.append(Chunk(text, ids, finish if i == len(pieces) - 1 else "", 3, count))
+    return chunks
+
+
+def test_it_answers_a_completion_in_openais_shape(openai_api, alice, ready, monkeypatch):
+    asked = []
+    monkeypatch.setattr(v1.services, "deployment_generate",
+                        lambda deployment, params: asked.append(params) or Completion(" O, she", [7, 8, 9], 3, 3,
+                                                                                      "length"))
+    answer = openai_api(alice).post("/v1/completions", {**COMPLETION, "prompt": ["ROMEO:"], "stop": "\n\n",
+                                                        "seed": 3, "temperature": 0.5, "top_p": 0.9},
+                                    format="json")
+    body = answer.json()
+    assert body["id"].startswith("cmpl-") and body["object"] == "text_completion" and body["model"] == "small"
+    assert isinstance(body["created"], int)
+    assert body["choices"] == [{"index": 0, "text": " O, she", "finish_reason": "length", "logprobs": None}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
+    params = asked[0]
+    assert (params.prompt, params.max_tokens, params.stop, params.seed) == ("ROMEO:", 4, ("\n\n",), 3)
+    assert (params.temperature, params.top_p) == (0.5, 0.9)
+
+
+def test_it_streams_a_chat_as_openais_chunks_with_the_usage_last(openai_api, alice, ready, monkeypatch):
+    def stream(deployment, params):
+        yield from _chunks((" Good", [1]), (" day", [2, 3]), ("", [4]), finish="stop")
+    monkeypatch.setattr(v1.services, "deployment_stream", stream)
+    answer = openai_api(alice).post("/v1/chat/completions", {**CHAT, "stream": True,
+                                                             "stream_options": {"include_usage": True}},
+                                    format="json")
+    assert answer.status_code == 200 and answer["Content-Type"] == "text/event-stream"
+    events = _data_events(answer)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+    assert chunks[0]["id"].startswith("chatcmpl-")
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == " Good day"
+    finish = chunks[-2]["choices"][0]
+    assert finish["delta"] == {} and finish["finish_reason"] == "stop"
+    assert all(c["usage"] is None for c in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
+                                                                   "total_tokens": 7}
+
+
+def test_it_streams_an_error_event_when_triton_fails_mid_stream(openai_api, alice, ready, monkeypatch):
+    from webapp.services.triton import ServingUnavailable
+
+    def failing(deployment, params):
+        yield Chunk(" Good", [1], "", 3, 1)
+        raise ServingUnavailable("the Triton server 'nowhere' cannot be reached")
+    monkeypatch.setattr(v1.services, "deployment_stream", failing)
+    events = _data_events(openai_api(alice).post("/v1/completions", {**COMPLETION, "stream": True}, format="json"))
+    assert events[0]["choices"][0]["text"] == " Good"
+    assert events[-1]["error"]["type"] == "server_error" and "cannot be reached" in events[-1]["error"]["message"]
+
+
+def test_it_writes_a_chat_with_the_deployments_template_and_its_sampling(openai_api, alice, ready, monkeypatch):
+    ready.prompt_template = models.PromptTemplate.objects.create(
+        owner=alice, name="qa", chat_template="<{role}> {content}\n", examples=[{"input": "2+2?", "output": "4"}],
+        sampling={"temperature": 0.0, "max_tokens": 12})
+    ready.save()
+    asked = []
+    monkeypatch.setattr(v1.services, "deployment_generate",
+                        lambda deployment, params: asked.append(params) or Completion(" 6", [6], 9, 1, "stop"))
+    messages = [{"role": "developer", "content": "Answer with a number."},
+                {"role": "user", "content": [{"type": "text", "text": "3+3?"}]}]
+    body = openai_api(alice).post("/v1/chat/completions", {**CHAT, "messages": messages, "stop": ["."]},
+                                  format="json").json()
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": " 6"},
+                                "finish_reason": "stop", "logprobs": None}]
+    params = asked[0]
+    assert params.prompt == "<user> 2+2?\n<assistant> 4\n<system> Answer with a number.\n<user> 3+3?\n<assistant>"
+    assert params.stop == ("\n<user>", ".") and params.temperature == 0.0 and params.max_tokens == 12
+    openai_api(alice).post("/v1/chat/completions", {**CHAT, "max_completion_tokens": 5, "temperature": 0.3},
+                           format="json")
+    assert (asked[1].max_tokens, asked[1].temperature) == (5, 0.3)
+
+
+def test_it_writes_a_chat_without_a_template_in_the_default_format():
+    chat = chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert chat.prompt == "system: Be brief.\nuser: Hi\nassistant:" and chat.stop == "\nuser:"
+
+
+# -- the official client against the product, with the real Triton ------------------------------------------------
+
+@pytest.fixture
+def openai_client(live_server, alice, served_deployment):
+    import openai
+    # closed after the test: a kept-alive connection would keep its server thread, and its database connection
+    with openai.OpenAI(base_url=live_server.url + "/v1", api_key=alice.auth_token.key, max_retries=0) as client:
+        yield client
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_package_completes_and_streams_a_completion(openai_client, served_deployment):
+    smoke = served_deployment.report["smoke"]
+    model = served_deployment.model_name
+    assert [m.id for m in openai_client.models.list()] == [model]
+    whole = openai_client.completions.create(model=model, prompt=smoke["prompt"], max_tokens=smoke["max_tokens"],
+                                             temperature=0)
+    assert whole.choices[0].text == smoke["text"] and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == len(smoke["token_ids"])
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+    pieces = list(openai_client.completions.create(model=model, prompt=smoke["prompt"],
+                                                   max_tokens=smoke["max_tokens"], temperature=0, stream=True,
+                                                   stream_options={"include_usage": True}))
+    texts = [p.choices[0].text for p in pieces if p.choices]
+    assert "".join(texts) == smoke["text"] and len([t for t in texts if t]) > 3
+    assert pieces[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert pieces[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_package_chats_and_streams_a_chat(openai_client, served_deployment):
+    import openai
+    model = served_deployment.model_name
+    messages = [{"role": "system", "content": "You are Romeo."}, {"role": "user", "content": "Speak."}]
+    whole = openai_client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0)
+    answer = whole.choices[0]
+    assert answer.message.role == "assistant" and answer.finish_reason in ("stop", "length")
+    assert "\nuser:" not in answer.message.content
+    assert 1 <= whole.usage.completion_tokens <= 12 and whole.usage.prompt_tokens > 5
+    stream = openai_client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0,
+                                                   stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == answer.message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    with pytest.raises(openai.NotFoundError):
+        openai_client.chat.completions.create(model="gpt-4", messages=messages)
+    with pytest.raises(openai.BadRequestError):
+        openai_client.completions.create(model=model, prompt="x", n=2)
+    with openai.OpenAI(base_url=openai_client.base_url, api_key="wrong", max_retries=0) as stranger:
+        with pytest.raises(openai.AuthenticationError):
+            stranger.models.list()

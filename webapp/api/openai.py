@@ -1,0 +1,232 @@
+"""An OpenAI-compatible API on /v1 for the ready deployments: models, completions and chat completions.
+
+    GET  /v1/models              the ready deployments you may use (your own and shared ones)
+    GET  /v1/models/<model>
+    POST /v1/completions         {model, prompt, max_tokens=16, temperature=1, top_p=1, stop, seed, stream, n=1, …}
+    POST /v1/chat/completions    {model, messages, max_tokens, temperature, top_p, stop, seed, stream, n=1, …}
+
+Answers follow OpenAI's JSON exactly (ids ``cmpl-…`` and ``chatcmpl-…``; ``choices`` of one, ``finish_reason``
+"stop" or "length"; ``usage``); a stream is server-sent ``data: {chunk}`` events ending with ``data: [DONE]``, and
+with ``stream_options: {"include_usage": true}`` a last chunk of no choices that carries the usage. Authenticate
+with ``Authorization: Bearer <key>``, the key being your API token (POST /api/token/). Errors are OpenAI's
+``{"error": {message, type, param, code}}`` (webapp.api.openai_errors), this API's own documentation being OpenAI's.
+
+A model is a deployment's ``model_name``. Names are unique on a server, not across servers: where several ready
+deployments you may use share a name, your own newest one answers, else the newest.
+
+A chat is written as one prompt by the deployment's prompt template and stopped where the user's next turn would
+begin (webapp.services.chat, which shows the default format); what the request leaves out of max_tokens,
+temperature, top_k, top_p and seed comes from the template's ``sampling``, else OpenAI's defaults (a chat answer is
+at most CHAT_MAX_TOKENS tokens unless told otherwise).
+"""
+import time
+import uuid
+from typing import Iterator
+
+from django.db.models import Case, IntegerField, Value, When
+from drf_spectacular.utils import extend_schema
+from rest_framework.authentication import TokenAuthentication
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import JSONRenderer
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from deploy.client import Chunk, Completion, GenerateParams
+
+from .. import models, services
+from ..models.serving import DEFAULT_CHAT_TEMPLATE
+from ..services.chat import chat_prompt
+from ..services.triton import ServingError, ServingUnavailable
+from .openai_errors import ModelNotFound, error_body, exception_handler
+from .openai_requests import CHAT_MAX_TOKENS, ChatRequest, CompletionRequest
+from .outside_transaction import OutsideRequestTransaction
+from .sse import EventStreamRenderer, event, event_stream
+
+Deployment = models.Deployment
+OPENAI_DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "seed": None}
+
+
+class BearerTokenAuthentication(TokenAuthentication):
+    keyword = "Bearer"
+
+
+class DataEventRenderer(EventStreamRenderer):
+    """An error answered to a client that accepts only event streams: one unnamed event, as OpenAI's are."""
+
+    def render(self, data, accepted_media_type=None, renderer_context=None):
+        return event(data)
+
+
+@extend_schema(exclude=True)  # documented by OpenAI's API reference, not in this API's schema
+class OpenAIView(OutsideRequestTransaction, APIView):
+    authentication_classes = [BearerTokenAuthentication]
+    permission_classes = [IsAuthenticated]
+    renderer_classes = [JSONRenderer, DataEventRenderer]
+
+    def get_exception_handler(self):
+        return exception_handler
+
+
+def _usable(user):
+    return Deployment.objects.visible_to(user).select_related("owner", "server", "prompt_template")
+
+
+def _deployment(user, model: str) -> Deployment:
+    """The ready deployment ``model`` names for ``user``; ModelNotFound, or ServingUnavailable while it is still
+    being deployed."""
+    candidates = _usable(user).filter(model_name=model)
+    mine_first = Case(When(owner=user, then=Value(0)), default=Value(1), output_field=IntegerField())
+    ready = candidates.filter(status=Deployment.Status.READY).order_by(mine_first, "-ready_at", "-id").first()
+    if ready is not None:
+        return ready
+    coming = candidates.filter(status__in=Deployment.HOLDING).order_by(mine_first, "-id").first()
+    if coming is not None:
+        raise ServingUnavailable(f"model {model!r} is not ready yet (deployment {coming.pk} is {coming.status}: "
+                                 f"{coming.status_message}); try again when it is")
+    raise ModelNotFound(f"The model `{model}` does not exist or you do not have access to it (GET /v1/models "
+                        f"lists the ready ones).")
+
+
+def _model(deployment: Deployment) -> dict:
+    when = deployment.ready_at or deployment.created_at
+    return {"id": deployment.model_name, "object": "model", "created": int(when.timestamp()),
+            "owned_by": deployment.owner.username}
+
+
+class ModelsView(OpenAIView):
+    def get(self, request):
+        seen, data = set(), []
+        for deployment in _usable(request.user).filter(status=Deployment.Status.READY).order_by("model_name",
+                                                                                              "-ready_at"):
+            if deployment.model_name not in seen:
+                seen.add(deployment.model_name)
+                data.append(_model(deployment))
+        return Response({"object": "list", "data": data})
+
+
+class ModelView(OpenAIView):
+    def get(self, request, model):
+        return Response(_model(_deployment(request.user, model)))
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+class Answer:
+    """One request's answer in OpenAI's shapes: the whole, or chunk by chunk."""
+
+    def __init__(self, kind: str, model: str, include_usage: bool = False):
+        self.chat = kind == "chat"
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created, self.model, self.include_usage = int(time.time()), model, include_usage
+
+    def _head(self, object_: str) -> dict:
+        return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
+
+    def whole(self, completion: Completion) -> dict:
+        choice = {"index": 0, "finish_reason": _finish(completion.finish_reason), "logprobs": None}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": completion.text}
+        else:
+            choice["text"] = completion.text
+        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
+                "usage": _usage(completion.prompt_tokens, completion.completion_tokens)}
+
+    def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> bytes:
+        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
+        if self.chat:
+            choice["delta"] = {**({"role": "assistant"} if role else {}), **({} if text is None else
+                                                                             {"content": text})}
+        else:
+            choice["text"] = text or ""
+        body = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+        if self.include_usage:
+            body["usage"] = None
+        return event(body)
+
+    def events(self, chunks: Iterator[Chunk]) -> Iterator[bytes]:
+        last = None
+        try:
+            if self.chat:
+                yield self._chunk("", None, role=True)
+            for chunk in chunks:
+                last = chunk
+                if chunk.text:
+                    yield self._chunk(chunk.text, None)
+                if chunk.finish_reason:
+                    break
+            yield self._chunk(None if self.chat else "", _finish(last.finish_reason if last else ""))
+            if self.include_usage and last is not None:
+                head = self._head("chat.completion.chunk" if self.chat else "text_completion")
+                yield event({**head, "choices": [], "usage": _usage(last.prompt_tokens, last.completion_tokens)})
+            yield event("[DONE]")
+        except ServingError as exc:
+            kind = "server_error" if exc.status >= 500 else "invalid_request_error"
+            yield event(error_body(exc.message, kind, code=exc.code))
+        finally:
+            chunks.close()  # a client gone mid-stream: the request is cancelled on the server
+
+
+def _answer(answer: Answer, deployment: Deployment, params: GenerateParams, stream: bool):
+    if stream:
+        return event_stream(answer.events(services.deployment_stream(deployment, params)))
+    return Response(answer.whole(services.deployment_generate(deployment, params)))
+
+
+def _include_usage(body: dict) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
+
+
+class CompletionsView(OpenAIView):
+    def post(self, request):
+        body = CompletionRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        body = {**OPENAI_DEFAULTS, **body.validated_data}
+        deployment = _deployment(request.user, body["model"])
+        params = GenerateParams(prompt=body["prompt"], max_tokens=body["max_tokens"],
+                                temperature=body["temperature"], top_k=body["top_k"], top_p=body["top_p"],
+                                seed=body["seed"], stop=tuple(body.get("stop", ())))
+        return _answer(Answer("text", deployment.model_name, _include_usage(body)), deployment, params,
+                       body["stream"])
+
+
+class ChatCompletionsView(OpenAIView):
+    def post(self, request):
+        body = ChatRequest(data=request.data)
+        body.is_valid(raise_exception=True)
+        body = body.validated_data
+        deployment = _deployment(request.user, body["model"])
+        template = deployment.prompt_template
+        defaults = {**OPENAI_DEFAULTS, "max_tokens": CHAT_MAX_TOKENS}
+        defaults.update({k: v for k, v in (template.sampling if template else {}).items() if k in defaults})
+        given = {k: v for k, v in body.items() if k in defaults}
+        if "max_completion_tokens" in body:  # OpenAI's newer name for max_tokens
+            given["max_tokens"] = body["max_completion_tokens"]
+        sampling = {**defaults, **given}
+        chat = chat_prompt(body["messages"], template.chat_template if template else DEFAULT_CHAT_TEMPLATE,
+                           template.examples if template else ())
+        params = GenerateParams(prompt=chat.prompt, max_tokens=sampling["max_tokens"],
+                                temperature=sampling["temperature"], top_k=sampling["top_k"],
+                                top_p=sampling["top_p"], seed=sampling["seed"],
+                                stop=(chat.stop, *body.get("stop", ())))
+        return _answer(Answer("chat", deployment.model_name, _include_usage(body)), deployment, params,
+                       body["stream"])
+
+
+class NotFoundView(OpenAIView):
+    """Any other path under /v1: OpenAI's 404, not the web app's page."""
+
+    authentication_classes = []
+    permission_classes = []
+
+    def _not_found(self, request, *args, **kwargs):
+        return Response(error_body(f"Unknown request URL: {request.method} {request.path}", code="unknown_url"),
+                        status=404)
+
+    get = post = put = patch = delete = _not_found
