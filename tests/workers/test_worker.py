@@ -23,7 +23,8 @@ def test_it_registers_its_tasks_under_explicit_names(worker):
     client.send_task("workbench.health").get(timeout=90)  # the worker is up
     registered = client.control.inspect(timeout=5).registered() or {}
     names = {name for tasks in registered.values() for name in tasks}
-    assert {"workbench.health", "workbench.runs.launch", "workbench.runs.stop", "workbench.runs.reconcile"} <= names
+    assert {"workbench.health", "workbench.runs.launch", "workbench.runs.stop", "workbench.runs.reconcile",
+            "workers.deploy", "workers.undeploy"} <= names
 
 
 def test_it_schedules_the_health_check_in_beat():
