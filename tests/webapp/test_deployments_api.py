@@ -251,6 +251,7 @@ def test_it_keeps_prompt_templates_per_owner_and_checks_their_parts(api, alice, 
 # -- with the real Triton -----------------------------------------------------------------------------------------
 
 @pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_it_generates_the_checkpoints_own_greedy_tokens(api, alice, served_deployment, protocol):
     smoke = served_deployment.report["smoke"]
@@ -265,6 +266,7 @@ def test_it_generates_the_checkpoints_own_greedy_tokens(api, alice, served_deplo
 
 
 @pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
 def test_it_streams_token_events_then_done(api, alice, served_deployment, protocol):
     smoke = served_deployment.report["smoke"]
@@ -283,6 +285,7 @@ def test_it_streams_token_events_then_done(api, alice, served_deployment, protoc
 
 
 @pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
 def test_it_answers_the_servers_status_with_its_models(api, alice, served_deployment):
     answer = api(alice).get(f"/api/triton-servers/{served_deployment.server_id}/status/")
     assert answer.status_code == 200, answer.json()

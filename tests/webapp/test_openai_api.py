@@ -254,6 +254,7 @@ def openai_client(live_server, alice, served_deployment):
 
 
 @pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
 @pytest.mark.django_db(transaction=True)
 def test_the_openai_package_completes_and_streams_a_completion(openai_client, served_deployment):
     smoke = served_deployment.report["smoke"]
@@ -274,6 +275,7 @@ def test_the_openai_package_completes_and_streams_a_completion(openai_client, se
 
 
 @pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
 @pytest.mark.django_db(transaction=True)
 def test_the_openai_package_chats_and_streams_a_chat(openai_client, served_deployment):
     import openai

@@ -74,6 +74,7 @@ def test_it_fails_when_the_owner_may_no_longer_read_the_checkpoint(owner, small,
 
 
 @pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
 def test_it_starts_a_redelivered_export_over_and_says_when_triton_cannot_be_reached(owner, roots, unreachable,
                                                                                    served_checkpoint):
     checkpoint = serving.imported(owner, served_checkpoint)
@@ -132,6 +133,7 @@ def _until(deployment_id: int, statuses: tuple, seconds: float) -> models.Deploy
 
 
 @pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
 @pytest.mark.django_db(transaction=True)
 def test_it_deploys_smoke_checks_serves_and_undeploys_through_the_worker(broker, roots, triton, served_checkpoint):
     user = User.objects.create_user("server-user")
