@@ -97,7 +97,7 @@ def export_command(deployment: Deployment) -> list[str]:
     command = [sys.executable, "-m", "deploy", "export", "--checkpoint", deployment.checkpoint.path,
                "--repository", deployment.server.model_repository, "--name", deployment.model_name,
                "--reduction", deployment.reduction, "--tensor-parallel", str(deployment.tensor_parallel),
-               "--instances", str(deployment.instances)]
+               "--instances", str(deployment.instances), "--kind", deployment.server.instance_kind]
     return command if deployment.streaming else [*command, "--no-stream"]
 
 

@@ -167,3 +167,12 @@ def test_it_deploys_smoke_checks_serves_and_undeploys_through_the_worker(broker,
     after = api.post(f"/api/deployments/{deployment.pk}/generate/", {"prompt": "x"}, format="json")
     assert after.status_code == 503 and "unloaded" in after.json()["detail"]
     client.close()
+
+
+def test_it_exports_for_the_servers_instance_kind():
+    deployment = models.Deployment(checkpoint=models.Checkpoint(path="/ckpt"), model_name="m", reduction="int8",
+                                   tensor_parallel=2, instances=1, streaming=False,
+                                   server=models.TritonServer(model_repository="/models", instance_kind="gpu"))
+    command = deploying.export_command(deployment)
+    assert command[command.index("--kind") + 1] == "gpu" and command[-1] == "--no-stream"
+    assert command[command.index("--tensor-parallel") + 1] == "2"

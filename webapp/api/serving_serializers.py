@@ -35,7 +35,8 @@ def top_p_problem(value: float) -> str:
 class TritonServerSerializer(StrictModelSerializer):
     class Meta:
         model = models.TritonServer
-        fields = ["id", "name", "kind", "http_url", "grpc_url", "metrics_url", "model_repository", "is_ready",
+        fields = ["id", "name", "kind", "http_url", "grpc_url", "metrics_url", "model_repository", "instance_kind",
+                  "is_ready",
                   "last_seen_at", "created_at"]
         read_only_fields = ["is_ready", "last_seen_at", "created_at"]
 

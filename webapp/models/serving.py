@@ -12,6 +12,10 @@ class TritonServer(models.Model):
         MANAGED = "managed", "Started and stopped by the workbench"
         EXTERNAL = "external", "Run elsewhere; only connected to"
 
+    class InstanceKind(models.TextChoices):
+        CPU = "cpu", "CPU (KIND_CPU)"
+        GPU = "gpu", "GPU (KIND_GPU): each instance takes tensor_parallel GPUs"
+
     name = models.CharField(max_length=120, unique=True)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.MANAGED)
     http_url = models.URLField(help_text="e.g. http://127.0.0.1:8000")
@@ -19,6 +23,8 @@ class TritonServer(models.Model):
     metrics_url = models.CharField(max_length=200, blank=True,
                                    help_text="Where /metrics is read, e.g. http://127.0.0.1:8002")
     model_repository = models.CharField(max_length=500, help_text="Folder of the server's model repository")
+    instance_kind = models.CharField(max_length=8, choices=InstanceKind.choices, default=InstanceKind.CPU,
+                                     help_text="Where the server runs the model instances it is given")
     is_ready = models.BooleanField(default=False)
     last_seen_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

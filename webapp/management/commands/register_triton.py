@@ -1,7 +1,7 @@
 """manage.py register_triton: record (or update) a Triton server the workbench deploys to.
 
     python manage.py register_triton --name local --http-url http://127.0.0.1:8100 --grpc-url 127.0.0.1:8101 \
-        --metrics-url http://127.0.0.1:8102 --repository var/triton-models [--external]
+        --metrics-url http://127.0.0.1:8102 --repository var/triton-models [--external] [--gpu]
 
 The run command registers the local Triton it starts this way; staff may also add servers in the admin or the API.
 """
@@ -22,12 +22,14 @@ class Command(BaseCommand):
         parser.add_argument("--metrics-url", default="")
         parser.add_argument("--repository", required=True, help="the server's model repository folder")
         parser.add_argument("--external", action="store_true", help="run elsewhere; only connected to")
+        parser.add_argument("--gpu", action="store_true", help="it runs model instances on GPUs (KIND_GPU)")
 
     def handle(self, *args, **options):
         server, created = TritonServer.objects.update_or_create(name=options["name"], defaults={
             "kind": TritonServer.Kind.EXTERNAL if options["external"] else TritonServer.Kind.MANAGED,
             "http_url": options["http_url"], "grpc_url": options["grpc_url"],
             "metrics_url": options["metrics_url"],
+            "instance_kind": TritonServer.InstanceKind.GPU if options["gpu"] else TritonServer.InstanceKind.CPU,
             "model_repository": str(Path(options["repository"]).resolve())})
         self.stdout.write(f"{'registered' if created else 'updated'} Triton server {server.name!r} "
                           f"({server.http_url}, repository {server.model_repository})")
