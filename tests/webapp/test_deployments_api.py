@@ -213,6 +213,20 @@ def test_it_answers_503_with_a_message_when_the_triton_server_cannot_be_reached(
     assert "cannot be reached" in answer.json()["detail"], answer.json()
 
 
+@pytest.mark.once  # the real Triton: once, on the first database
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_it_answers_503_with_a_message_when_triton_has_not_loaded_the_model(api, alice, small_checkpoint, triton,
+                                                                           stream, protocol):
+    """Triton answers but has not loaded the model (it restarted, or someone unloaded it): 503, saying so."""
+    server = models.TritonServer.objects.create(name="live", http_url=triton.http_url, grpc_url=triton.grpc_url,
+                                                model_repository=str(triton.repository))
+    ready = serving.deployment(alice, small_checkpoint, server, model_name="never-loaded")
+    body = {**GENERATE, "stream": stream, "protocol": protocol}
+    answer = api(alice).post(f"/api/deployments/{ready.pk}/generate/", body, format="json")
+    assert answer.status_code == 503 and "not loaded" in answer.json()["detail"], answer.json()
+
+
 def test_it_answers_503_saying_why_for_a_deployment_that_is_not_ready(api, alice, small_checkpoint, nowhere):
     failed = serving.deployment(alice, small_checkpoint, nowhere, status=Status.FAILED,
                                 status_message="the export was refused: no tokenizer")
