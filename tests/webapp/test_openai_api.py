@@ -1,11 +1,11 @@
-"""The OpenAI-compatible /v1: keys, models, errors in OpenAI's shape, answers in OpenAI's shapes, chats written as
-prompts; and the official `openai` package against the product's /v1 with the session's real Triton."""
+"""The OpenAI-compatible /v1: keys, models, errors in OpenAI's shape; answers in OpenAI's shapes and chats written
+as prompts, from the session's real Triton; and the official `openai` package against the product's /v1."""
 import json
 
 import pytest
 from rest_framework.test import APIClient
 
-from deploy.client import Chunk, Completion
+from deploy.client import Chunk, Completion, GenerateParams, TritonClient
 from tests.webapp import serving
 from webapp import models
 from webapp.api import openai as v1
@@ -145,7 +145,7 @@ def test_it_answers_503_in_openais_shape_when_triton_cannot_be_reached(openai_ap
     assert "cannot be reached" in error["message"] and error["type"] == "server_error"
 
 
-# -- answers in OpenAI's shapes (the model server stood in for) -----------------------------------------------------
+# -- answers in OpenAI's shapes, from the session's real Triton ---------------------------------------------------
 
 def _data_events(response) -> list:
     text = b"".join(response.streaming_content).decode()
@@ -155,37 +155,51 @@ def _data_events(response) -> list:
             for b in blocks]
 
 
-def _chunks(*pieces: tuple[str, list[int]], finish: str = "length") -> list[Chunk]:
-    chunks, count = [], 0
-    for i, (text, ids) in enumerate(pieces):
-        count += len(ids)
-        chunks.append(Chunk(text, ids, finish if i == len(pieces) - 1 else "", 3, count))
-    return chunks
+def _direct(deployment, params: GenerateParams) -> Completion:
+    """What the deployment's Triton answers ``params`` asked directly, past the web app."""
+    with TritonClient(deployment.server.http_url, deployment.server.grpc_url) as client:
+        return client.generate(deployment.model_name, params)
 
 
-def test_it_answers_a_completion_in_openais_shape(openai_api, alice, ready, monkeypatch):
-    asked = []
-    monkeypatch.setattr(v1.services, "deployment_generate",
-                        lambda deployment, params: asked.append(params) or Completion(" O, she", [7, 8, 9], 3, 3,
-                                                                                      "length"))
-    answer = openai_api(alice).post("/v1/completions", {**COMPLETION, "prompt": ["ROMEO:"], "stop": "\n\n",
-                                                        "seed": 3, "temperature": 0.5, "top_p": 0.9},
-                                    format="json")
-    body = answer.json()
-    assert body["id"].startswith("cmpl-") and body["object"] == "text_completion" and body["model"] == "small"
+def _ok(answer) -> dict:
+    assert answer.status_code == 200, (answer.status_code, answer.content[:500])
+    return answer.json()
+
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_a_completion_in_openais_shape(openai_api, alice, served_deployment):
+    model = served_deployment.model_name
+    asked = {"model": model, "prompt": ["ROMEO:"], "max_tokens": 24, "stop": "\n\n", "seed": 3,
+             "temperature": 0.5, "top_p": 0.9}
+    body = _ok(openai_api(alice).post("/v1/completions", asked, format="json"))
+    assert set(body) == {"id", "object", "created", "model", "choices", "usage"}
+    assert body["id"].startswith("cmpl-") and body["object"] == "text_completion" and body["model"] == model
     assert isinstance(body["created"], int)
-    assert body["choices"] == [{"index": 0, "text": " O, she", "finish_reason": "length", "logprobs": None}]
-    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}
-    params = asked[0]
-    assert (params.prompt, params.max_tokens, params.stop, params.seed) == ("ROMEO:", 4, ("\n\n",), 3)
-    assert (params.temperature, params.top_p) == (0.5, 0.9)
+    [choice] = body["choices"]
+    assert set(choice) == {"index", "text", "finish_reason", "logprobs"}
+    assert choice["index"] == 0 and choice["logprobs"] is None and choice["finish_reason"] in ("stop", "length")
+    usage = body["usage"]
+    assert usage["prompt_tokens"] + usage["completion_tokens"] == usage["total_tokens"]
+    assert usage["prompt_tokens"] > 0 and 1 <= usage["completion_tokens"] <= 24
+    # the fields reached the model as these sampling parameters: the same seeded draw asked directly is the same
+    same = _direct(served_deployment, GenerateParams("ROMEO:", 24, temperature=0.5, top_p=0.9, seed=3,
+                                                     stop=("\n\n",)))
+    assert (choice["text"], choice["finish_reason"]) == (same.text, same.finish_reason)
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (same.prompt_tokens, same.completion_tokens)
+    other = _ok(openai_api(alice).post("/v1/completions", {**asked, "seed": 4}, format="json"))
+    assert other["choices"][0]["text"] != choice["text"]  # the seed is the request's, not a fixed one
 
 
-def test_it_streams_a_chat_as_openais_chunks_with_the_usage_last(openai_api, alice, ready, monkeypatch):
-    def stream(deployment, params):
-        yield from _chunks((" Good", [1]), (" day", [2, 3]), ("", [4]), finish="stop")
-    monkeypatch.setattr(v1.services, "deployment_stream", stream)
-    answer = openai_api(alice).post("/v1/chat/completions", {**CHAT, "stream": True,
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_it_streams_a_chat_as_openais_chunks_with_the_usage_last(openai_api, alice, served_deployment):
+    asked = {"model": served_deployment.model_name, "messages": [{"role": "user", "content": "Speak, Romeo."}],
+             "max_tokens": 16, "temperature": 0}
+    whole = _ok(openai_api(alice).post("/v1/chat/completions", asked, format="json"))
+    answer = openai_api(alice).post("/v1/chat/completions", {**asked, "stream": True,
                                                              "stream_options": {"include_usage": True}},
                                     format="json")
     assert answer.status_code == 200 and answer["Content-Type"] == "text/event-stream"
@@ -195,15 +209,61 @@ def test_it_streams_a_chat_as_openais_chunks_with_the_usage_last(openai_api, ali
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
     assert chunks[0]["id"].startswith("chatcmpl-")
     assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]) == " Good day"
+    deltas = [c["choices"][0]["delta"]["content"] for c in chunks[1:] if c["choices"]
+              and "content" in c["choices"][0]["delta"]]
+    assert "".join(deltas) == whole["choices"][0]["message"]["content"] and len(deltas) > 1
     finish = chunks[-2]["choices"][0]
-    assert finish["delta"] == {} and finish["finish_reason"] == "stop"
+    assert finish["delta"] == {} and finish["finish_reason"] == whole["choices"][0]["finish_reason"]
     assert all(c["usage"] is None for c in chunks[:-1])
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 4,
-                                                                   "total_tokens": 7}
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert whole["usage"]["completion_tokens"] >= 1
 
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_it_writes_a_chat_with_the_deployments_template_and_its_sampling(openai_api, alice, served_deployment):
+    # served_deployment is this test's own row (the served model is shared, not the deployment): no restoring
+    template = models.PromptTemplate.objects.create(
+        owner=alice, name="qa", chat_template="<{role}> {content}\n", examples=[{"input": "2+2?", "output": "4"}],
+        sampling={"temperature": 0.0, "max_tokens": 12})
+    served_deployment.prompt_template = template
+    served_deployment.save()
+    messages = [{"role": "developer", "content": "Answer with a number."},
+                {"role": "user", "content": [{"type": "text", "text": "3+3?"}]}]
+    written = chat_prompt([{"role": "system", "content": "Answer with a number."},
+                           {"role": "user", "content": "3+3?"}], template.chat_template, template.examples)
+    assert written.prompt == "<user> 2+2?\n<assistant> 4\n<system> Answer with a number.\n<user> 3+3?\n<assistant>"
+    assert written.stop == "\n<user>"
+    asked = {"model": served_deployment.model_name, "messages": messages}
+    body = _ok(openai_api(alice).post("/v1/chat/completions", {**asked, "stop": ["."]}, format="json"))
+    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
+    # the template's sampling (greedy, 12 tokens) and both stops reached the model with the written prompt
+    same = _direct(served_deployment, GenerateParams(written.prompt, 12, temperature=0.0, stop=(written.stop, ".")))
+    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": same.text},
+                                "finish_reason": same.finish_reason, "logprobs": None}]
+    assert body["usage"]["completion_tokens"] == same.completion_tokens <= 12
+    assert body["usage"]["prompt_tokens"] == same.prompt_tokens
+    # the request's own fields win over the template's
+    body = _ok(openai_api(alice).post("/v1/chat/completions", {**asked, "max_completion_tokens": 5,
+                                                               "temperature": 0.3, "seed": 11}, format="json"))
+    same = _direct(served_deployment, GenerateParams(written.prompt, 5, temperature=0.3, seed=11,
+                                                     stop=(written.stop,)))
+    assert body["choices"][0]["message"]["content"] == same.text
+    assert body["usage"]["completion_tokens"] == same.completion_tokens <= 5
+
+
+def test_it_writes_a_chat_without_a_template_in_the_default_format():
+    chat = chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert chat.prompt == "system: Be brief.\nuser: Hi\nassistant:" and chat.stop == "\nuser:"
+
+
+# -- a failure mid-stream (the service stood in for) --------------------------------------------------------------
 
 def test_it_streams_an_error_event_when_triton_fails_mid_stream(openai_api, alice, ready, monkeypatch):
+    """The deployment service is stood in for here, and only here: a mid-stream failure of the real Triton cannot be
+    provoked in a shared session without disturbing the server the other tests use. The real streaming path is
+    covered by the tests above, against the session's Triton."""
     from webapp.services.triton import ServingUnavailable
 
     def failing(deployment, params):
@@ -213,34 +273,6 @@ def test_it_streams_an_error_event_when_triton_fails_mid_stream(openai_api, alic
     events = _data_events(openai_api(alice).post("/v1/completions", {**COMPLETION, "stream": True}, format="json"))
     assert events[0]["choices"][0]["text"] == " Good"
     assert events[-1]["error"]["type"] == "server_error" and "cannot be reached" in events[-1]["error"]["message"]
-
-
-def test_it_writes_a_chat_with_the_deployments_template_and_its_sampling(openai_api, alice, ready, monkeypatch):
-    ready.prompt_template = models.PromptTemplate.objects.create(
-        owner=alice, name="qa", chat_template="<{role}> {content}\n", examples=[{"input": "2+2?", "output": "4"}],
-        sampling={"temperature": 0.0, "max_tokens": 12})
-    ready.save()
-    asked = []
-    monkeypatch.setattr(v1.services, "deployment_generate",
-                        lambda deployment, params: asked.append(params) or Completion(" 6", [6], 9, 1, "stop"))
-    messages = [{"role": "developer", "content": "Answer with a number."},
-                {"role": "user", "content": [{"type": "text", "text": "3+3?"}]}]
-    body = openai_api(alice).post("/v1/chat/completions", {**CHAT, "messages": messages, "stop": ["."]},
-                                  format="json").json()
-    assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
-    assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": " 6"},
-                                "finish_reason": "stop", "logprobs": None}]
-    params = asked[0]
-    assert params.prompt == "<user> 2+2?\n<assistant> 4\n<system> Answer with a number.\n<user> 3+3?\n<assistant>"
-    assert params.stop == ("\n<user>", ".") and params.temperature == 0.0 and params.max_tokens == 12
-    openai_api(alice).post("/v1/chat/completions", {**CHAT, "max_completion_tokens": 5, "temperature": 0.3},
-                           format="json")
-    assert (asked[1].max_tokens, asked[1].temperature) == (5, 0.3)
-
-
-def test_it_writes_a_chat_without_a_template_in_the_default_format():
-    chat = chat_prompt([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
-    assert chat.prompt == "system: Be brief.\nuser: Hi\nassistant:" and chat.stop == "\nuser:"
 
 
 # -- the official client against the product, with the real Triton ------------------------------------------------
