@@ -80,7 +80,8 @@ class GenerateParams:
 
 @dataclass(frozen=True)
 class Chunk:
-    """One response: the new text and tokens; finish_reason is "" until the last."""
+    """One response: the new text and tokens. finish_reason is "" and prompt_tokens 0 until the last;
+    completion_tokens counts the tokens so far."""
 
     text: str
     token_ids: list[int]
@@ -121,10 +122,14 @@ def _ids(value) -> list[int]:
     return [int(v) for v in np.asarray(value).reshape(-1)]
 
 
-def _chunk(get) -> Chunk:
-    """A Chunk from ``get(name)`` → an output's values."""
-    return Chunk(_text(get("text_output")), _ids(get("token_ids")), _text(get("finish_reason")),
-                 int(_first(get("prompt_tokens"))), int(_first(get("completion_tokens"))))
+def _chunk(get, counted: int = 0) -> Chunk:
+    """A Chunk from ``get(name)`` → an output's values (None when the response has no such output: a streamed
+    token carries its text and id only, so its completion count is the tokens counted so far, ``counted``)."""
+    ids = _ids(get("token_ids"))
+    reason, prompt, completion = get("finish_reason"), get("prompt_tokens"), get("completion_tokens")
+    return Chunk(_text(get("text_output")), ids, _text(reason) if reason is not None else "",
+                 int(_first(prompt)) if prompt is not None else 0,
+                 int(_first(completion)) if completion is not None else counted + len(ids))
 
 
 def _infer_inputs(make, params: GenerateParams, stream: bool) -> list:
@@ -282,6 +287,7 @@ class TritonClient:
 
     def _http_stream(self, model: str, params: GenerateParams) -> Iterator[Chunk]:
         answer = self._request(model, "generate_stream", params.json(stream=True))
+        counted = 0
         try:
             for raw in answer:
                 line = raw.decode().strip()
@@ -290,7 +296,8 @@ class TritonClient:
                 data = json.loads(line[5:])
                 if "error" in data:
                     raise _classify(str(data["error"]), self.http_url)
-                chunk = _chunk(data.get)
+                chunk = _chunk(data.get, counted)
+                counted = chunk.completion_tokens
                 yield chunk
                 if chunk.finish_reason:
                     return
@@ -315,7 +322,7 @@ class TritonClient:
         client = grpcclient.InferenceServerClient(self.grpc_url)
         answers: queue.Queue = queue.Queue()
         inputs = _infer_inputs(grpcclient.InferInput, params, stream)
-        finished = False
+        finished, counted = False, 0
         try:
             client.start_stream(callback=lambda result, error: answers.put((result, error)),
                                 stream_timeout=None)
@@ -331,7 +338,8 @@ class TritonClient:
                 response = result.get_response()
                 final = response.parameters.get("triton_final_response")
                 if response.outputs:
-                    chunk = _chunk(result.as_numpy)
+                    chunk = _chunk(result.as_numpy, counted)
+                    counted = chunk.completion_tokens
                     if chunk.text or chunk.token_ids or chunk.finish_reason:
                         yield chunk
                     if chunk.finish_reason:

@@ -6,13 +6,15 @@ request to the engine and returns: the engine answers through the request's resp
 token for a streamed request (decoupled models), one final response otherwise.
 
 Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p, seed (−1: none), stop
-(strings), stream. Outputs of each response: text_output (the new text), token_ids, finish_reason ("" until the
-last), prompt_tokens, completion_tokens.
+(strings), stream. Outputs: text_output (the new text) and token_ids in every response; finish_reason,
+prompt_tokens and completion_tokens in the last.
 """
 from __future__ import annotations
 
 import json
+import queue
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -81,35 +83,64 @@ def _tensor(name: str, values, dtype) -> "pb_utils.Tensor":
     return pb_utils.Tensor(name, np.array(values, dtype=dtype))
 
 
-def _response(text: str, token_ids: list[int], finish_reason: str, prompt_tokens: int,
-              completion_tokens: int) -> "pb_utils.InferenceResponse":
+def _token_response(text: str, token_id: int) -> "pb_utils.InferenceResponse":
+    """A streamed token: its text and id only; the counts and the reason come with the last response."""
+    return pb_utils.InferenceResponse(output_tensors=[
+        _tensor("text_output", [text.encode()], object), _tensor("token_ids", [token_id], np.int32)])
+
+
+def _final_response(text: str, token_ids: list[int], result: Result) -> "pb_utils.InferenceResponse":
     return pb_utils.InferenceResponse(output_tensors=[
         _tensor("text_output", [text.encode()], object),
         _tensor("token_ids", token_ids, np.int32),
-        _tensor("finish_reason", [finish_reason.encode()], object),
-        _tensor("prompt_tokens", [prompt_tokens], np.int32),
-        _tensor("completion_tokens", [completion_tokens], np.int32)])
+        _tensor("finish_reason", [result.finish_reason.encode()], object),
+        _tensor("prompt_tokens", [result.prompt_tokens], np.int32),
+        _tensor("completion_tokens", [result.completion_tokens], np.int32)])
+
+
+class Outbox:
+    """Responses leave from their own thread, in order: the engine goes on with its next decode step while the
+    last step's tokens are made into responses and handed to Triton (the costlier part for a small model)."""
+
+    def __init__(self):
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._send_all, name="responses", daemon=True)
+        self._thread.start()
+
+    def send(self, sender, make, flags: int = 0) -> None:
+        self._queue.put((sender, make, flags))
+
+    def _send_all(self) -> None:
+        while (item := self._queue.get()) is not None:
+            sender, make, flags = item
+            try:
+                sender.send(make(), flags=flags)
+            except Exception as exc:  # noqa: BLE001 - a client gone mid-answer must not stop the others'
+                pb_utils.Logger.log_warn(f"a response could not be sent: {exc}")
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
 
 
 class ResponseSink:
     """One request's response sender, as the engine's Sink."""
 
-    def __init__(self, sender, prompt_tokens: int):
-        self.sender, self.prompt_tokens, self.count = sender, prompt_tokens, 0
+    def __init__(self, sender, outbox: Outbox):
+        self.sender, self.outbox, self.streamed = sender, outbox, False
 
     def on_token(self, text: str, token_id: int) -> None:
-        self.count += 1
-        self.sender.send(_response(text, [token_id], "", self.prompt_tokens, self.count))
+        self.streamed = True
+        self.outbox.send(self.sender, lambda: _token_response(text, token_id))
 
     def on_finish(self, result: Result) -> None:
-        streamed = self.count > 0
-        text = result.unsent if streamed else result.text
-        ids = [] if streamed else result.token_ids
-        self.sender.send(_response(text, ids, result.finish_reason, result.prompt_tokens, result.completion_tokens),
-                         flags=FINAL)
+        text = result.unsent if self.streamed else result.text
+        ids = [] if self.streamed else result.token_ids
+        self.outbox.send(self.sender, lambda: _final_response(text, ids, result), FINAL)
 
     def on_error(self, message: str) -> None:
-        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)), flags=FINAL)
+        self.outbox.send(self.sender, lambda: pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
+                         FINAL)
 
     def is_cancelled(self) -> bool:
         return self.sender.is_cancelled()
@@ -148,6 +179,7 @@ class TritonPythonModel:
         self.codec = Codec(folder / TOKENIZER)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metrics = TritonMetrics(labels)
+        self.outbox = Outbox()
         self.engine = Engine(runner, self.codec, int(serving["seq_len"]), self.metrics,
                              device_for(kind, base, 0))
         self.engine.start()
@@ -162,7 +194,7 @@ class TritonPythonModel:
                 seed = int(_input(request, "seed", -1))
                 prompt = self.codec.encode(_text(_input(request, "text_input", b"")))
                 self.engine.submit(Request(
-                    prompt_ids=prompt, sink=ResponseSink(sender, len(prompt)),
+                    prompt_ids=prompt, sink=ResponseSink(sender, self.outbox),
                     max_tokens=int(_input(request, "max_tokens", 64)),
                     sampling=Sampling(float(_input(request, "temperature", 0.0)), int(_input(request, "top_k", 0)),
                                       float(_input(request, "top_p", 1.0)), seed if seed >= 0 else None),
@@ -174,5 +206,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.stop()
+        self.outbox.close()
         if self.leader is not None:
             self.leader.close()

@@ -84,7 +84,7 @@ def test_it_streams_one_token_at_a_time(served, reference, protocol):
 @pytest.fixture(scope="module")
 def bench_served(triton, tmp_path_factory):
     """The benchmark's model (random weights; d_model 512, 4 layers): big enough that a decode step's work, not
-    the per-token overhead of responses, sets the pace, as in real serving."""
+    the per-token cost of responses, sets the pace, as in real serving."""
     from deploy.bench import bench_checkpoint
 
     checkpoint = bench_checkpoint(tmp_path_factory.mktemp("bench") / "checkpoint")
@@ -98,7 +98,7 @@ def bench_served(triton, tmp_path_factory):
 
 def test_it_batches_concurrent_streams_into_the_same_decode_steps(bench_served):
     """One client alone, then 8 at once: decode steps serve several sequences, and the total rate is ≥ 3×."""
-    client, n = bench_served, 96
+    client, n = bench_served, 128
 
     def stream_tokens(prompt: str) -> int:
         return sum(len(c.token_ids) for c in client.stream("bench", GenerateParams(prompt, max_tokens=n), "grpc"))
