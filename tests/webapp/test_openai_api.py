@@ -119,16 +119,26 @@ def test_it_refuses_bad_parameters_with_openais_400_naming_the_param(openai_api,
     assert error["param"] == param and error["type"] == "invalid_request_error", error
 
 
-def test_it_takes_nulls_the_user_field_and_neutral_values_of_what_it_does_not_implement(openai_api, alice, ready,
-                                                                                       monkeypatch):
-    asked = []
-    monkeypatch.setattr(v1.services, "deployment_generate",
-                        lambda deployment, params: asked.append(params) or Completion("!", [5], 2, 1, "stop"))
-    body = {**COMPLETION, "user": "someone", "seed": None, "stop": None, "echo": False, "logprobs": None,
-            "presence_penalty": 0, "n": 1, "best_of": 1}
+def test_it_reads_nulls_the_user_field_and_neutral_values_as_fields_left_out():
+    from webapp.api.openai_requests import CompletionRequest
+
+    body = CompletionRequest(data={**COMPLETION, "user": "someone", "seed": None, "stop": None, "echo": False,
+                                   "logprobs": None, "presence_penalty": 0, "n": 1, "best_of": 1})
+    assert body.is_valid(), body.errors
+    asked = {**v1.OPENAI_DEFAULTS, **body.validated_data}
+    assert asked["seed"] is None and not asked.get("stop") and asked["temperature"] == 1.0
+    assert "user" not in asked
+
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_it_answers_a_request_with_nulls_and_neutral_values(openai_api, alice, served_deployment):
+    body = {**COMPLETION, "model": served_deployment.model_name, "user": "someone", "seed": None, "stop": None,
+            "echo": False, "logprobs": None, "presence_penalty": 0, "n": 1, "best_of": 1}
     answer = openai_api(alice).post("/v1/completions", body, format="json")
     assert answer.status_code == 200, answer.json()
-    assert asked[0].seed is None and asked[0].stop == () and asked[0].temperature == 1.0
+    assert 1 <= answer.json()["usage"]["completion_tokens"] <= COMPLETION["max_tokens"]
 
 
 def test_it_refuses_a_body_that_is_not_json_in_openais_shape(openai_api, alice, ready):
