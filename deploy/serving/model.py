@@ -232,9 +232,12 @@ class ServingGPT:
         x = F.embedding(ids, self.tokens)  # (B, T, C)
         if self.positions is not None:
             x = x + F.embedding(pos, self.positions)
-        # Decode attends to the cached positions up to the longest row's, not to the whole window.
-        L = int(pos.max()) + 1
-        visible = torch.arange(L, device=self.device).view(1, 1, 1, L) <= pos.view(B, 1, T, 1)  # (B, 1, T, L)
+        if not prefill:
+            # Each row attends to its cached positions ≤ its own, read up to the longest row's, not the whole
+            # window; consecutive slots are read in place, others gathered (a copy).
+            L = int(pos.max()) + 1
+            visible = torch.arange(L, device=self.device).view(1, 1, 1, L) <= pos.view(B, 1, T, 1)  # (B, 1, T, L)
+            rows = _as_range(slots)
         for i, layer in enumerate(self.layers):
             h = layer["ln1"](x)
             q = layer["q"](h).view(B, T, -1, D).transpose(1, 2)  # (B, H, T, D)
@@ -251,7 +254,6 @@ class ServingGPT:
             else:
                 keys[slots, :, pos[:, 0]] = k[:, :, 0]
                 values[slots, :, pos[:, 0]] = v[:, :, 0]
-                rows = _as_range(slots)  # consecutive slots are read in place; others are gathered (a copy)
                 kk, vv, mask = keys[rows, :, :L], values[rows, :, :L], visible  # (B, K, L, D)
             if self.group > 1:
                 kk, vv = kk.repeat_interleave(self.group, dim=1), vv.repeat_interleave(self.group, dim=1)
