@@ -20,6 +20,16 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+# The pages' browser libraries (webapp/frontend): installed from the lock file, again only when it changes.
+frontend="$REPO/webapp/frontend"
+frontend_stamp="$frontend/node_modules/.installed-$(sha256sum "$frontend/package-lock.json" | cut -c1-16)"
+if [ ! -f "$frontend_stamp" ]; then
+  command -v npm >/dev/null || { echo "npm is needed for the pages' libraries: install Node.js 20 or newer" >&2; exit 1; }
+  echo "== installing the pages' browser libraries (npm ci in webapp/frontend)"
+  (cd "$frontend" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  touch "$frontend_stamp"
+fi
+
 redis_up() { "$PY" -c "import redis,sys; redis.Redis.from_url(sys.argv[1]).ping()" "$1" >/dev/null 2>&1; }
 
 ensure_redis() {
@@ -37,6 +47,15 @@ ensure_redis() {
   for _ in $(seq 50); do redis_up "$url" && return 0; sleep 0.1; done
   echo "redis did not start; see $REPO/var/redis/redis.log" >&2
   return 1
+}
+
+ensure_chromium() {
+  # The browser tests drive Debian's Chromium headless (tests/browser): as root, install it if it is missing.
+  [ -x /usr/bin/chromium ] && return 0
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 0
+  echo "== installing Chromium for the browser tests"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+    fonts-dejavu-core >/dev/null
 }
 
 ensure_slurm() {

@@ -144,8 +144,15 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+# The pages' browser libraries are npm packages (webapp/frontend/package.json, installed from its lock file by the
+# run and test commands); they are served from where npm put them, under names of their own.
+FRONTEND_MODULES = BASE_DIR / "webapp" / "frontend" / "node_modules"
+STATICFILES_DIRS = [("vendor/htmx", FRONTEND_MODULES / "htmx.org" / "dist"),
+                    ("vendor/uplot", FRONTEND_MODULES / "uplot" / "dist")]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -23,4 +23,6 @@ urlpatterns = [
     path("v1/completions", openai.CompletionsView.as_view(), name="openai-completions"),
     path("v1/chat/completions", openai.ChatCompletionsView.as_view(), name="openai-chat-completions"),
     re_path(r"^v1(?:/.*)?$", openai.NotFoundView.as_view(), name="openai-not-found"),
+    # The browser pages (webapp.pages), the dashboard at the root.
+    path("", include("webapp.pages.urls")),
 ]

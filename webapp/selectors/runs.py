@@ -1,0 +1,83 @@
+"""The run list of the dashboard: each run's progress, time to go and a loss sparkline, for one page of runs in
+three queries (the runs, their short runs' steps, their long runs' coarse rollups)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.db.models import Q
+from django.utils import timezone
+
+from ..models import Run, RunStatus, Series, SeriesBucket, SeriesStep
+
+SPARK_POINTS = 48       # points a sparkline draws at most
+SPARK_WIDTH, SPARK_HEIGHT = 120, 28
+FIRST_LEVEL, LAST_LEVEL = 2, 8  # the rollup levels SeriesBucket keeps (blocks of 4**level steps)
+
+
+@dataclass
+class RunRow:
+    run: Run
+    progress: float      # 0..1: steps done of steps asked
+    eta: timedelta | None
+    spark: str           # the sparkline's SVG points, "" without loss values
+
+    @property
+    def percent(self) -> int:
+        return round(100 * self.progress)
+
+
+def _eta(run: Run, now) -> timedelta | None:
+    """Time to go at the pace so far: the time since the run started, per step done, times the steps left."""
+    if run.status != RunStatus.RUNNING or not run.started_at or not run.last_step:
+        return None
+    per_step = (now - run.started_at) / run.last_step
+    return per_step * max(run.steps - run.last_step, 0)
+
+
+def _level(steps: int) -> int | None:
+    """The coarsest rollup level with at most SPARK_POINTS blocks over ``steps`` steps; None: read the steps."""
+    if steps <= SPARK_POINTS:
+        return None
+    for level in range(FIRST_LEVEL, LAST_LEVEL + 1):
+        if steps / 4 ** level <= SPARK_POINTS:
+            return level
+    return LAST_LEVEL
+
+
+def _polyline(values: list[float]) -> str:
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    span = (high - low) or 1.0
+    step = SPARK_WIDTH / max(len(values) - 1, 1)
+    return " ".join(f"{i * step:.1f},{SPARK_HEIGHT - 2 - (v - low) / span * (SPARK_HEIGHT - 4):.1f}"
+                    for i, v in enumerate(values))
+
+
+def loss_sparklines(runs: list[Run]) -> dict[int, str]:
+    """Each run's loss as sparkline points: a short run's every step, a long run's rollup blocks at one level
+    (each block's midpoint of its lowest and highest loss, so one spike does not hide the trend)."""
+    levels = {run.pk: _level(run.last_step) for run in runs if run.last_step}
+    values: dict[int, list[float]] = {pk: [] for pk in levels}
+    short = [pk for pk, level in levels.items() if level is None]
+    if short:
+        for run_id, loss in (SeriesStep.objects.filter(run_id__in=short, loss__isnull=False)
+                             .order_by("run_id", "step").values_list("run_id", "loss")):
+            values[run_id].append(loss)
+    long = Q()
+    for pk, level in levels.items():
+        if level is not None:
+            long |= Q(run_id=pk, level=level)
+    if long:
+        for run_id, low, high in (SeriesBucket.objects.filter(long, series=Series.LOSS)
+                                  .order_by("run_id", "bucket").values_list("run_id", "min_value", "max_value")):
+            values[run_id].append((low + high) / 2)
+    return {pk: _polyline(points) for pk, points in values.items()}
+
+
+def dashboard_rows(runs: list[Run]) -> list[RunRow]:
+    now = timezone.now()
+    sparks = loss_sparklines(runs)
+    return [RunRow(run=run, progress=min(run.last_step / run.steps, 1.0) if run.steps else 0.0, eta=_eta(run, now),
+                   spark=sparks.get(run.pk, "")) for run in runs]
