@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-# slurm_cluster: a real two-node Slurm; triton and the checkpoints it serves: each started on first use
-pytest_plugins = ["tests.slurm_fixtures", "tests.deploy_fixtures"]
+# slurm_cluster: a real two-node Slurm; triton and the checkpoints it serves; the Celery worker: each started on first use
+pytest_plugins = ["tests.slurm_fixtures", "tests.deploy_fixtures", "tests.worker_fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
 # Tests use their own Redis database so that they never see (or eat) a running product's tasks.

@@ -1,5 +1,5 @@
 """A Redis server and Celery workers of a test's own, for tests that kill or restart them: the session's worker
-(tests/workers/conftest.py) never sees their tasks, and they never see its."""
+(tests/worker_fixtures.py) never sees their tasks, and they never see its."""
 import os
 import shutil
 import signal
@@ -13,7 +13,7 @@ import redis
 from celery import Celery
 
 from tests.conftest import REPO
-from tests.workers.conftest import worker_database_url
+from tests.worker_fixtures import worker_database_url
 
 WORKER_SECRET_KEY = "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789"
 

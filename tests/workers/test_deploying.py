@@ -24,7 +24,7 @@ def owner(db):
 
 @pytest.fixture
 def roots(settings, tmp_path_factory):
-    """Every temporary folder of the session is a data root, as for the session's worker (tests.workers.conftest),
+    """Every temporary folder of the session is a data root, as for the session's worker (tests.worker_fixtures),
     so that the checkpoints the tests import may be exported."""
     settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [tmp_path_factory.getbasetemp()]}
 

@@ -19,7 +19,7 @@ from celery import Celery
 from celery.result import AsyncResult
 from django.utils import timezone
 
-from tests.workers.conftest import reconcile_until
+from tests.worker_fixtures import reconcile_until
 from tests.workers.own_broker import OwnRedis, kill, start_worker, stop, worker_env
 from tests.workers.redelivery_app import VISIBILITY_TIMEOUT_S
 from trainer.contract import ParallelPlan, presets

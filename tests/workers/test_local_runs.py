@@ -9,7 +9,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from tests.webapp.conftest import client_for
-from tests.workers.conftest import reconcile_until
+from tests.worker_fixtures import reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.records import LaunchRecord
 from webapp import models, services

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.workers.conftest import reconcile_until
+from tests.worker_fixtures import reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.runfolder import METRICS, SPEC, read_jsonl
 from webapp import models, services

@@ -8,7 +8,7 @@ from rest_framework.authtoken.models import Token
 
 from tests.trainer.launch import max_rel_error
 from tests.webapp.conftest import client_for
-from tests.workers.conftest import reconcile_until
+from tests.worker_fixtures import reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.runfolder import METRICS, read_jsonl
 from webapp import models

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from tests.workers.conftest import worker_database_url
+from tests.worker_fixtures import worker_database_url
 
 # The worker opens the test database itself, so the session must create it even when only this module runs.
 pytestmark = pytest.mark.django_db

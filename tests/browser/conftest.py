@@ -1,0 +1,103 @@
+"""The browser tests: Debian's Chromium, headless, driven by Playwright against the live test server.
+
+Every page a test opens is held to two rules when the test calls ``check_page``: no console error (nor uncaught
+exception) and no serious or critical violation found by axe-core, the accessibility engine from the pages' npm
+packages. ``check_page`` also saves a screenshot, under ``<WORKBENCH_VAR>/screenshots/``, one a call.
+"""
+import os
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.test import Client
+
+from tests.conftest import REPO
+
+# Playwright's sync API runs an event loop in this thread; the tests' own ORM calls stay synchronous.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                  "--no-first-run", "--disable-dev-shm-usage"]
+AXE = REPO / "webapp" / "frontend" / "node_modules" / "axe-core" / "axe.min.js"
+SCREENSHOTS = Path(settings.VAR_DIR) / "screenshots"
+BLOCKING_IMPACTS = ("serious", "critical")
+LAPTOP = {"width": 1366, "height": 900}
+PHONE = {"width": 390, "height": 844}
+PASSWORD = "correct-horse-battery"
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    if not CHROMIUM.exists():
+        pytest.fail(f"the browser tests drive {CHROMIUM}: scripts/test.sh installs it (as root), or "
+                    f"`apt-get install chromium`")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def browser_user(transactional_db):
+    return User.objects.create_user("ada", "ada@example.org", PASSWORD)
+
+
+class PageProblems:
+    """What a page said was wrong while a test drove it: console errors and uncaught exceptions."""
+
+    def __init__(self, page):
+        self.messages: list[str] = []
+        page.on("console", lambda m: self.messages.append(f"console {m.type}: {m.text} ({page.url})")
+                if m.type == "error" else None)
+        page.on("pageerror", lambda e: self.messages.append(f"uncaught: {e} ({page.url})"))
+
+
+@pytest.fixture
+def browser_page(chromium, live_server):
+    """A fresh browser context on the live server, signed in as nobody; its console errors fail the test."""
+    context = chromium.new_context(base_url=live_server.url, viewport=LAPTOP)
+    context.set_default_timeout(15_000)
+    page = context.new_page()
+    page.problems = PageProblems(page)
+    yield page
+    context.close()
+    assert not page.problems.messages, "\n".join(page.problems.messages)
+
+
+@pytest.fixture
+def signed_in_page(browser_page, browser_user, live_server):
+    """``browser_page`` signed in as ``browser_user``."""
+    client = Client()
+    client.force_login(browser_user)
+    cookie = client.cookies[settings.SESSION_COOKIE_NAME]
+    browser_page.context.add_cookies([{"name": cookie.key, "value": cookie.value, "url": live_server.url}])
+    browser_page.user = browser_user
+    return browser_page
+
+
+def _axe_violations(page) -> list[dict]:
+    if not page.evaluate("() => typeof window.axe !== 'undefined'"):
+        page.add_script_tag(path=str(AXE))
+    return page.evaluate("""async () => (await axe.run(document, {resultTypes: ["violations"]})).violations.map(
+        v => ({id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 5).map(n => n.target.join(" "))}))""")
+
+
+def check_page(page, name: str, phone: bool = False) -> None:
+    """Hold the page as it is now to the rules above and save its screenshot as ``<name>.png``; with ``phone``,
+    also at a phone's width (``<name>-phone.png``), where the page must not scroll sideways."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    blocking = [v for v in _axe_violations(page) if v["impact"] in BLOCKING_IMPACTS]
+    assert not blocking, f"axe-core on {page.url}:\n" + "\n".join(
+        f"{v['impact']} {v['id']}: {v['help']} at {v['nodes']}" for v in blocking)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+    if phone:
+        page.set_viewport_size(PHONE)
+        overflow = page.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        page.screenshot(path=str(SCREENSHOTS / f"{name}-phone.png"), full_page=True)
+        page.set_viewport_size(LAPTOP)
+        assert overflow <= 1, f"{page.url} is {overflow} px wider than a phone's screen"
+    assert not page.problems.messages, "\n".join(page.problems.messages)
