@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.templatetags.static import static
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from webapp.api import openai
@@ -23,6 +25,8 @@ urlpatterns = [
     path("v1/completions", openai.CompletionsView.as_view(), name="openai-completions"),
     path("v1/chat/completions", openai.ChatCompletionsView.as_view(), name="openai-chat-completions"),
     re_path(r"^v1(?:/.*)?$", openai.NotFoundView.as_view(), name="openai-not-found"),
+    # Browsers ask for it on every page, the admin's and the API's included.
+    path("favicon.ico", RedirectView.as_view(url=static("workbench/favicon.svg"), permanent=True)),
     # The browser pages (webapp.pages), the dashboard at the root.
     path("", include("webapp.pages.urls")),
 ]
