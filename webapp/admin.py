@@ -12,6 +12,8 @@ from django.core.exceptions import ValidationError
 from django.db import models as db_models
 from django.utils.html import format_html
 
+from trainer.contract import presets
+
 from . import models, services
 
 
@@ -70,14 +72,83 @@ class DatasetAdmin(OwnedAdmin):
     list_display = ("name", "path", "owner", "shared", "created_at")
 
 
+class ClusterForm(forms.ModelForm):
+    """The cluster's machines as fields of their own (nodes, GPUs a node, the GPU model and its figures), written
+    into its spec, which Cluster.clean checks as ClusterSpec; a GPU model picked from the presets brings its
+    figures, which the fields beside it may then correct."""
+
+    GPU_FIELDS = ("memory_gb", "peak_tflops", "memory_bandwidth_gbs")
+    MACHINE_FIELDS = ("nodes", "gpus_per_node", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs",
+                      "gpu_hour_cost")
+
+    gpu_preset = forms.ChoiceField(label="GPU model", required=False,
+                                   choices=[("", "as below")] + [(name, name) for name in presets.GPUS],
+                                   help_text="Fills the GPU's name and figures from the presets")
+    gpu_name = forms.CharField(label="GPU name", max_length=64, required=False)
+    memory_gb = forms.FloatField(label="GPU memory (GB)", min_value=0.001)
+    peak_tflops = forms.FloatField(label="Peak TFLOP/s (dense, the plan's precision)", min_value=0.001)
+    memory_bandwidth_gbs = forms.FloatField(label="Memory bandwidth (GB/s)", min_value=0.001)
+    nodes = forms.IntegerField(min_value=1)
+    gpus_per_node = forms.IntegerField(label="GPUs per node", min_value=1)
+    intra_node_bandwidth_gbs = forms.FloatField(label="Within a node (GB/s per GPU)", min_value=0.001)
+    inter_node_bandwidth_gbs = forms.FloatField(label="Between nodes (GB/s per GPU)", min_value=0.001)
+    gpu_hour_cost = forms.FloatField(label="Cost of a GPU hour", min_value=0, required=False)
+
+    class Meta:
+        model = models.Cluster
+        exclude = ["spec"]
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        spec = self.instance.spec or presets.local_cpu_cluster(1).to_dict()
+        gpu = spec.get("gpu", {})
+        self.initial.setdefault("gpu_name", gpu.get("name", ""))
+        for name in self.GPU_FIELDS:
+            self.initial.setdefault(name, gpu.get(name))
+        for name in self.MACHINE_FIELDS:
+            self.initial.setdefault(name, spec.get(name))
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("gpu_preset"):
+            preset = presets.GPUS[cleaned["gpu_preset"]].to_dict()
+            cleaned["gpu_name"] = preset["name"]
+            cleaned.update({name: preset[name] for name in self.GPU_FIELDS})
+        elif not cleaned.get("gpu_name"):
+            self.add_error("gpu_name", "name the GPU, or pick a GPU model from the presets")
+        # Without its figures the spec stays as it was: the form shows the fields' own errors, not the spec's.
+        self.instance.spec = self.instance.spec or presets.local_cpu_cluster(1).to_dict()
+        if not self.errors:
+            spec = dict(self.instance.spec)
+            spec["gpu"] = {**spec.get("gpu", {}), "name": cleaned["gpu_name"],
+                           **{name: cleaned[name] for name in self.GPU_FIELDS}}
+            spec.update({name: cleaned[name] for name in self.MACHINE_FIELDS if cleaned.get(name) is not None})
+            self.instance.spec = spec
+        return cleaned
+
+
 @admin.register(models.Cluster)
 class ClusterAdmin(admin.ModelAdmin):
-    list_display = ("name", "kind", "partition", "account", "created_at")
+    form = ClusterForm
+    list_display = ("name", "kind", "machines", "partition", "account", "created_at")
+    fieldsets = [
+        (None, {"fields": ("name", "kind", "runs_root")}),
+        ("Machines", {"fields": ("gpu_preset", "gpu_name", "memory_gb", "peak_tflops", "memory_bandwidth_gbs",
+                                 "nodes", "gpus_per_node", "intra_node_bandwidth_gbs", "inter_node_bandwidth_gbs",
+                                 "gpu_hour_cost")}),
+        ("Slurm", {"fields": ("partition", "account", "qos", "time_limit", "stop_before_limit_s", "env_setup",
+                              "container_image", "rest_url")}),
+    ]
     list_filter = ("kind",)
     search_fields = ("name", "partition", "account")
     # slurmrestd usually answers plain HTTP on a login node: an address given without a scheme means http://
     formfield_overrides = {**OwnedAdmin.formfield_overrides,
                            models.Cluster._meta.get_field("rest_url").__class__: {"assume_scheme": "http"}}
+
+    @admin.display(description="machines")
+    def machines(self, cluster):
+        spec = cluster.spec or {}
+        return f"{spec.get('nodes', '?')} × {spec.get('gpus_per_node', '?')} {spec.get('gpu', {}).get('name', '')}"
 
 
 @admin.register(models.DataRoot)

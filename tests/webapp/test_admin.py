@@ -117,3 +117,22 @@ def test_it_creates_a_run_through_run_create_and_refuses_what_it_refuses(admin_c
     run = models.Run.objects.get()
     assert run.model_config == plan222.model_config and run.spec["steps"] == 5
     assert run.spec["output_dir"] == run.run_dir and run.run_dir.endswith(f"/{run.pk}")
+
+
+def test_it_edits_a_clusters_machines_as_fields_and_a_gpu_preset_brings_its_figures(admin_client_logged_in):
+    fields = {"name": "lab", "kind": "slurm", "partition": "gpu", "account": "team", "gpu_preset": "H100-SXM",
+              "gpu_name": "", "memory_gb": "1", "peak_tflops": "1", "memory_bandwidth_gbs": "1", "nodes": "4",
+              "gpus_per_node": "8", "intra_node_bandwidth_gbs": "450", "inter_node_bandwidth_gbs": "50",
+              "gpu_hour_cost": "2.5", "env_setup": "[]", "stop_before_limit_s": "120"}
+    answer = admin_client_logged_in.post(reverse("admin:workbench_cluster_add"), fields)
+    assert answer.status_code == 302, answer.context["adminform"].form.errors
+    spec = models.Cluster.objects.get(name="lab").spec
+    assert spec["gpu"].items() <= presets.GPUS["H100-SXM"].to_dict().items() and (spec["nodes"], spec["gpus_per_node"]) == (4, 8)
+    assert (spec["intra_node_bandwidth_gbs"], spec["gpu_hour_cost"]) == (450, 2.5)
+    lab = models.Cluster.objects.get(name="lab")
+    page = admin_client_logged_in.get(reverse("admin:workbench_cluster_change", args=[lab.pk])).content.decode()
+    assert 'name="gpu_name" value="H100-SXM"' in page and 'name="nodes" value="4"' in page
+    # a figure the contract refuses is refused on its own field's form
+    answer = admin_client_logged_in.post(reverse("admin:workbench_cluster_change", args=[lab.pk]),
+                                         {**fields, "gpu_preset": "", "gpu_name": "X", "nodes": "0"})
+    assert answer.status_code == 200 and "Ensure this value is greater than or equal to 1" in answer.content.decode()
