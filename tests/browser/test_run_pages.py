@@ -1,0 +1,101 @@
+"""The run page and the compare page in the browser: charts drawn from really ingested metrics, the x axis and log
+scale switched, a dragged zoom, the log tail, the status following the run to its end without a reload, and two
+runs overlaid with what differs between them."""
+from pathlib import Path
+
+from playwright.sync_api import expect
+
+from tests.browser.conftest import check_page
+from tests.webapp.live_runs import append_metrics, eval_record, new_run, step_record
+from trainer.contract import ParallelPlan, presets
+from trainer.contract.records import Event, event
+from trainer.contract.runfolder import EVENTS, append_jsonl
+from webapp import models
+from webapp.services.demo import demo_ready
+from webapp.services.ingest import run_ingest
+
+
+def _plans(owner, settings, tmp_path):
+    settings.WORKBENCH = {**settings.WORKBENCH, "RUNS_ROOT": tmp_path / "runs"}
+    cluster, dataset = demo_ready(owner)
+    model = models.ModelConfig.objects.create(owner=owner, name="tiny", spec=presets.MODELS["tiny"].to_dict())
+    plans = [models.ParallelismPlan.objects.create(owner=owner, name=name, model_config=model, cluster=cluster,
+                                                   spec=ParallelPlan(dp=2, micro_batch=mb, global_batch=4).to_dict())
+             for name, mb in (("dp2", 2), ("dp2-mb1", 1))]
+    return plans, dataset
+
+
+def _running(run):
+    for status in ("queued", "submitted", "running"):
+        run.transition(status)
+    run.save()
+    return run
+
+
+def test_the_run_page_draws_its_charts_zooms_tails_a_log_and_follows_the_run_to_its_end(signed_in_page, settings,
+                                                                                        tmp_path):
+    page = signed_in_page
+    (plan, _), dataset = _plans(page.user, settings, tmp_path)
+    run = _running(new_run(page.user, plan, dataset, name="learning", steps=400))
+    append_metrics(run, [step_record(s, 5.0 - s / 100) for s in range(1, 301)] + [eval_record(150, 3.6)])
+    logs = Path(run.run_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "rank-0.log").write_text("".join(f"step {s} loss {5.0 - s / 100:.2f}\n" for s in range(1, 301)))
+
+    page.goto(f"/runs/{run.pk}/")
+    loss = page.get_by_test_id("chart-loss")
+    expect(loss).not_to_have_attribute("data-points", "0")
+    assert int(loss.get_attribute("data-points")) > 300  # every step and the evaluation
+    expect(page.get_by_test_id("chart-memory")).not_to_have_attribute("data-points", "0")
+    expect(page.get_by_test_id("log-text")).to_contain_text("step 300 loss 2.00")
+
+    page.get_by_label("X axis").select_option("tokens")
+    expect(page.locator("#chart-loss-summary")).to_contain_text("tokens seen")
+    expect(page.get_by_text("Smoothing window (tokens)")).to_be_visible()
+    page.get_by_label("Log scale (y)").check()
+    page.get_by_label("Smoothing window (tokens)").fill("20000")
+    expect(page.locator("#chart-loss-summary")).to_contain_text("Smoothed over")
+    check_page(page, "run", phone=True)
+
+    box = loss.locator(".u-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] / 2)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] / 2, steps=5)
+    page.mouse.up()
+    expect(page.locator("#chart-state")).to_contain_text("Zoomed to")
+    points = int(loss.get_attribute("data-points"))
+    assert 0 < points < 300
+    page.get_by_role("button", name="Reset zoom").click()
+    expect(page.locator("#chart-state")).to_contain_text("Whole run")
+
+    expect(page.get_by_test_id("run-status")).to_have_text("running")
+    append_metrics(run, [step_record(s, 5.0 - s / 100) for s in range(301, 401)])
+    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.FINISHED, 0, step=400))
+    run_ingest(run.pk)
+    expect(page.get_by_test_id("run-status")).to_have_text("completed", timeout=40_000)
+    expect(page.get_by_test_id("run-step")).to_have_text("400")
+    expect(page.get_by_test_id("events")).to_contain_text("finished")
+    expect(page.get_by_role("button", name="Cancel run")).to_have_count(0)
+    check_page(page, "run-completed")
+
+
+def test_the_compare_page_overlays_two_runs_and_lists_what_differs(signed_in_page, settings, tmp_path):
+    page = signed_in_page
+    plans, dataset = _plans(page.user, settings, tmp_path)
+    runs = [new_run(page.user, plan, dataset, name=plan.name, steps=200) for plan in plans]
+    append_metrics(runs[0], [step_record(s, 5.0 - s / 100) for s in range(1, 201)])
+    append_metrics(runs[1], [step_record(s, 4.5 - s / 100, tokens_per_step=512) for s in range(1, 151)])
+
+    page.goto(f"/compare/?ids={runs[0].pk},{runs[1].pk}")
+    chart = page.get_by_test_id("compare-chart")
+    expect(chart).to_have_attribute("data-series", "2")
+    expect(page.get_by_test_id("differences")).to_contain_text("plan.micro_batch")
+    page.get_by_label("Align by").select_option("tokens")
+    expect(page.locator("#compare-caption")).to_contain_text("by tokens seen")
+    expect(chart).to_have_attribute("data-series", "2")
+    check_page(page, "compare", phone=True)
+
+    page.get_by_label("dp2-mb1").uncheck()
+    page.get_by_role("button", name="Compare").click()
+    expect(page.get_by_test_id("differences")).to_contain_text("Choose at least two runs")
+    expect(chart).to_have_attribute("data-series", "1")
