@@ -81,6 +81,22 @@ def test_it_launches_a_draft_once(alice, api, plan222, corpus, test_broker, djan
     assert len(_queued_tasks(test_broker)) == 1
 
 
+def test_it_resumes_a_cancelled_run_once_its_job_has_ended_without_using_a_restart(
+        alice, api, plan222, corpus, test_broker, django_capture_on_commit_callbacks):
+    run_id = _create(api(alice), plan222, corpus).data["id"]
+    models.Run.objects.filter(pk=run_id).update(status="cancelled", job_id="4242",
+                                                ingest_state={"job_ended": False})
+    stopping = api(alice).post(f"/api/runs/{run_id}/launch/")
+    assert stopping.status_code == 400 and "job 4242 is still stopping" in stopping.data["non_field_errors"][0]
+    models.Run.objects.filter(pk=run_id).update(ingest_state={"job_ended": True})
+    with django_capture_on_commit_callbacks(execute=True):
+        resumed = api(alice).post(f"/api/runs/{run_id}/launch/")
+    assert resumed.status_code == 200 and resumed.data["status"] == "queued" and resumed.data["restarts"] == 0
+    assert models.RunEvent.objects.filter(run_id=run_id).last().message.startswith("resumed")
+    [headers] = _queued_tasks(test_broker)
+    assert headers["task"] == "workbench.runs.launch"
+
+
 def test_it_stores_the_checked_spec_and_keeps_it_when_the_plan_changes_later(alice, api, plan222, corpus):
     client = api(alice)
     created = _create(client, plan222, corpus, spec={"steps": 1}).data

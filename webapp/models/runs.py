@@ -21,8 +21,9 @@ class RunStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-# Which status may follow which. A failed attempt may be retried (failed → queued) while restarts remain; a job
-# stopped for its time limit or preempted is requeued, also one stopped before its trainer started (submitted).
+# Which status may follow which. A failed attempt may be retried (failed → queued) while restarts remain, and a
+# cancelled run resumed (cancelled → queued) once its job has ended; a job stopped for its time limit or preempted
+# is requeued, also one stopped before its trainer started (submitted).
 TRANSITIONS: dict[str, set[str]] = {
     RunStatus.DRAFT: {RunStatus.QUEUED, RunStatus.CANCELLED},
     RunStatus.QUEUED: {RunStatus.SUBMITTED, RunStatus.FAILED, RunStatus.CANCELLED},
@@ -31,7 +32,7 @@ TRANSITIONS: dict[str, set[str]] = {
     RunStatus.RUNNING: {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.QUEUED},
     RunStatus.FAILED: {RunStatus.QUEUED},
     RunStatus.COMPLETED: set(),
-    RunStatus.CANCELLED: set(),
+    RunStatus.CANCELLED: {RunStatus.QUEUED},
 }
 FINISHED = {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED}
 

@@ -86,6 +86,15 @@ def _world(run: Run) -> int:
     return world
 
 
+def _queue_refused(run: Run, restarts_left: bool) -> str:
+    """Why the run's queue button is off, as run_queue would refuse it; "" when it is on."""
+    if run.status == RunStatus.FAILED and not restarts_left:
+        return f"all {run.max_restarts} restarts are used: raise max_restarts to try again"
+    if run.status == RunStatus.CANCELLED and run.job_id and not run.ingest_state.get("job_ended"):
+        return "its job is still stopping: resume it once it has ended"
+    return ""
+
+
 def _header(request, run: Run) -> dict:
     latest = (SeriesStep.objects.filter(run=run, step=run.last_step)
               .values("step", "tokens_seen", "loss", "lr", "tokens_per_s", "mfu", "memory").first())
@@ -95,14 +104,15 @@ def _header(request, run: Run) -> dict:
         queue_label = "Launch"
     elif run.status == RunStatus.FAILED:
         queue_label = "Retry from the newest checkpoint"
+    elif run.status == RunStatus.CANCELLED:
+        queue_label = "Resume from the newest checkpoint"
     else:
         queue_label = ""
     return {
         "run": run, "can_edit": can_edit, "percent": min(100, round(100 * run.last_step / run.steps)) if run.steps else 0,
         "can_cancel": can_edit and not run.is_finished,
         "queue_label": queue_label if can_edit else "",
-        "queue_refused": "" if restarts_left or run.status != RunStatus.FAILED else
-        f"all {run.max_restarts} restarts are used: raise max_restarts to try again",
+        "queue_refused": _queue_refused(run, restarts_left),
         "latest": latest and {"loss": _short(latest["loss"], ".4f"), "lr": _short(latest["lr"], ".3g"),
                               "tokens_per_s": _short(latest["tokens_per_s"], ",.0f"),
                               "mfu": _percent(latest["mfu"]), "memory": _bytes(latest["memory"]),

@@ -110,26 +110,38 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     return run
 
 
+def _queued_why(run: Run, was: str) -> str:
+    if was == RunStatus.FAILED:
+        return f"restart {run.restarts} of {run.max_restarts}: queued to resume from its newest checkpoint"
+    if was == RunStatus.CANCELLED:
+        return "resumed: queued to go on from its newest checkpoint"
+    return "queued for launch"
+
+
 @transaction.atomic
 def run_queue(run: Run) -> Run:
-    """draft (or failed with restarts left: one is used) → queued; the launch task is sent when this commits.
+    """draft, failed with restarts left (one is used) or cancelled (resumed, no restart used) → queued; the launch
+    task is sent when this commits, and a run whose folder holds a checkpoint goes on from its newest one.
 
-    Raises ValidationError if the run may not be queued: no restarts left, or its owner may no longer use its parts.
+    Raises ValidationError if the run may not be queued: no restarts left, a cancelled run's job not yet seen to
+    end (its stop is still under way), or its owner may no longer use its parts.
     """
     run = Run.objects.select_for_update().get(pk=run.pk)
-    if run.status == RunStatus.FAILED and run.restarts >= run.max_restarts:
+    was = run.status
+    if was == RunStatus.FAILED and run.restarts >= run.max_restarts:
         raise ValidationError(f"run {run.pk} has used all {run.max_restarts} restarts: raise max_restarts to try "
                               f"again")
+    if was == RunStatus.CANCELLED and run.job_id and not run.ingest_state.get("job_ended"):
+        raise ValidationError(f"run {run.pk}'s job {run.job_id} is still stopping: resume the run once it has "
+                              f"ended (a few seconds; the run's events say when)")
     problems = run_access_problems(run)
     if problems:
         raise ValidationError(problems)
-    restart = run.status == RunStatus.FAILED
-    if restart:
+    if was == RunStatus.FAILED:
         run.restarts += 1
     run.transition(RunStatus.QUEUED)
     run.save()
-    record_event(run, Source.WORKBENCH, "queued", f"restart {run.restarts} of {run.max_restarts}: queued to resume "
-                                                  f"from its newest checkpoint" if restart else "queued for launch")
+    record_event(run, Source.WORKBENCH, "queued", _queued_why(run, was))
     enqueue(LAUNCH_TASK, run.pk)
     return run
 

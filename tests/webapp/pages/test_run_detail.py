@@ -236,3 +236,19 @@ def test_a_run_on_cpus_says_its_memory_is_not_measured(client, alice, corpus):
     append_metrics(run, [step_record(s, 3.0, memory={}) for s in range(1, 11)])
     html = _page(client, alice, f"/runs/{run.pk}/").content.decode()
     assert "the device reports no memory" in html and 'data-testid="estimate-error"' in html
+
+
+def test_a_cancelled_run_resumes_once_its_job_has_ended(client, alice, trained, quiet_broker,
+                                                        django_capture_on_commit_callbacks):
+    client.force_login(alice)
+    models.Run.objects.filter(pk=trained.pk).update(status="cancelled", job_id="77",
+                                                    ingest_state={"job_ended": False})
+    html = client.get(f"/runs/{trained.pk}/").content.decode()
+    assert "Resume from the newest checkpoint" in html and "its job is still stopping" in html
+    models.Run.objects.filter(pk=trained.pk).update(ingest_state={"job_ended": True})
+    assert "still stopping" not in client.get(f"/runs/{trained.pk}/").content.decode()
+    with django_capture_on_commit_callbacks(execute=True):
+        client.post(f"/runs/{trained.pk}/queue/")
+    trained.refresh_from_db()
+    assert trained.status == "queued" and trained.restarts == 0
+    assert _tasks(quiet_broker) == ["workbench.runs.launch"]
