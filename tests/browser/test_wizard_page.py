@@ -1,0 +1,45 @@
+"""The New-run wizard in a browser: the estimate follows the plan as it is typed, the tuner fills the plan and a
+preset fills the model."""
+import re
+
+from playwright.sync_api import expect
+
+from tests.browser.conftest import check_page
+
+
+def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_page):
+    page = signed_in_page
+    page.goto("/runs/new/")
+    expect(page.get_by_role("heading", name="New run")).to_be_visible()
+    step_time, memory = page.get_by_test_id("estimate-step-time"), page.get_by_test_id("estimate-memory")
+    expect(step_time).to_have_text(re.compile(r"\d.* ms"))
+    before, before_memory = step_time.inner_text(), memory.inner_text()
+    expect(page.locator("#id_plan-dp")).to_have_value("2")
+    check_page(page, "wizard", phone=True)
+
+    page.locator("#id_plan-tp").fill("2")  # two CPU ranks: dp follows to 1
+    expect(page.locator("#id_plan-dp")).to_have_value("1")
+    expect(step_time).not_to_have_text(before)
+    assert memory.inner_text() != before_memory
+    expect(page.locator("#errors-plan-tp")).to_be_empty()
+
+    page.locator("#id_plan-tp").fill("3")  # the heads refuse it, next to the field
+    expect(page.locator("#errors-plan-tp")).to_contain_text("tp=3 does not divide n_heads=4")
+    expect(page.locator("#id_plan-tp")).to_have_attribute("aria-invalid", "true")
+    expect(page.get_by_test_id("estimate-none")).to_be_visible()
+
+    page.get_by_role("button", name="Auto-tune").click()
+    ranked = page.get_by_test_id("tune-ranked")
+    expect(ranked).to_be_visible()
+    expect(page.get_by_test_id("tune-rejected")).to_be_visible()
+    ranked.get_by_role("button", name="Use this plan (#1)").click()
+    expect(page.locator("#id_plan-tp")).not_to_have_value("3")
+    expect(page.locator("#errors-plan-tp")).to_be_empty()
+    expect(page.get_by_test_id("estimate-step-time")).to_be_visible()
+    check_page(page, "wizard-tuned")
+
+    tuned_memory = memory.inner_text()
+    page.get_by_label("Start from").select_option("preset:gpt2-small")  # its figures fill the model's fields
+    expect(page.locator("#id_model-n_layers")).to_have_value("12")
+    expect(page.locator("#id_model-vocab_size")).to_have_value("50257")
+    expect(memory).not_to_have_text(tuned_memory)

@@ -1,0 +1,185 @@
+"""The planner's answers as the wizard shows them: figures with their formulas, memory as a stacked bar, the tuner's
+ranking, Pareto front and rejections. Only presentation: every number comes from the planner's JSON."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from trainer.planner.estimate.render import human
+
+# The parts of a rank's memory, in the planner's order, with the words the legend uses.
+SEGMENTS = (("weights", "parameters"), ("gradients", "gradients"), ("optimizer", "optimizer states"),
+            ("activations", "activations"), ("buffers", "buffers"), ("overhead", "overhead"))
+TERM_DEPTH = 2  # how deep a formula's terms unfold under it; the REST answer has them all
+CHART_WIDTH, CHART_HEIGHT, CHART_PAD, CHART_LEFT = 520, 260, 40, 84  # the left margin holds the times
+_BYTES = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"))  # decimal, as the planner's GB (memory_gb · 1e9)
+
+
+def amount(value: float, unit: str) -> str:
+    """A figure's value as text: bytes in the unit that suits them (a tiny model's MB, a large one's GB), the rest
+    as the planner's own tables write them."""
+    if unit == "bytes":
+        for size, name in _BYTES:
+            if abs(value) >= size:
+                return f"{value / size:,.3g} {name}" if abs(value) / size < 1000 else f"{value / size:,.0f} {name}"
+        return f"{value:,.0f} bytes"
+    return human(value, unit)
+
+
+def _is_figure(value: Any) -> bool:
+    return isinstance(value, dict) and {"value", "unit", "formula"} <= set(value)
+
+
+def _terms(terms: dict, depth: int) -> list[dict]:
+    rows = []
+    for name, term in terms.items():
+        if _is_figure(term):
+            rows.append({"name": name, "text": amount(term["value"], term["unit"]), "formula": term["formula"],
+                         "terms": _terms(term.get("terms", {}), depth - 1) if depth > 1 else []})
+        else:
+            rows.append({"name": name, "text": f"{term:,}" if isinstance(term, (int, float))
+                         and not isinstance(term, bool) else str(term), "formula": "", "terms": []})
+    return rows
+
+
+def figure(key: str, label: str, fig: dict, text: str | None = None) -> dict:
+    """One figure: its label, its value as text, its formula and its terms (the ``<details>`` under it)."""
+    return {"key": key, "label": label, "value": fig["value"], "unit": fig["unit"],
+            "text": text if text is not None else amount(fig["value"], fig["unit"]),
+            "formula": fig["formula"], "terms": _terms(fig.get("terms", {}), TERM_DEPTH)}
+
+
+def duration(seconds: float) -> str:
+    """Seconds as a reader counts them: 292.3 s → 4.9 min, 9e5 s → 10.4 days."""
+    for size, name in ((86400 * 365, "years"), (86400, "days"), (3600, "h"), (60, "min")):
+        if seconds >= 2 * size:
+            return f"{seconds / size:,.1f} {name}"
+    return human(seconds, "s")
+
+
+def _percent(part: float, whole: float) -> str:
+    """A CSS width: a share of ``whole`` as a percentage with a dot, whatever the locale."""
+    return f"{100 * part / whole:.3f}%" if whole > 0 else "0%"
+
+
+def memory_view(answer: dict) -> dict:
+    """The busiest rank's memory against its device's: the stacked segments, the legend and the stages."""
+    memory = answer["memory"]
+    stages = memory["stages"]
+    stage = next((s for s in stages if s["stage"] == memory["peak_stage"]), stages[0])
+    capacity, total = memory["capacity"]["value"], stage["total"]["value"]
+    scale = max(capacity, total)
+    segments = []
+    for key, label in SEGMENTS:
+        part = stage[key]
+        segments.append({**figure(key, label, part), "of_device": _percent(part["value"], scale),
+                         "of_total": _percent(part["value"], total),
+                         "share": f"{100 * part['value'] / total:.1f} %" if total else "0 %"})
+    return {"segments": segments, "total": figure("total", "peak per GPU", memory["peak"]),
+            "stage_total": figure("total", "total", stage["total"]), "capacity": figure("capacity", "device memory",
+                                                                                    memory["capacity"]),
+            "used": f"{100 * total / capacity:.2f} %" if capacity else "–",
+            "capacity_at": _percent(capacity, scale), "fits": memory["fits"], "rank": memory["peak_rank"],
+            "stage": stage["stage"], "rule": memory.get("rank_rule", ""),
+            "stages": [{"stage": s["stage"], "rank": s["rank"], "total": amount(s["total"]["value"], "bytes"),
+                        "peak": s["stage"] == stage["stage"]} for s in stages] if len(stages) > 1 else []}
+
+
+def estimate_view(answer: dict | None, steps: int | None) -> dict | None:
+    """What the estimate panel shows, or None when there is no estimate (the fields' errors say why)."""
+    if answer is None:
+        return None
+    time = answer["time"]
+    step = time["step"]
+    figures = [figure("step-time", "step time", step), figure("tokens-per-s", "tokens/s", time["tokens_per_s"]),
+               figure("mfu", "MFU", time["mfu"]), figure("hfu", "HFU (with recompute)", time["hfu"])]
+    if steps and steps > 0:
+        run = {"value": steps * step["value"], "unit": "s", "formula": "steps · step",
+               "terms": {"steps": steps, "step": step}}
+        figures.append(figure("run-time", "this run's training", run, duration(run["value"])))
+    budget = []
+    if answer.get("budget"):
+        b = answer["budget"]
+        cost_rate = answer["cluster"].get("gpu_hour_cost", 0.0)
+        budget = [figure("budget-steps", "steps", b["steps"]),
+                  figure("budget-time", "time", b["time"], duration(b["time"]["value"])),
+                  figure("budget-gpu-hours", "GPU-hours", b["gpu_hours"], f"{b['gpu_hours']['value']:,.4g} GPU·h"),
+                  figure("cost", "cost", b["cost"], f"{b['cost']['value']:,.2f} (at {cost_rate:,.4g} per GPU-hour)")]
+    plan, cluster = answer["plan"], answer["cluster"]
+    return {"memory": memory_view(answer), "figures": figures, "budget": budget,
+            "budget_tokens": human(answer["budget"]["tokens"]["value"], "tokens") if budget else "",
+            "parameters": figure("parameters", "parameters", answer["parameters"]["total"]),
+            "warnings": answer.get("warnings", []), "gpu": cluster["gpu"]["name"],
+            "gpus": cluster["nodes"] * cluster["gpus_per_node"],
+            "grad_accum": plan["global_batch"] // (plan["micro_batch"] * plan["dp"])}
+
+
+# -- the tuner ----------------------------------------------------------------------------------------------------
+
+def _key(plan: dict) -> str:
+    return json.dumps({k: v for k, v in plan.items() if k != "schema_version"}, sort_keys=True)
+
+
+def plan_summary(plan: dict) -> str:
+    parts = [f"dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}", f"micro_batch={plan['micro_batch']}",
+             f"{plan['engine']} ZeRO-{plan['zero_stage']}", plan["precision"],
+             f"checkpointing {plan['activation_checkpointing']}"]
+    if plan["sequence_parallel"]:
+        parts.append("sequence parallel")
+    if plan["ep"] > 1:
+        parts.append(f"ep={plan['ep']}")
+    if plan["pp"] > 1:
+        parts.append(plan["pipeline_schedule"] + (f" v={plan['virtual_stages']}" if plan["virtual_stages"] > 1
+                                                  else ""))
+    if plan["offload_optimizer"] or plan["offload_params"]:
+        parts.append("offload " + " and ".join(n for n, on in (("optimizer", plan["offload_optimizer"]),
+                                                                ("parameters", plan["offload_params"])) if on))
+    return " · ".join(parts)
+
+
+def _candidate(rank: int | None, candidate: dict, front: set[str]) -> dict:
+    plan = candidate["plan"]
+    return {"rank": rank, "summary": plan_summary(plan), "pareto": _key(plan) in front,
+            "memory": amount(candidate["peak_memory_bytes"], "bytes"), "memory_bytes": candidate["peak_memory_bytes"],
+            "step": human(candidate["step_time_s"], "s"), "step_s": candidate["step_time_s"],
+            "mfu": human(candidate["mfu"], "fraction"), "tokens_per_s": human(candidate["tokens_per_s"], "tokens/s"),
+            "json": json.dumps({k: v for k, v in plan.items() if k != "schema_version"})}
+
+
+def _chart(points: list[dict]) -> dict:
+    """Memory (x) against step time (y) of the listed plans, the front's members joined by a line."""
+    if not points:
+        return {}
+    xs, ys = [p["memory_bytes"] for p in points], [p["step_s"] for p in points]
+    x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
+    inner_w, inner_h = CHART_WIDTH - CHART_LEFT - CHART_PAD, CHART_HEIGHT - 2 * CHART_PAD
+
+    def at(p):
+        fx = (p["memory_bytes"] - x0) / (x1 - x0) if x1 > x0 else 0.5
+        fy = (p["step_s"] - y0) / (y1 - y0) if y1 > y0 else 0.5
+        return round(CHART_LEFT + fx * inner_w, 1), round(CHART_HEIGHT - CHART_PAD - fy * inner_h, 1)
+
+    dots = [{"x": at(p)[0], "y": at(p)[1], "pareto": p["pareto"], "label": f"{p['summary']}: {p['memory']}, "
+                                                                          f"{p['step']}"} for p in points]
+    front = sorted((p for p in points if p["pareto"]), key=lambda p: p["memory_bytes"])
+    return {"width": CHART_WIDTH, "height": CHART_HEIGHT, "dots": dots,
+            "line": " ".join(f"{at(p)[0]},{at(p)[1]}" for p in front),
+            "left": CHART_LEFT, "right": CHART_WIDTH - CHART_PAD, "top": CHART_PAD,
+            "bottom": CHART_HEIGHT - CHART_PAD, "x_min": amount(x0, "bytes"), "x_max": amount(x1, "bytes"),
+            "y_min": human(y0, "s"), "y_max": human(y1, "s"), "label_y": CHART_HEIGHT - CHART_PAD + 18,
+            "title_y": CHART_HEIGHT - 6, "mid_x": (CHART_LEFT + CHART_WIDTH - CHART_PAD) / 2}
+
+
+def tune_view(result: dict) -> dict:
+    """The ranked plans, the memory/step-time Pareto front and the rejections grouped by reason."""
+    front_keys = {_key(c["plan"]) for c in result["pareto"]}
+    rows = [_candidate(i + 1, c, front_keys) for i, c in enumerate(result["top"])]
+    ranked = {_key(c["plan"]): i + 1 for i, c in enumerate(result["top"])}
+    front = [{**_candidate(ranked.get(_key(c["plan"])), c, front_keys)} for c in result["pareto"]]
+    front.sort(key=lambda c: c["memory_bytes"])
+    shown = {r["json"]: r for r in rows + front}
+    rejected = sorted(result["rejected"].items(), key=lambda kv: -kv[1])
+    return {"evaluated": result["evaluated"], "fitting": result["fitting"], "rows": rows, "front": front,
+            "chart": _chart(list(shown.values())), "rejected": rejected,
+            "rejected_total": sum(n for _, n in rejected), "note": result.get("note", ""),
+            "elapsed": human(result.get("elapsed_s", 0.0), "s"), "global_batches": result["global_batches"]}
