@@ -2,6 +2,7 @@ from .configs import Cluster, Dataset, ModelConfig, ParallelismPlan
 from .history import Attempt, RunEvent
 from .dataroots import DataRoot, UserDataRoots, data_roots_for, upload_folder
 from .ownership import Owned, OwnedQuerySet
+from .playground import PlaygroundRecord, PromptTemplateVersion
 from .runs import FINISHED, TRANSITIONS, Checkpoint, IllegalTransition, Metric, Profile, Run, RunStatus
 from .series import Series, SeriesBucket, SeriesStep
 from .serving import Deployment, PromptTemplate, TritonServer
@@ -10,4 +11,4 @@ from .tuning import TuneJob
 __all__ = ["Attempt", "RunEvent", "Cluster", "Dataset", "ModelConfig", "ParallelismPlan", "DataRoot", "UserDataRoots", "data_roots_for",
            "upload_folder", "Owned", "OwnedQuerySet", "FINISHED", "TRANSITIONS", "Checkpoint", "IllegalTransition",
            "Metric", "Profile", "Run", "RunStatus", "Series", "SeriesBucket", "SeriesStep", "Deployment",
-           "PromptTemplate", "TritonServer", "TuneJob"]
+           "PromptTemplate", "TritonServer", "TuneJob", "PlaygroundRecord", "PromptTemplateVersion"]

@@ -1,11 +1,171 @@
+"""The Deploy page: a checkpoint you may see deployed on a Triton server (webapp.services.deployment_create, which a
+worker then exports, loads and smoke-checks), and your deployments with their status (polled while they move), the
+smoke check, where each came from (checkpoint → run → plan → model config) and a way to undeploy them."""
+from django import forms
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
-from django.urls import path
+from django.core.exceptions import ValidationError
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path, reverse
+from django.utils.text import slugify
+from django.views.decorators.http import require_GET, require_POST
+
+from .. import services
+from ..models import Checkpoint, Deployment, TritonServer
+from ..services.deployments import MAX_TENSOR_PARALLEL
+
+IN_PROGRESS = (Deployment.Status.PENDING, Deployment.Status.EXPORTING, Deployment.Status.LOADING)
+LISTED = 100
+UNDEPLOY_POLLS = 60  # two minutes at one poll every 2 s
+
+
+def default_model_name(checkpoint: Checkpoint) -> str:
+    """A Triton model name from where the checkpoint came from: the run's name (or the import's) and its step."""
+    base = checkpoint.run.name if checkpoint.run_id is not None else (checkpoint.name or "imported")
+    name = slugify(f"{base}-step-{checkpoint.step}")[:100].strip("-_")
+    return name or f"checkpoint-{checkpoint.pk}"
+
+
+def checkpoint_label(checkpoint: Checkpoint) -> str:
+    if checkpoint.run_id is None:
+        return f"{checkpoint.name or checkpoint.path} (imported) · step {checkpoint.step}"
+    return f"{checkpoint.run.name} #{checkpoint.run_id} · step {checkpoint.step}"
+
+
+class CheckpointChoice(forms.ModelChoiceField):
+    def label_from_instance(self, obj):
+        return checkpoint_label(obj)
+
+
+class ServerChoice(forms.ModelChoiceField):
+    def label_from_instance(self, obj):
+        return f"{obj.name} ({'ready' if obj.is_ready else 'not seen ready'}, {obj.instance_kind})"
+
+
+class DeployForm(forms.Form):
+    checkpoint = CheckpointChoice(queryset=Checkpoint.objects.none(), empty_label="— choose a checkpoint —")
+    reduction = forms.ChoiceField(choices=Deployment.Reduction.choices, initial=Deployment.Reduction.NONE)
+    server = ServerChoice(queryset=TritonServer.objects.all(), empty_label="— choose a server —",
+                          label="Triton server")
+    model_name = forms.CharField(max_length=100, required=False, strip=True)
+    tensor_parallel = forms.IntegerField(min_value=1, max_value=MAX_TENSOR_PARALLEL, initial=1)
+
+    def __init__(self, *args, user, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["checkpoint"].queryset = (Checkpoint.objects.visible_to(user).select_related("run")
+                                              .order_by("-created_at", "-step", "-id"))
+        # a single choice is made for the user
+        for name in ("checkpoint", "server"):
+            only = list(self.fields[name].queryset[:2])
+            if len(only) == 1:
+                self.fields[name].initial = only[0].pk
+                if name == "checkpoint":
+                    self.fields["model_name"].initial = default_model_name(only[0])
+
+
+def _deployments(user):
+    return list(Deployment.objects.editable_by(user)
+                .select_related("server", "checkpoint", "checkpoint__run", "checkpoint__run__plan",
+                                "checkpoint__run__model_config", "owner")[:LISTED])
+
+
+def _rows_context(user, watching=(), polls: int = 0):
+    deployments = _deployments(user)
+    watching = {int(pk) for pk in watching if str(pk).isdigit()}
+    # Undeploying changes nothing here until a worker has unloaded the model: that is watched too, for a while
+    # (a worker that never comes must not keep the page polling for ever).
+    watching = {d.pk for d in deployments if d.pk in watching and d.status == Deployment.Status.READY}
+    if polls >= UNDEPLOY_POLLS:
+        watching = set()
+    return {"deployments": deployments, "watching": ",".join(map(str, sorted(watching))), "polls": polls + 1,
+            "polling": bool(watching) or any(d.status in IN_PROGRESS for d in deployments)}
+
+
+def _watch(query) -> tuple[list[str], int]:
+    polls = query.get("polls", "")
+    return query.get("watch", "").split(","), int(polls) if polls.isdigit() else 0
+
+
+def _note(rows: dict, query) -> str:
+    """What was just done, said on the page the redirect after it lands on."""
+    by_pk = {str(d.pk): d for d in rows["deployments"]}
+    if query.get("deployed") in by_pk:
+        d = by_pk[query["deployed"]]
+        return (f"Deployment {d.pk} ({d.model_name}) is queued: a worker exports, loads and checks it; its status "
+                f"follows below.")
+    if query.get("watch") in by_pk:
+        return _undeploying(by_pk[query["watch"]])
+    return ""
+
+
+def _undeploying(deployment) -> str:
+    return f"Undeploying {deployment.model_name}: a worker unloads it from {deployment.server.name}."
+
+
+def _render_page(request, form):
+    rows = _rows_context(request.user, *_watch(request.GET))
+    return render(request, "pages/deploy.html", {"form": form, **rows, "page_note": _note(rows, request.GET)})
 
 
 @login_required
-def page(request, **kwargs):
-    return HttpResponse("")
+def page(request):
+    if request.method == "POST":
+        form = DeployForm(request.POST, user=request.user)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                deployment = services.deployment_create(
+                    owner=request.user, checkpoint=data["checkpoint"], server=data["server"],
+                    model_name=data["model_name"] or default_model_name(data["checkpoint"]),
+                    reduction=data["reduction"], tensor_parallel=data["tensor_parallel"])
+            except ValidationError as exc:
+                for name, problems in exc.message_dict.items():
+                    form.add_error(name if name in form.fields else None, problems)
+            else:
+                return redirect(f"{reverse('pages:deploy')}?deployed={deployment.pk}")
+        # 200, as a form page is answered: the browser shows it as the page it is, not as a failed load
+        return _render_page(request, form)
+    initial = {}
+    chosen = request.GET.get("checkpoint", "")
+    form = DeployForm(user=request.user)
+    if chosen.isdigit():
+        checkpoint = form.fields["checkpoint"].queryset.filter(pk=int(chosen)).first()
+        if checkpoint is not None:
+            initial = {"checkpoint": checkpoint.pk, "model_name": default_model_name(checkpoint)}
+            form = DeployForm(user=request.user, initial=initial)
+    return _render_page(request, form)
 
 
-urlpatterns = [path("deploy/", page, name="deploy")]
+@login_required
+@require_GET
+def model_name(request):
+    """The model-name field, filled with the default for the checkpoint chosen (htmx, on change)."""
+    form = DeployForm(user=request.user)
+    chosen = request.GET.get("checkpoint", "")
+    checkpoint = form.fields["checkpoint"].queryset.filter(pk=int(chosen)).first() if chosen.isdigit() else None
+    value = default_model_name(checkpoint) if checkpoint is not None else ""
+    return render(request, "pages/deploy_model_name.html", {"value": value})
+
+
+@login_required
+@require_GET
+def rows(request):
+    return render(request, "pages/deploy_rows.html", _rows_context(request.user, *_watch(request.GET)))
+
+
+@login_required
+@require_POST
+def undeploy(request, pk):
+    deployment = get_object_or_404(Deployment.objects.editable_by(request.user), pk=pk)
+    services.deployment_undeploy(deployment)
+    if request.headers.get("HX-Request"):
+        context = _rows_context(request.user, [*request.POST.get("watch", "").split(","), str(pk)])
+        return render(request, "pages/deploy_rows.html", {**context, "note": _undeploying(deployment)})
+    return redirect(f"{reverse('pages:deploy')}?watch={pk}")
+
+
+urlpatterns = [
+    path("deploy/", page, name="deploy"),
+    path("deploy/model-name/", model_name, name="deploy-model-name"),
+    path("deploy/deployments/", rows, name="deploy-rows"),
+    path("deploy/<int:pk>/undeploy/", undeploy, name="deploy-undeploy"),
+]

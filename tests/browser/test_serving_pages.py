@@ -1,0 +1,162 @@
+"""The Deploy page and the prompt playground in the browser: both held to check_page on a laptop and a phone; a
+deployment refused beside its field then made; the playground's presets, saved versions, an answer the server could
+not give, the history and its replay, and a prompt set; and, with the session's real Triton, an answer streamed
+into the page with its counts and times."""
+import re
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from tests.browser.conftest import check_page
+from tests.webapp import serving
+from webapp import models
+from webapp.services import tasks
+
+# What Chromium logs for a fetch answered with an error status: the pages below ask for some on purpose
+# (an unreachable model server answers 503) and show the answer themselves.
+FAILED_LOAD = re.compile(r"Failed to load resource: the server responded with a status of 503")
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The tasks the live server sends, kept here instead of reaching a worker."""
+    sent = []
+
+    class Client:
+        def send_task(self, name, args=(), kwargs=None):
+            sent.append((name, *args))
+
+    monkeypatch.setattr(tasks, "_client", Client)
+    return sent
+
+
+@pytest.fixture
+def parts(signed_in_page, tmp_path, settings):
+    """The signed-in user's imported checkpoint of serving.SMALL_MODEL and a Triton server nothing answers on."""
+    root = tmp_path / "data"
+    root.mkdir()
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [root]}
+    checkpoint = serving.imported(signed_in_page.user, serving.checkpoint_folder(root / "small"))
+    with serving.refusing_port() as port:
+        server = models.TritonServer.objects.create(name="nowhere", http_url=f"http://127.0.0.1:{port}",
+                                                    grpc_url="", model_repository=str(tmp_path / "models"))
+        yield checkpoint, server
+
+
+def _expected_failures(page):
+    page.problems.messages[:] = [m for m in page.problems.messages if not FAILED_LOAD.search(m)]
+
+
+def test_the_deploy_page_refuses_beside_the_field_then_deploys_and_shows_the_status(signed_in_page, parts, sent):
+    page = signed_in_page
+    checkpoint, server = parts
+    page.goto(f"/deploy/?checkpoint={checkpoint.pk}")
+    expect(page.get_by_label("Model name")).to_have_value("small-step-7")
+    check_page(page, "deploy-empty", phone=True)
+    page.get_by_label("Reduction").select_option("int8")
+    page.get_by_label("Tensor parallel").fill("3")
+    page.get_by_role("button", name="Deploy").click()
+    expect(page.get_by_text("must divide the model's n_heads=4")).to_be_visible()
+    expect(page.get_by_label("Tensor parallel")).to_have_attribute("aria-invalid", "true")
+    check_page(page, "deploy-refused")
+    page.get_by_label("Tensor parallel").fill("2")
+    page.get_by_role("button", name="Deploy").click()
+    expect(page.get_by_text("small-step-7) is queued")).to_be_visible()
+    deployment = models.Deployment.objects.get()
+    status = page.get_by_test_id(f"deployment-status-{deployment.pk}")
+    expect(status).to_have_text("pending")
+    # the same again, refused: the name is held; the Deploy button is still the only one named so
+    page.get_by_role("button", name="Deploy").click()
+    expect(page.get_by_text("already serves a model named 'small-step-7'")).to_be_visible()
+    assert sent == [("workers.deploy", deployment.pk)]
+    models.Deployment.objects.filter(pk=deployment.pk).update(status="ready", smoke_ok=True)
+    expect(status).to_have_text("ready", timeout=10_000)  # the list polls while one is on its way
+    expect(page.get_by_test_id(f"deployment-smoke-{deployment.pk}")).to_have_text("passed")
+    check_page(page, "deploy-list", phone=True)
+    page.get_by_role("button", name="Unload small-step-7").click()
+    expect(page.get_by_text("Undeploying small-step-7")).to_be_visible()
+    assert sent[-1] == ("workers.undeploy", deployment.pk)
+
+
+def test_the_playground_fills_saves_answers_keeps_and_replays(signed_in_page, parts):
+    page = signed_in_page
+    checkpoint, server = parts
+    deployment = serving.deployment(page.user, checkpoint, server, model_name="unreachable")
+    page.goto("/playground/")
+    check_page(page, "playground-empty", phone=True)
+
+    page.get_by_label("Preset").select_option("few-shot")
+    page.get_by_role("button", name="Use preset").click()
+    expect(page.get_by_label("Template", exact=True)).to_have_value("{examples}Q: {input}\nA:")
+    page.get_by_label("Template name").fill("qa")
+    page.get_by_role("button", name="Save template").click()
+    expect(page.get_by_text("Saved qa as version 1.")).to_be_visible()
+    page.get_by_label("Max tokens").fill("12")
+    page.get_by_role("button", name="Save template").click()
+    expect(page.get_by_text("Saved qa as version 2.")).to_be_visible()
+    expect(page.get_by_label("Saved template").locator("option")).to_have_count(2)
+
+    page.get_by_label("Top-p").fill("0")
+    page.get_by_label("Input").fill("Who wrote Macbeth?")
+    page.get_by_role("button", name="Generate").click()
+    expect(page.locator("#top_p-error")).to_contain_text("(0, 1]")
+    expect(page.get_by_label("Top-p")).to_be_focused()
+    page.get_by_label("Top-p").fill("1")
+    page.get_by_role("button", name="Generate").click()
+    expect(page.get_by_test_id("error-1")).to_contain_text("cannot be reached")
+    row = page.get_by_test_id(re.compile(r"history-\d+"))
+    expect(row).to_contain_text("Who wrote Macbeth?")
+    _expected_failures(page)
+    check_page(page, "playground-answered", phone=True)
+
+    page.get_by_label("Input").fill("")
+    row.get_by_role("button", name=re.compile("Replay")).click()
+    expect(page.get_by_label("Input")).to_have_value("Who wrote Macbeth?")
+    expect(page.get_by_test_id(re.compile(r"history-\d+"))).to_have_count(2)
+    assert models.PlaygroundRecord.objects.filter(owner=page.user, deployment=deployment).count() == 2
+
+    page.get_by_label("Prompts, one a line").fill("one\ntwo")
+    page.get_by_role("button", name="Run prompt set").click()
+    expect(page.get_by_test_id("set-2-1")).to_contain_text("cannot be reached")
+    expect(page.get_by_test_id(re.compile(r"history-\d+"))).to_have_count(4)
+    _expected_failures(page)
+    check_page(page, "playground-set")
+
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+def test_the_playground_streams_a_real_answer_beside_another(signed_in_page, triton, served_checkpoint):
+    from deploy.export import ExportOptions, export
+
+    page = signed_in_page
+    export(served_checkpoint, triton.repository, ExportOptions(name="browser-served", measure=False))
+    client = triton.client()
+    client.load("browser-served")
+    try:
+        grpc = models.TritonServer.objects.create(name="local", http_url=triton.http_url, grpc_url=triton.grpc_url,
+                                                  model_repository=str(triton.repository))
+        http = models.TritonServer.objects.create(name="local-http", http_url=triton.http_url, grpc_url="",
+                                                  model_repository=str(triton.repository))
+        checkpoint = serving.imported(page.user, served_checkpoint)
+        first, second = (serving.deployment(page.user, checkpoint, s, "browser-served", ready_at=timezone.now())
+                         for s in (grpc, http))
+        page.goto(f"/playground/?deployment={first.pk}")
+        page.get_by_label("Compare with").select_option(str(second.pk))
+        page.get_by_label("Input").fill("ROMEO:\n")
+        page.get_by_label("Max tokens").fill("24")
+        page.get_by_role("button", name="Generate").click()
+        for n in (1, 2):
+            expect(page.get_by_test_id(f"counts-{n}")).to_contain_text("completion 24 tokens", timeout=60_000)
+            expect(page.get_by_test_id(f"counts-{n}")).to_contain_text(re.compile(r"prompt \d+ tokens"))
+            expect(page.get_by_test_id(f"ttft-{n}")).to_contain_text(re.compile(r"time to first token [\d.,]+ ms"))
+            expect(page.get_by_test_id(f"tps-{n}")).to_contain_text(re.compile(r"[\d.,]+ tokens/s"))
+        texts = [page.get_by_test_id(f"output-{n}").text_content() for n in (1, 2)]
+        assert texts[0] and texts[0] == texts[1]  # greedy: the same model answers the same over gRPC and HTTP
+        expect(page.get_by_test_id(re.compile(r"history-\d+"))).to_have_count(2)
+        records = models.PlaygroundRecord.objects.filter(owner=page.user)
+        assert {r.output for r in records} == {texts[0]} and all(r.ttft_ms and r.tokens_per_s for r in records)
+        check_page(page, "playground-streamed", phone=True)
+    finally:
+        client.unload("browser-served")
+        client.close()
