@@ -260,7 +260,7 @@ def page(request):
     presets = {name: {"label": p["label"], "template": p["template"], "examples": p["examples"]}
                for name, p in service.PRESETS.items()}
     context = {"form": form, "ready": ready, "selected": selected, "presets": presets,
-               "initial_examples": "[]", **_templates_context(request.user), **_history_context(request.user)}
+               **_templates_context(request.user), **_history_context(request.user)}
     return render(request, "pages/playground.html", context)
 
 
