@@ -46,7 +46,8 @@ pids+=($!)
 
 cat <<MSG
 
-  The workbench is at      http://127.0.0.1:$PORT/api/   (API, browsable)
+  The workbench is at      http://127.0.0.1:$PORT/       (sign in; the dashboard, new run, deploy, playground)
+  API (browsable)          http://127.0.0.1:$PORT/api/
   API documentation        http://127.0.0.1:$PORT/api/docs/
   Admin                    http://127.0.0.1:$PORT/admin/
   OpenAI-compatible API    http://127.0.0.1:$PORT/v1/    (key: your API token)

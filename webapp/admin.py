@@ -291,9 +291,35 @@ class DeploymentAdmin(OwnedAdmin):
                        "unloaded_at", "created_at", "updated_at")
 
 
+class PromptTemplateVersionInline(admin.TabularInline):
+    """Earlier versions, as the playground saved them: a record, not something to edit."""
+
+    model = models.PromptTemplateVersion
+    extra = 0
+    fields = ("number", "template", "examples", "sampling", "created_at")
+    readonly_fields = fields
+    can_delete = False
+    max_num = 0
+
+
 @admin.register(models.PromptTemplate)
 class PromptTemplateAdmin(OwnedAdmin):
-    pass
+    inlines = [PromptTemplateVersionInline]
+
+
+@admin.register(models.PlaygroundRecord)
+class PlaygroundRecordAdmin(admin.ModelAdmin):
+    """What users asked in the playground and what came back; written by the playground only."""
+
+    list_display = ("created_at", "owner", "model_name", "source", "finish_reason", "completion_tokens")
+    list_filter = ("source", "finish_reason")
+    search_fields = ("input", "model_name", "owner__username")
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(models.TuneJob)

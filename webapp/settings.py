@@ -110,7 +110,8 @@ WSGI_APPLICATION = "webapp.wsgi.application"
 
 TEMPLATES = [{
     "BACKEND": "django.template.backends.django.DjangoTemplates",
-    "DIRS": [],
+    # Searched before the apps' own folders, so that the admin's base_site.html here adds the admin's stylesheet.
+    "DIRS": [BASE_DIR / "webapp" / "templates"],
     "APP_DIRS": True,
     "OPTIONS": {"context_processors": [
         "django.template.context_processors.request",

@@ -21,6 +21,7 @@ def test_it_shows_staff_the_admin_pages_without_a_serious_accessibility_problem(
     check_page(page, "admin-cluster")
     for path in ("/admin/workbench/run/", "/admin/workbench/run/add/", "/admin/workbench/tritonserver/add/",
                  "/admin/workbench/deployment/add/", "/admin/auth/user/", f"/admin/auth/user/{page.user.pk}/change/",
-                 "/admin/auth/group/add/", "/admin/workbench/dataroot/add/"):
+                 "/admin/auth/group/add/", "/admin/workbench/dataroot/add/", "/admin/workbench/prompttemplate/add/",
+                 "/admin/workbench/playgroundrecord/"):
         page.goto(path)
         check_page(page, "admin-" + path.strip("/").replace("/", "-"))

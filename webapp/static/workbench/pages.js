@@ -54,3 +54,30 @@ const Workbench = (() => {
 
   return {csrf, json, streamEvents, number};
 })();
+
+// A form that leaves the page waits for the page's htmx requests in flight (an estimate being fetched, a list
+// being refreshed), up to MAX_WAIT_MS, and no new one starts once it goes (a field's delayed trigger): leaving
+// would abort them, which htmx reports as errors, for nothing.
+(() => {
+  const MAX_WAIT_MS = 3000;
+  let leaving = false, inFlight = 0;
+  const busy = () => inFlight > 0;
+  document.addEventListener("htmx:beforeRequest", event => { if (leaving) event.preventDefault(); });
+  document.addEventListener("htmx:beforeSend", () => { inFlight += 1; });
+  document.addEventListener("htmx:afterRequest", () => { inFlight = Math.max(0, inFlight - 1); });
+  window.addEventListener("pageshow", () => { leaving = false; });  // back again, from the browser's cache
+  document.addEventListener("submit", event => {
+    const form = event.target;
+    if (event.defaultPrevented || leaving) return;
+    event.preventDefault();
+    const submitter = event.submitter;
+    const started = performance.now();
+    const leave = () => {
+      if (busy() && performance.now() - started < MAX_WAIT_MS) return setTimeout(leave, 50);
+      leaving = true;
+      form.requestSubmit(submitter);
+      setTimeout(() => { leaving = false; }, 5000);  // still here (a download, a refused submit): live again
+    };
+    setTimeout(leave);  // not from inside this submit event: a form ignores requestSubmit while it fires one
+  });
+})();

@@ -1,0 +1,125 @@
+"""Benchmark: the pages' server time with 1,000 runs and a 1,000,000-step run in the database, and the bytes a
+chart of that run fetches, each figure beside its target.
+
+    .venv/bin/python scripts/bench_pages.py              # the local server's postgres database
+    DATABASE_URL=postgres://me@db:5432/postgres .venv/bin/python scripts/bench_pages.py
+
+Like workers/bench_live.py (whose throwaway database and 1,000,000-step run it reuses) it works in a database of
+its own beside the one DATABASE_URL names, dropped at the end. Server time is the time the Django test client
+takes for a request in this process: the view, its queries and the template, without a network. Each page is asked
+once to warm up, then PAGE_REPEATS times; the median is printed with the number of queries it made. The chart's
+transfer is what the run page asks for at its width (two points a pixel of a 600-pixel chart, the series its
+charts name): bytes of JSON per series, and gzipped.
+"""
+from __future__ import annotations
+
+import gzip
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workers.bench_live import Figure, _chart_run, _django, _drop, _throwaway_database  # noqa: E402
+
+PAGE_TARGET_S = 0.300
+RUNS = 1_000
+RUN_STEPS = 120          # each listed run's loss curve, for its sparkline
+PAGE_REPEATS = 7
+CHART_WIDTH_PX = 600     # run.js asks for two points a pixel
+
+
+def _many_runs(owner, run) -> list:
+    """RUNS runs beside ``run`` (the 1,000,000-step one), of every status, each with a short loss curve."""
+    from django.db import transaction
+
+    from webapp import models
+    from webapp.services.series.store import series_write
+
+    rng = random.Random(4)
+    statuses = list(models.RunStatus.values)
+    runs = models.Run.objects.bulk_create([
+        models.Run(owner=owner, name=f"run-{i}", model_config=run.model_config, plan=run.plan, cluster=run.cluster,
+                   dataset=run.dataset, status=statuses[i % len(statuses)], steps=RUN_STEPS * 2,
+                   last_step=RUN_STEPS, run_dir=str(Path(run.run_dir).parent / f"run-{i}"))
+        for i in range(RUNS - 1)])
+    with transaction.atomic():
+        for other in runs:
+            series_write(other, [{"step": s, "loss": 5.0 * s ** -0.2 + rng.gauss(0, 0.02), "time": 1.7e9 + s,
+                                  "tokens_seen": 1024 * s} for s in range(1, RUN_STEPS + 1)])
+    return runs
+
+
+def _timed(client, url: str) -> tuple[float, int, bytes]:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    answer = client.get(url)
+    assert answer.status_code == 200, f"{url}: {answer.status_code} {answer.content[:300]!r}"
+    times = []
+    for _ in range(PAGE_REPEATS):
+        with CaptureQueriesContext(connection) as queries:
+            started = time.perf_counter()
+            answer = client.get(url)
+            times.append(time.perf_counter() - started)
+    return statistics.median(times), len(queries), answer.content
+
+
+def pages(folder: Path) -> list[Figure]:
+    from django.test import Client
+
+    started = time.perf_counter()
+    owner, big = _chart_run(folder)
+    others = _many_runs(owner, big)
+    print(f"[1,000,000-step run and {len(others):,} runs loaded in {time.perf_counter() - started:.0f} s]",
+          file=sys.stderr)
+    client = Client()
+    client.force_login(owner)
+    figures = []
+    urls = {"dashboard (1,000 runs, first page)": "/",
+            "dashboard, filtered by status, sorted by name": "/?status=completed&sort=name",
+            "dashboard, searched": "/?q=run-99",
+            "dashboard, page 30": "/?page=30",
+            "run page of the 1,000,000-step run": f"/runs/{big.pk}/",
+            "compare, that run and another": f"/compare/?ids={big.pk},{others[0].pk}",
+            "new-run wizard": "/runs/new/",
+            "deploy": "/deploy/",
+            "playground": "/playground/"}
+    run_page = b""
+    for label, url in urls.items():
+        median, queries, body = _timed(client, url)
+        if url == f"/runs/{big.pk}/":
+            run_page = body
+        figures.append(Figure(f"{label}, median", median, "s", PAGE_TARGET_S, higher_is_better=False,
+                              note=f"{queries} queries, {len(body):,} bytes"))
+    names = sorted({n for found in re.findall(rb'data-names="([^"]+)"', run_page)
+                    for n in found.decode().split(",")}) or ["loss"]
+    url = f"/api/runs/{big.pk}/series/?names={','.join(names)}&x=step&points={2 * CHART_WIDTH_PX}"
+    median, queries, body = _timed(client, url)
+    figures.append(Figure(f"run page's chart data ({len(names)} series), median", median, "s", PAGE_TARGET_S,
+                          higher_is_better=False, note=f"{queries} queries"))
+    per_series = len(body) / len(names)
+    figures.append(Figure("    chart transfer per series (JSON)", per_series, "bytes",
+                          note=f"{len(gzip.compress(body)) / len(names):,.0f} bytes gzipped; "
+                               f"{2 * CHART_WIDTH_PX:,} points asked of 1,000,000 steps; series: {', '.join(names)}"))
+    return figures
+
+
+def main() -> int:
+    url, base = _throwaway_database()
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-pages-") as tmp:
+            _django(url, Path(tmp) / "var")
+            for figure in pages(Path(tmp) / "pages"):
+                print(figure.line())
+    finally:
+        _drop(url, base)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
