@@ -85,7 +85,11 @@ def pages(folder: Path) -> list[Figure]:
             "dashboard, searched": "/?q=run-99",
             "dashboard, page 30": "/?page=30",
             "run page of the 1,000,000-step run": f"/runs/{big.pk}/",
+            "    its header, reloaded at each update": f"/runs/{big.pk}/part/header/",
+            "    its estimate beside measured, reloaded": f"/runs/{big.pk}/part/measure/",
             "compare, that run and another": f"/compare/?ids={big.pk},{others[0].pk}",
+            "    compare's chart data (loss of both)": f"/api/runs/compare/?ids={big.pk},{others[0].pk}&names=loss"
+                                                       f"&x=step&points={2 * CHART_WIDTH_PX}",
             "new-run wizard": "/runs/new/",
             "deploy": "/deploy/",
             "playground": "/playground/"}
@@ -94,7 +98,7 @@ def pages(folder: Path) -> list[Figure]:
         median, queries, body = _timed(client, url)
         if url == f"/runs/{big.pk}/":
             run_page = body
-        figures.append(Figure(f"{label}, median", median, "s", PAGE_TARGET_S, higher_is_better=False,
+        figures.append(Figure(f"{label}, median" if not label.startswith(" ") else label, median, "s", PAGE_TARGET_S, higher_is_better=False,
                               note=f"{queries} queries, {len(body):,} bytes"))
     names = sorted({n for found in re.findall(rb'data-names="([^"]+)"', run_page)
                     for n in found.decode().split(",")}) or ["loss"]

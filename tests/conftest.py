@@ -45,3 +45,18 @@ def planner_calls(monkeypatch):
             return _real(self, *args, **kwargs)
         monkeypatch.setattr(Planner, name, spy)
     return calls
+
+
+@pytest.fixture
+def sent(monkeypatch):
+    """The tasks the web side sends (by name, with their arguments), kept here instead of going to a broker."""
+    from webapp.services import tasks
+
+    sent = []
+
+    class Client:
+        def send_task(self, name, args=(), kwargs=None):
+            sent.append((name, *args))
+
+    monkeypatch.setattr(tasks, "_client", Client)
+    return sent

@@ -14,8 +14,6 @@ from django.test import Client
 
 from tests.conftest import REPO
 
-# Playwright's sync API runs an event loop in this thread; the tests' own ORM calls stay synchronous.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -28,17 +26,25 @@ PHONE = {"width": 390, "height": 844}
 PASSWORD = "correct-horse-battery"
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def chromium():
+    """One browser for the browser tests, gone when they are done (with the event loop Playwright runs)."""
     if not CHROMIUM.exists():
         pytest.fail(f"the browser tests drive {CHROMIUM}: scripts/test.sh installs it (as root), or "
                     f"`apt-get install chromium`")
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS, headless=True)
-        yield browser
-        browser.close()
+    # Playwright's sync API keeps an event loop in this thread, which Django takes for an async context; the
+    # tests' own ORM calls are synchronous all the same.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS,
+                                                 headless=True)
+            yield browser
+            browser.close()
+    finally:
+        del os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"]
 
 
 @pytest.fixture

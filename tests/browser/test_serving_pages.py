@@ -11,24 +11,10 @@ from playwright.sync_api import expect
 from tests.browser.conftest import check_page
 from tests.webapp import serving
 from webapp import models
-from webapp.services import tasks
 
 # What Chromium logs for a fetch answered with an error status: the pages below ask for some on purpose
 # (an unreachable model server answers 503) and show the answer themselves.
 FAILED_LOAD = re.compile(r"Failed to load resource: the server responded with a status of 503")
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    """The tasks the live server sends, kept here instead of reaching a worker."""
-    sent = []
-
-    class Client:
-        def send_task(self, name, args=(), kwargs=None):
-            sent.append((name, *args))
-
-    monkeypatch.setattr(tasks, "_client", Client)
-    return sent
 
 
 @pytest.fixture

@@ -9,22 +9,8 @@ import pytest
 
 from tests.webapp import serving
 from webapp import models
-from webapp.services import tasks
 
 Status = models.Deployment.Status
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    """The tasks the web side sends (by name, with their arguments), instead of sending them to a broker."""
-    sent = []
-
-    class Client:
-        def send_task(self, name, args=(), kwargs=None):
-            sent.append((name, *args))
-
-    monkeypatch.setattr(tasks, "_client", Client)
-    return sent
 
 
 def _events(response) -> list[tuple[str, dict]]:

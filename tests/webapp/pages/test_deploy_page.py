@@ -7,24 +7,10 @@ from tests.webapp import serving
 from trainer.contract import ParallelPlan
 from webapp import models
 from webapp.pages.deploy import default_model_name
-from webapp.services import tasks
 from webapp.services.demo import demo_ready
 
 pytestmark = pytest.mark.django_db
 Status = models.Deployment.Status
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    """The tasks the web side sends (by name, with their arguments), instead of sending them to a broker."""
-    sent = []
-
-    class Client:
-        def send_task(self, name, args=(), kwargs=None):
-            sent.append((name, *args))
-
-    monkeypatch.setattr(tasks, "_client", Client)
-    return sent
 
 
 @pytest.fixture

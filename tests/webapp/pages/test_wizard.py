@@ -7,7 +7,6 @@ import pytest
 from trainer.contract import presets
 from webapp import models
 from webapp.pages.wizard_forms import default_data
-from webapp.services import tasks
 from webapp.services.demo import demo_ready
 
 pytestmark = pytest.mark.django_db
@@ -19,19 +18,6 @@ NEW, ESTIMATE, TUNE = "/runs/new/", "/runs/new/estimate/", "/runs/new/tune/"
 def runs_root(settings, tmp_path):
     settings.WORKBENCH = {**settings.WORKBENCH, "RUNS_ROOT": tmp_path / "runs", "RUNS_ROOTS": [tmp_path / "runs"]}
     return tmp_path / "runs"
-
-
-@pytest.fixture
-def sent(monkeypatch):
-    """The tasks the web side sends, by name with their arguments, instead of a broker's."""
-    sent = []
-
-    class Client:
-        def send_task(self, name, args=(), kwargs=None):
-            sent.append((name, *args))
-
-    monkeypatch.setattr(tasks, "_client", Client)
-    return sent
 
 
 @pytest.fixture
