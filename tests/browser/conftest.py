@@ -63,13 +63,18 @@ class PageProblems:
 
 
 @pytest.fixture
-def browser_page(chromium, live_server):
-    """A fresh browser context on the live server, signed in as nobody; its console errors fail the test."""
+def browser_page(transactional_db, chromium, live_server):
+    """A fresh browser context on the live server, signed in as nobody; its console errors fail the test.
+
+    It asks for the database first so that it closes first: the test database is emptied only once the page has
+    left, and no request of the page's (a run page's partials, its long polling) holds a table the emptying locks.
+    """
     context = chromium.new_context(base_url=live_server.url, viewport=LAPTOP)
     context.set_default_timeout(15_000)
     page = context.new_page()
     page.problems = PageProblems(page)
     yield page
+    page.goto("about:blank")
     context.close()
     assert not page.problems.messages, "\n".join(page.problems.messages)
 
