@@ -1,5 +1,5 @@
-"""A run's live data over REST: chart series, logs, events, attempts, its ranks folded, runs compared, and long
-polling for what is new (docs/live-data.md).
+"""A run's live data over REST: chart series, logs, events, attempts, its ranks folded, its estimate beside what
+it measured, runs compared, and long polling for what is new (docs/live-data.md).
 
 Every answer is about runs the user may see, found exactly as RunViewSet finds a run (its queryset, get_object):
 a run the user may not see is a 404, the same answer as a run that does not exist.
@@ -14,13 +14,14 @@ from rest_framework.response import Response
 from .. import models
 from ..services.compare import runs_compare
 from ..services.rank_figures import rank_summary
+from ..services.run_estimates import run_estimate_report
 from ..services.run_logs import NoSuchLog, log_files, log_read
 from ..services.run_updates import run_updates
 from ..services.series.read import series_read
 from .live_serializers import (IDS_PARAMETER, NAMES_PARAMETER, AttemptSerializer, CompareAnswerSerializer,
-                               CompareQuery, EventQuery, LogAnswerSerializer, LogQuery, RankQuery,
-                               RankSummarySerializer, RunEventSerializer, SeriesAnswerSerializer, SeriesQuery,
-                               UpdatesAnswerSerializer, UpdatesQuery)
+                               CompareQuery, EstimateAnswerSerializer, EventQuery, LogAnswerSerializer, LogQuery,
+                               RankQuery, RankSummarySerializer, RunEventSerializer, SeriesAnswerSerializer,
+                               SeriesQuery, UpdatesAnswerSerializer, UpdatesQuery)
 from .outside_transaction import OutsideRequestTransaction
 from .permissions import IsOwnerOrStaffToChange
 
@@ -85,6 +86,13 @@ class RunLiveData:
         ranks and the slowest rank."""
         run = self.get_object()
         return Response(rank_summary(run, _query(RankQuery, request)["steps"]))
+
+    @extend_schema(responses=EstimateAnswerSerializer)
+    @action(**ONE_RUN, pagination_class=None)
+    def estimate(self, request, pk=None):
+        """The planner's estimate for the run's spec (made when the run was created) beside what the run measured:
+        each figure's estimate, measurement and relative error, or why it is not measured."""
+        return Response(run_estimate_report(self.get_object()))
 
     @extend_schema(parameters=[CompareQuery, IDS_PARAMETER, NAMES_PARAMETER], responses=CompareAnswerSerializer)
     @action(detail=False, methods=["get"], filter_backends=[], pagination_class=None)

@@ -9,6 +9,7 @@ from rest_framework import serializers
 
 from .. import models
 from ..models.series import SERIES_BY_NAME
+from ..services.run_estimates import FIGURE_KEYS, UNITS
 from ..services.run_logs import MAX_CHUNK_BYTES
 from ..services.run_updates import MAX_WAIT_S
 from ..services.series.read import MAX_STEP, X_UNITS
@@ -218,3 +219,37 @@ class UpdatesAnswerSerializer(serializers.Serializer):
     latest_step = serializers.DictField(allow_null=True, help_text="the newest step's figures, when it is new")
     waited_s = serializers.FloatField()
 
+
+class EstimateSummarySerializer(serializers.Serializer):
+    """The headline of the estimate stored with the run (POST /api/estimate/ gives the whole figure tree), or
+    ``error`` alone when the planner made none."""
+
+    error = serializers.CharField(required=False, help_text="why there is no estimate")
+    peak_memory_bytes = serializers.FloatField(required=False, allow_null=True,
+                                               help_text="the fullest rank's memory")
+    peak_rank = serializers.IntegerField(required=False, allow_null=True)
+    peak_stage = serializers.IntegerField(required=False, allow_null=True)
+    capacity_bytes = serializers.FloatField(required=False, allow_null=True, help_text="a GPU's memory")
+    fits = serializers.BooleanField(required=False, allow_null=True)
+    step_time_s = serializers.FloatField(required=False, allow_null=True)
+    tokens_per_s = serializers.FloatField(required=False, allow_null=True)
+    mfu = serializers.FloatField(required=False, allow_null=True)
+    options = serializers.DictField(required=False, help_text="the planner's options it was made with (defaults)")
+    warnings = serializers.ListField(child=serializers.CharField(), required=False)
+
+
+class EstimateFigureSerializer(serializers.Serializer):
+    key = serializers.ChoiceField(choices=FIGURE_KEYS)
+    figure = serializers.CharField(help_text="what the row is, in words")
+    unit = serializers.ChoiceField(choices=UNITS)
+    estimated = serializers.FloatField(allow_null=True, help_text="the planner's figure (null: not estimated)")
+    measured = serializers.FloatField(allow_null=True, help_text="what the run recorded (null: not measured)")
+    error = serializers.FloatField(allow_null=True, help_text="(measured − estimated) / estimated; null when either "
+                                                              "is missing or the estimate is 0")
+    measured_from = serializers.CharField(allow_blank=True, help_text="what the measurement was read from")
+    missing = serializers.CharField(allow_blank=True, help_text="why it is not measured; empty when it is")
+
+
+class EstimateAnswerSerializer(serializers.Serializer):
+    estimate = EstimateSummarySerializer()
+    figures = EstimateFigureSerializer(many=True)

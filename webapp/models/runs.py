@@ -57,6 +57,11 @@ class Run(Owned):
     # cluster or dataset later never changes a run that exists.
     spec = models.JSONField(null=True, blank=True, editable=False,
                             help_text="trainer.contract.RunSpec as JSON: what every attempt launches with")
+    # Made from the stored spec once, when the run is created: the spec never changes, so neither does the estimate,
+    # and a page or an API call reading it costs no planner time (webapp.services.run_estimates).
+    estimate = models.JSONField(default=dict, blank=True, editable=False,
+                                help_text="The planner's estimate for the stored spec at default options, or "
+                                          "{\"error\": why there is none}; empty until first made")
 
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.DRAFT, db_index=True)
     attempts = models.PositiveIntegerField(default=0, help_text="Jobs submitted for the run, all reasons")

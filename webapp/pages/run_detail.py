@@ -1,34 +1,26 @@
 """A run's page: its header and actions, live charts (webapp/static/workbench/run.js reads the REST API's series and
 long-polls its updates), log tail, history, checkpoints, profile digest, and the planner's estimate beside what the
-run measured. The parts that change while a run trains are partials that the page reloads with htmx."""
+run measured (webapp.services.run_estimates). The parts that change while a run trains are partials that the page
+reloads with htmx."""
 from __future__ import annotations
 
 import math
 import re
-import statistics
 from pathlib import Path
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Max
 from django.http import FileResponse, Http404
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.views.decorators.http import require_POST
 
-from trainer.contract import SpecError
-from trainer.planner.estimate.api import estimate_json
-
-from ..models import Run, RunStatus, SeriesBucket, SeriesStep
-from ..models.series import Series
+from ..models import Run, RunStatus, SeriesStep
 from ..services import run_cancel, run_queue
-from ..services.rank_figures import rank_summary
+from ..services.run_estimates import run_estimate_report
 from ..services.run_logs import log_files
 
-# Steps whose median is "the" measured step time, throughput and MFU: the latest ones, so that warm-up, compilation
-# and a resumed attempt's first steps weigh nothing once the run is under way.
-RECENT_STEPS = 200
 EVENTS_SHOWN = 50
 RANK_OPTIONS = 256  # ranks offered in the log selector before any log file exists
 CHARTS = [  # (id, title, series, y unit)
@@ -168,89 +160,23 @@ def _profiles(run: Run) -> list[dict]:
 
 # -- estimate beside measured -------------------------------------------------------------------------------------
 
-def _figure(estimate: dict, *keys) -> float | None:
-    value = estimate
-    for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
-    return _number(value.get("value") if isinstance(value, dict) else value)
+SHOWN = {"bytes": _bytes, "s": lambda v: f"{v * 1000:.1f} ms", "tokens/s": lambda v: f"{v:,.0f} tokens/s",
+         "fraction": _percent}
 
 
-def _estimate(run: Run) -> tuple[dict | None, str]:
-    """The planner's estimate for the run's spec at default options, or None and why there is none."""
-    spec = run.spec or {}
-    if not all(key in spec for key in ("model", "plan", "cluster")):
-        return None, "the run has no stored spec to estimate"
-    try:
-        return estimate_json({"model": spec["model"], "plan": spec["plan"], "cluster": spec["cluster"]}), ""
-    except (SpecError, ValueError, ArithmeticError) as exc:
-        return None, f"the planner cannot estimate this spec: {exc}"
-
-
-def _recent_median(run: Run, column: str) -> tuple[float | None, int]:
-    values = [v for v in SeriesStep.objects.filter(run=run, **{f"{column}__isnull": False}).order_by("-step")
-              .values_list(column, flat=True)[:RECENT_STEPS] if math.isfinite(v)]
-    return (statistics.median(values) if values else None), len(values)
-
-
-def _peak_memory(run: Run) -> float | None:
-    """Rank 0's highest max_allocated_bytes over the run: the coarsest rollups cover every step, so this reads a
-    row per 65,536 steps rather than the steps themselves."""
-    coarsest = (SeriesBucket.objects.filter(run=run, series=Series.MEMORY).values("level")
-                .order_by("-level").first())
-    if coarsest is not None:
-        return SeriesBucket.objects.filter(run=run, series=Series.MEMORY, level=coarsest["level"]) \
-            .aggregate(peak=Max("max_value"))["peak"]
-    return SeriesStep.objects.filter(run=run).aggregate(peak=Max("memory"))["peak"]
-
-
-def _row(name: str, estimated: float | None, measured: float | None, show, source: str, missing: str) -> dict:
-    error = None
-    if estimated is not None and measured is not None and estimated != 0:
-        error = (measured - estimated) / abs(estimated)
-    return {"name": name, "estimated": show(estimated) if estimated is not None else "not estimated",
-            "measured": show(measured) if measured is not None else None, "source": source,
-            "missing": missing if measured is None else "",
-            "error": None if error is None else f"{100 * error:+.1f}%",
-            "error_size": None if error is None else abs(error)}
+def _shown(row: dict) -> dict:
+    show = SHOWN[row["unit"]]
+    return {"name": row["figure"],
+            "estimated": "not estimated" if row["estimated"] is None else show(row["estimated"]),
+            "measured": None if row["measured"] is None else show(row["measured"]), "source": row["measured_from"],
+            "missing": row["missing"], "error": None if row["error"] is None else f"{100 * row['error']:+.1f}%"}
 
 
 def _measure(request, run: Run) -> dict:
-    estimate, why_not = _estimate(run)
-    est = estimate or {}
-    stages = (est.get("memory") or {}).get("stages") or []
-    rank0 = next((s for s in stages if isinstance(s, dict) and s.get("rank") == 0), None)
-    step_est, compute_est = _figure(est, "time", "step"), _figure(est, "time", "step", "terms", "compute")
-    steps_median, steps_counted = _recent_median(run, "step_time_s")
-    tokens_median, _ = _recent_median(run, "tokens_per_s")
-    mfu_median, _ = _recent_median(run, "mfu")
-    recent = f"median of the latest {steps_counted} steps" if steps_counted else ""
-    no_steps = "no training step recorded yet"
-    ranks = rank_summary(run) if run.last_step else {"figures": {}}
-    # a record without each rank's figures (a world of one) says nothing of the other ranks
-    fullest = ranks["figures"].get("max_allocated_bytes") if (ranks.get("world_size") or 0) > 1 else None
-    profile = run.profiles.order_by("-created_at", "-id").first()
-    bubble = _number(profile.summary.get("bubble")) if profile and isinstance(profile.summary, dict) else None
-    rows = [
-        _row("Peak memory, rank 0", _figure(rank0 or {}, "total"), _peak_memory(run), _bytes,
-             "highest max_allocated_bytes of rank 0 over the run",
-             no_steps if not run.last_step else "the device reports no memory (a CPU does not)"),
-        _row("Peak memory, fullest rank", _figure(est, "memory", "peak"), fullest and fullest["max"], _bytes,
-             f"rank {fullest['worst_rank']}, median over the latest steps" if fullest else "",
-             no_steps if not run.last_step else "no per-rank memory recorded"),
-        _row("Step time", step_est, steps_median, lambda v: f"{v * 1000:.1f} ms", recent, no_steps),
-        _row("Throughput", _figure(est, "time", "tokens_per_s"), tokens_median, lambda v: f"{v:,.0f} tokens/s",
-             recent, no_steps),
-        _row("MFU", _figure(est, "time", "mfu"), mfu_median, _percent, recent, no_steps),
-        # The profile's bubble is the share of a step a rank does not compute (exposed communication and idle);
-        # the estimate's counterpart is everything in its step time but compute, not the pipeline bubble alone.
-        _row("Bubble (share of a step not computing)",
-             1 - compute_est / step_est if step_est and compute_est is not None else None, bubble, _percent,
-             f"profile {profile.name}, mean over ranks" if profile else "",
-             "no profile taken (give the run a profile to measure it)"),
-    ]
-    return {"run": run, "estimate_missing": why_not, "rows": rows,
-            "warnings": [w for w in est.get("warnings") or [] if isinstance(w, str)],
-            "profiles": _profiles(run)}
+    report = run_estimate_report(run)
+    estimate = report["estimate"]
+    return {"run": run, "estimate_missing": estimate.get("error", ""), "rows": [_shown(r) for r in report["figures"]],
+            "warnings": estimate.get("warnings", []), "profiles": _profiles(run)}
 
 
 # -- views --------------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan
 from ..models import Run, RunStatus, data_roots_for
 from ..spec_errors import spec_field_errors
 from .history import Source, record_event
+from .run_estimates import spec_estimate
 from .tasks import enqueue
 
 LAUNCH_TASK = "workbench.runs.launch"
@@ -93,7 +94,8 @@ def run_check(run: Run) -> RunSpec:
 def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     """Create a draft run of ``plan`` on ``dataset`` (model and cluster come from the plan); queue it if asked.
 
-    The checked RunSpec is stored on the run: every attempt launches with it, whatever happens to its parts later.
+    The checked RunSpec is stored on the run: every attempt launches with it, whatever happens to its parts later;
+    so is the planner's estimate for it (webapp.services.run_estimates).
     """
     run = Run(owner=owner, plan=plan, model_config=plan.model_config, cluster=plan.cluster, dataset=dataset, **fields)
     run.full_clean(exclude=["run_dir", "spec"])
@@ -101,6 +103,9 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     if problems:
         raise ValidationError(problems)
     spec = run_check(run)
+    # Made once from the checked spec, which never changes; a spec the planner cannot estimate keeps the reason
+    # instead, and the run is created all the same.
+    run.estimate = spec_estimate(spec.to_dict())
     run.save()
     run.run_dir = str(run_folder(run))
     run.spec = spec.replace(output_dir=run.run_dir).to_dict()

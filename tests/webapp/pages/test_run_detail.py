@@ -98,12 +98,15 @@ def test_it_sets_the_estimate_beside_what_the_run_measured_with_the_error(client
     assert "2.00 GiB" in html and "rank 7, median over the latest steps" in html  # the fullest rank
     # the profile's bubble: the mean of rank 0's 40% and rank 1's 20% not computing
     assert "30.0%" in html
+    # the same rows as GET /api/runs/<id>/estimate/: the records hold no model states' bytes, and say so
+    assert "Model states, rank 0" in html and "no step record holds the model states" in html
+    assert "Pipeline bubble (idle share of a step)" in html and "Exposed communication (share of a step)" in html
 
 
 def test_it_says_which_figures_are_not_measured(client, alice, plan222, corpus):
     run = new_run(alice, plan222, corpus, name="fresh")
     html = _page(client, alice, f"/runs/{run.pk}/").content.decode()
-    assert html.count("not measured</td>") == 6 and "no training step recorded yet" in html
+    assert html.count("not measured</td>") == 10 and "no training step recorded yet" in html
     assert "no profile taken" in html and 'data-testid="estimate-error"' not in html
 
 
