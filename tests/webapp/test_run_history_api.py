@@ -5,6 +5,7 @@ import time
 import pytest
 
 from tests.webapp.live_runs import append_metrics, new_run, step_record
+from webapp import models
 from webapp.services.history import Source, attempt_started, record_event
 
 
@@ -62,3 +63,22 @@ def test_long_polling_waits_the_time_asked_when_nothing_is_newer_and_no_more(ali
     assert 1.0 <= took < 3 and answer["waited_s"] >= 1.0
     assert _updates(api, alice, run, wait=31)[0].status_code == 400  # a wait is bounded
     assert _updates(api, bob, run, wait=1)[0].status_code == 404
+
+
+def test_long_polling_answers_404_when_the_run_is_deleted_during_the_wait(alice, api, run, monkeypatch):
+    from webapp.services import run_updates
+
+    looks = []
+    real_look = run_updates._look
+
+    def look_then_delete(*args):  # the run goes between the first look and the next
+        answer = real_look(*args)
+        if not looks:
+            models.Run.objects.filter(pk=run.pk).delete()
+        looks.append(answer)
+        return answer
+
+    monkeypatch.setattr(run_updates, "_look", look_then_delete)
+    monkeypatch.setattr(run_updates, "POLL_S", 0.05)
+    response, _ = _updates(api, alice, run, after_step=0, status="draft", wait=5)
+    assert response.status_code == 404 and f"run {run.pk} no longer exists" in response.json()["detail"]

@@ -16,7 +16,7 @@ from ..services.compare import runs_compare
 from ..services.rank_figures import rank_summary
 from ..services.run_estimates import run_estimate_report
 from ..services.run_logs import NoSuchLog, log_files, log_read
-from ..services.run_updates import run_updates
+from ..services.run_updates import RunGone, run_updates
 from ..services.series.read import series_read
 from .live_serializers import (IDS_PARAMETER, NAMES_PARAMETER, AttemptSerializer, CompareAnswerSerializer,
                                CompareQuery, EstimateAnswerSerializer, EventQuery, LogAnswerSerializer, LogQuery,
@@ -127,6 +127,9 @@ class RunUpdatesView(OutsideRequestTransaction, GenericAPIView):
         after waiting up to `wait` seconds for it."""
         run = self.get_object()
         query = _query(UpdatesQuery, request)
-        answer = run_updates(run, query.get("after_event"), query.get("after_step"), query.get("status"),
-                             query["wait"])
+        try:
+            answer = run_updates(run, query.get("after_event"), query.get("after_step"), query.get("status"),
+                                 query["wait"])
+        except RunGone as exc:
+            raise NotFound(str(exc)) from None
         return Response({**answer, "events": RunEventSerializer(answer["events"], many=True).data})

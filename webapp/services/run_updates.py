@@ -24,6 +24,10 @@ MAX_WAIT_S = 30.0
 MAX_EVENTS = 100
 
 
+class RunGone(Exception):
+    """The run was deleted while a client waited on it."""
+
+
 def run_updates(run: Run, after_event: int | None, after_step: int | None, status: str | None,
                 wait: float) -> dict:
     """What is newer than the cursors (a cursor not given counts as knowing nothing), waiting for it up to
@@ -40,7 +44,9 @@ def run_updates(run: Run, after_event: int | None, after_step: int | None, statu
 
 
 def _look(run_id: int, after_event: int | None, after_step: int | None, status: str | None) -> dict:
-    current = Run.objects.filter(pk=run_id).values("status", "status_message", "last_step").get()
+    current = Run.objects.filter(pk=run_id).values("status", "status_message", "last_step").first()
+    if current is None:
+        raise RunGone(f"run {run_id} no longer exists")
     events = list(RunEvent.objects.filter(run_id=run_id, id__gt=after_event or 0).order_by("id")[:MAX_EVENTS + 1])
     new_steps = current["last_step"] > after_step if after_step is not None else True
     changed = bool(events) or new_steps or (status is not None and status != current["status"])
