@@ -104,7 +104,8 @@ class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mi
     def get_queryset(self):
         # the latest attempt's batch script in the same query, not one query a run of a listed page
         latest_script = models.Attempt.objects.filter(run=OuterRef("pk")).order_by("-number").values("script")[:1]
-        return models.Run.objects.visible_to(self.request.user).select_related("owner").annotate(
+        # the stored estimate (tens of kilobytes) is read by the estimate action alone, which loads it then
+        return models.Run.objects.visible_to(self.request.user).select_related("owner").defer("estimate").annotate(
             latest_script=Subquery(latest_script))
 
     @extend_schema(request=None, responses=RunSerializer)

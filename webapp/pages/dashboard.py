@@ -15,7 +15,9 @@ SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "statu
 
 
 def _runs(request):
-    runs = Run.objects.visible_to(request.user).select_related("owner", "model_config", "plan", "cluster")
+    # a run's stored estimate is tens of kilobytes of JSON the list never shows
+    runs = (Run.objects.visible_to(request.user).select_related("owner", "model_config", "plan", "cluster")
+            .defer("estimate"))
     status = request.GET.get("status", "")
     if status in RunStatus.values:
         runs = runs.filter(status=status)
