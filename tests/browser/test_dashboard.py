@@ -51,7 +51,7 @@ def test_it_lists_runs_with_progress_and_a_loss_sparkline_and_filters_them_in_pl
 
     page.get_by_label("Status").select_option("completed")
     expect(table).to_contain_text("1 run")
-    expect(page).to_have_url(f"/?q=&status=completed&owner=&sort=newest")
+    expect(page).to_have_url("/?q=&status=completed&owner=&sort=newest")
     page.get_by_label("Status").select_option("")
     page.get_by_label("Search").fill("wait")
     expect(table).to_contain_text("1 run")

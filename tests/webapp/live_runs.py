@@ -2,14 +2,16 @@
 in by the real ingestion, and a count of the rows the database read for a query."""
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from trainer.contract.records import EvalMetrics, StepMetrics
-from trainer.contract.runfolder import METRICS, append_jsonl
+from trainer.contract.records import EvalMetrics, Event, StepMetrics, event
+from trainer.contract.runfolder import EVENTS, METRICS, append_jsonl
+from trainer.profiling.digest import write_summary
 from webapp import services
 from webapp.services.ingest import run_ingest
 
@@ -73,3 +75,26 @@ def _tuples_read() -> int:
                        "FROM pg_stat_xact_user_tables WHERE relname IN ('workbench_seriesstep', "
                        "'workbench_seriesbucket')")
         return int(cursor.fetchone()[0])
+
+
+def trace_file(path: Path, compute_us: int, comm_us: int) -> None:
+    """A chrome trace of one profiled step of 1,000 µs: an operator computing, then a collective, then idle."""
+    events = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
+              {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": compute_us, "pid": 1, "tid": 1},
+              {"ph": "X", "name": "c10d::allreduce_", "cat": "cpu_op", "ts": compute_us, "dur": comm_us, "pid": 1,
+               "tid": 1}]
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+
+
+def write_profile(run, name: str = "steps-10") -> None:
+    """A profile of two ranks in the run's folder, digested by the trainer's own digest, and the events that
+    announce it (not yet read in): rank 0 computes 60 % of its step, communicates 20 % and idles 20 %; rank 1 80 %,
+    10 % and 10 %."""
+    folder = Path(run.run_dir) / "profiles" / name
+    folder.mkdir(parents=True)
+    trace_file(folder / "rank-0.trace.json.gz", 600, 200)
+    trace_file(folder / "rank-1.trace.json.gz", 800, 100)
+    write_summary(folder)
+    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.STARTED, 0))
+    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.PROFILE_WRITTEN, 0, name=name, path=f"profiles/{name}"))

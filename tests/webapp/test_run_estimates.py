@@ -1,18 +1,13 @@
 """Every run's estimate beside its measurement: the planner's estimate stored when the run is created, each figure
 set beside what ingestion read from the run folder with its relative error or why it is not measured, the API that
 answers it, and one run trained for real whose model-state bytes the planner gives exactly."""
-import gzip
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.webapp.live_runs import append_metrics, new_run, step_record
+from tests.webapp.live_runs import append_metrics, new_run, step_record, write_profile
 from trainer.contract import ModelSpec, ParallelPlan, presets
-from trainer.contract.records import Event, event
-from trainer.contract.runfolder import EVENTS, append_jsonl
 from trainer.planner.estimate.api import estimate_json
-from trainer.profiling.digest import write_summary
 from webapp import models
 from webapp.services import run_estimates
 from webapp.services.ingest import run_ingest
@@ -34,29 +29,6 @@ def _rows(answer: dict) -> dict:
 def _states(stage: dict, extra: int = 0) -> dict:
     return {"params_bytes": stage["weights"]["value"], "grads_bytes": stage["gradients"]["value"],
             "optimizer_bytes": stage["optimizer"]["value"] + extra}
-
-
-def _trace(path: Path, compute_us: int, comm_us: int) -> None:
-    """A chrome trace of one profiled step of 1,000 µs: an operator computing, then a collective, then idle."""
-    events = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
-              {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": compute_us, "pid": 1, "tid": 1},
-              {"ph": "X", "name": "c10d::allreduce_", "cat": "cpu_op", "ts": compute_us, "dur": comm_us, "pid": 1,
-               "tid": 1}]
-    with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": events}, f)
-
-
-def _profile(run, name: str = "steps-10") -> None:
-    """A profile of two ranks, digested by the trainer's own digest and read in: rank 0 computes 60 % of its step,
-    communicates 20 % and idles 20 %; rank 1 80 %, 10 % and 10 %."""
-    folder = Path(run.run_dir) / "profiles" / name
-    folder.mkdir(parents=True)
-    _trace(folder / "rank-0.trace.json.gz", 600, 200)
-    _trace(folder / "rank-1.trace.json.gz", 800, 100)
-    write_summary(folder)
-    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.STARTED, 0))
-    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.PROFILE_WRITTEN, 0, name=name, path=f"profiles/{name}"))
-    run_ingest(run.pk)
 
 
 def test_creating_a_run_stores_the_planners_estimate_for_its_spec(alice, plan222, corpus):
@@ -117,7 +89,8 @@ def test_it_sets_each_estimate_beside_what_the_run_measured_with_the_error(alice
     ranks = {"step_time_s": [0.5] * 8, "tokens_per_s": [2048.0] * 8, "max_allocated_bytes": [2**30] * 7 + [2**31]}
     append_metrics(run, [step_record(1, 4.0, ranks=ranks, memory=first)]
                    + [step_record(s, 4.0 - s / 100, ranks=ranks) for s in range(2, 31)])
-    _profile(run)
+    write_profile(run)
+    run_ingest(run.pk)
 
     answer = api(alice).get(f"/api/runs/{run.pk}/estimate/").json()
     assert answer["estimate"]["peak_memory_bytes"] == planned["memory"]["peak"]["value"]

@@ -1,32 +1,18 @@
 """The run page: who sees it, its parts rendered from really ingested data, cancel and resume, the profile's trace
 download (only inside the run's folder), and the planner's estimate beside what the run measured."""
-import gzip
 import json
 import os
 from pathlib import Path
 
 import pytest
 
-from tests.webapp.live_runs import append_metrics, eval_record, new_run, step_record
+from tests.webapp.live_runs import append_metrics, eval_record, new_run, step_record, trace_file, write_profile
 from trainer.contract import presets
-from trainer.contract.records import Event, event
-from trainer.contract.runfolder import EVENTS, append_jsonl
 from trainer.planner.estimate.api import estimate_json
-from trainer.profiling.digest import write_summary
 from webapp import models
 from webapp.services.ingest import run_ingest
 
 pytestmark = pytest.mark.django_db
-
-
-def _trace(path: Path, compute_us: int, comm_us: int) -> None:
-    """A chrome trace of one profiled step of 1,000 µs: an operator computing, then a collective, then idle."""
-    events = [{"ph": "X", "name": "ProfilerStep#1", "cat": "user_annotation", "ts": 0, "dur": 1000, "pid": 1, "tid": 1},
-              {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 0, "dur": compute_us, "pid": 1, "tid": 1},
-              {"ph": "X", "name": "c10d::allreduce_", "cat": "cpu_op", "ts": compute_us, "dur": comm_us, "pid": 1,
-               "tid": 1}]
-    with gzip.open(path, "wt") as f:
-        json.dump({"traceEvents": events}, f)
 
 
 def _running(run):
@@ -44,13 +30,7 @@ def trained(alice, plan222, corpus):
     ranks = {"step_time_s": [0.5] * 8, "tokens_per_s": [2048.0] * 8, "max_allocated_bytes": [2**30] * 7 + [2**31]}
     append_metrics(run, [step_record(s, 4.0 - s / 100, ranks=ranks) for s in range(1, 61)]
                    + [eval_record(30, 3.8), eval_record(60, 3.5)])
-    folder = Path(run.run_dir) / "profiles" / "steps-10"
-    folder.mkdir(parents=True)
-    _trace(folder / "rank-0.trace.json.gz", 600, 200)
-    _trace(folder / "rank-1.trace.json.gz", 800, 100)
-    write_summary(folder)
-    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.STARTED, 0))
-    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.PROFILE_WRITTEN, 0, name="steps-10", path="profiles/steps-10"))
+    write_profile(run)
     return run_ingest(run.pk)
 
 
@@ -69,7 +49,7 @@ def test_it_renders_every_part_for_the_owner_from_ingested_data(client, alice, t
     for chart in ("loss", "lr", "tokens_per_s", "mfu", "memory"):
         assert f'data-testid="chart-{chart}"' in html
     assert 'data-names="loss,val_loss"' in html
-    assert f'data-last-step="60"' in html and 'data-finished="0"' in html
+    assert 'data-last-step="60"' in html and 'data-finished="0"' in html
     assert '<option value="rank-7.log">' in html  # a rank of the eight to pick before any log is written
     assert 'data-testid="profile-digest"' in html and "c10d::allreduce_" in html and "aten::mm" in html
     profile = trained.profiles.get()
@@ -214,7 +194,7 @@ def test_the_trace_downloads_for_a_run_you_may_see_and_nothing_outside_its_folde
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    _trace(elsewhere / "rank-0.trace.json.gz", 1, 1)
+    trace_file(elsewhere / "rank-0.trace.json.gz", 1, 1)
     (Path(profile.path) / "rank-2.trace.json.gz").symlink_to(elsewhere / "rank-0.trace.json.gz")
     assert client.get(f"/runs/{trained.pk}/profiles/{profile.pk}/trace/2/").status_code == 404
     profile.path = str(Path(trained.run_dir) / ".." / "elsewhere")
