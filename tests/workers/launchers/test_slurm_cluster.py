@@ -196,10 +196,17 @@ def test_slurmrestd_keeps_requeue_on_when_asked_for_false(slurm_cluster, tmp_pat
 
 
 def test_slurmrestd_delete_cancels_a_job_and_with_a_signal_only_signals_it(slurm_cluster, tmp_path):
-    script = "#!/bin/bash\ntrap 'echo got USR1' USR1\ntrap 'echo got TERM; exit 0' TERM\nwhile :; do sleep 0.1; done\n"
+    script = ("#!/bin/bash\ntrap 'echo got USR1' USR1\ntrap 'echo got TERM; exit 0' TERM\necho traps set\n"
+              "while :; do sleep 0.1; done\n")
     _, body = slurm_cluster.rest("POST", "job/submit", _submission(tmp_path, script))
     job_id = body["job_id"]
     slurm_cluster.wait_for_job(job_id, states=("RUNNING",))
+    # RUNNING comes before the shell has read its traps: a signal sent sooner would go unanswered
+    output = tmp_path / f"rest-{job_id}.out"
+    deadline = time.monotonic() + 10
+    while "traps set" not in (output.read_text() if output.exists() else ""):
+        assert time.monotonic() < deadline, "the job's shell never set its traps"
+        time.sleep(0.05)
 
     assert slurm_cluster.rest("DELETE", f"job/{job_id}?signal=USR1")[0] == 200
     time.sleep(0.5)
@@ -208,5 +215,5 @@ def test_slurmrestd_delete_cancels_a_job_and_with_a_signal_only_signals_it(slurm
     assert slurm_cluster.rest("DELETE", f"job/{job_id}")[0] == 200
     assert slurm_cluster.wait_for_job(job_id, timeout=10)["JobState"] == "CANCELLED"
     assert _listed(slurm_cluster, job_id)["job_state"] == "CANCELLED"
-    printed = (tmp_path / f"rest-{job_id}.out").read_text().splitlines()
+    printed = output.read_text().splitlines()
     assert [line for line in printed if line.startswith("got ")] == ["got USR1", "got TERM"]
