@@ -1,0 +1,149 @@
+"""How efficiently a GPU runs a matmul of given shapes: tile quantization, K slabs, wave quantization and alignment
+(NVIDIA, "Matrix Multiplication Background User's Guide", Deep Learning Performance documentation).
+
+A GEMM C[M×N] = A[M×K]·B[K×N] is cut into output tiles of tile_m × tile_n; each tile runs on one SM and walks K in
+slabs. So
+
+    tile efficiency  = M·N / (⌈M/tile_m⌉·tile_m · ⌈N/tile_n⌉·tile_n)     (the padded part of the edge tiles is wasted)
+    K efficiency     = K / (⌈K/k_slab⌉·k_slab)
+    wave efficiency  = tiles / (⌈tiles/SMs⌉ · SMs)                         (the last wave runs part-empty)
+    alignment        = 1, or unaligned_efficiency when M, N or K is not a multiple of 16 bytes
+
+and the GEMM runs at the product of these times the rate of a large aligned GEMM. A model's shape efficiency is
+the FLOP-weighted harmonic mean over its matmuls (the time they take at these efficiencies against the time at 1),
+with the fused attention core left at 1: its tiles follow head_dim and the sequence, not these shapes.
+
+Standard library only.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from trainer.contract import ModelSpec, ParallelPlan
+from trainer.planner.advice.gpu_tiles import GpuTiles
+from trainer.planner.estimate import memory as M
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``count`` independent M×N×K products (a batched GEMM: experts, or one per head). ``useful`` is the fraction
+    of the M rows that carry real tokens (an expert runs at its capacity, empty slots included)."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+    count: int = 1
+    useful: float = 1.0
+
+    @property
+    def flops(self) -> float:
+        """Useful FLOPs: 2·M·N·K per product, the empty rows not counted."""
+        return 2.0 * self.m * self.n * self.k * self.count * self.useful
+
+
+@dataclass(frozen=True)
+class GemmEfficiency:
+    tile: float
+    k: float
+    wave: float
+    alignment: float
+    useful: float
+    tiles: int
+    waves: int
+
+    @property
+    def total(self) -> float:
+        return self.tile * self.k * self.wave * self.alignment * self.useful
+
+    def to_dict(self) -> dict:
+        return {"tile": self.tile, "k": self.k, "wave": self.wave, "alignment": self.alignment,
+                "useful": self.useful, "tiles": self.tiles, "waves": self.waves, "total": self.total}
+
+
+def _padded(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def gemm_efficiency(g: Gemm, gpu: GpuTiles, bytes_per_element: int = 2) -> GemmEfficiency:
+    """The factors above for one (batched) GEMM on ``gpu`` with elements of ``bytes_per_element`` bytes."""
+    if min(g.m, g.n, g.k, g.count) < 1:
+        raise ValueError(f"GEMM {g.name!r} needs positive dimensions, got M={g.m} N={g.n} K={g.k} count={g.count}")
+    tiles = -(-g.m // gpu.tile_m) * -(-g.n // gpu.tile_n) * g.count
+    tile = g.m * g.n / (_padded(g.m, gpu.tile_m) * _padded(g.n, gpu.tile_n))
+    slab = max(1, gpu.k_slab_bytes // bytes_per_element)
+    k = g.k / _padded(g.k, slab)
+    waves = -(-tiles // gpu.sms)
+    wave = tiles / (waves * gpu.sms)
+    align = max(1, gpu.align_bytes // bytes_per_element)
+    aligned = g.m % align == 0 and g.n % align == 0 and g.k % align == 0
+    return GemmEfficiency(tile, k, wave, 1.0 if aligned else gpu.unaligned_efficiency, g.useful, tiles, waves)
+
+
+def _linear(name: str, tokens: int, out: int, inp: int, count: int = 1, useful: float = 1.0) -> list[Gemm]:
+    """A linear layer's three GEMMs: forward (T, out, in), input gradient (T, in, out), weight gradient
+    (in, out, T)."""
+    return [Gemm(f"{name}.forward", tokens, out, inp, count, useful),
+            Gemm(f"{name}.input_grad", tokens, inp, out, count, useful),
+            Gemm(f"{name}.weight_grad", inp, out, tokens, count, useful)]
+
+
+def layer_gemms(model: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
+    """One block's GEMMs for one micro-batch on one tensor-parallel rank (q, k, v, out; the MLP or the router and
+    experts)."""
+    t, T = plan.tp, plan.micro_batch * model.seq_len
+    h, kv = model.d_model, model.kv_heads * model.head_dim
+    out = _linear("q", T, h // t, h) + _linear("k", T, kv // t, h) + _linear("v", T, kv // t, h) \
+        + _linear("out", T, h, h // t)
+    if moe:
+        E, k, c = model.n_experts, model.top_k, model.capacity_factor
+        cap = M.expert_capacity(T, E, k, c)
+        useful = M.moe_kept(T, E, k, c) / (E * cap)
+        out += _linear("router", T, E, h) + _linear("expert.up", cap, model.ffn, h, E, useful) \
+            + _linear("expert.down", cap, h, model.ffn, E, useful)
+    else:
+        out += _linear("mlp.up", T, model.ffn // t, h) + _linear("mlp.down", T, h, model.ffn // t)
+    return out
+
+
+def model_gemms(model: ModelSpec, plan: ParallelPlan) -> list[tuple[Gemm, int]]:
+    """(GEMM, how many times a step's micro-batch runs it): every block and the head (vocabulary split by t)."""
+    n_moe = len(model.moe_layers)
+    out = [(g, model.n_layers - n_moe) for g in layer_gemms(model, plan, False)] if model.n_layers > n_moe else []
+    if n_moe:
+        out += [(g, n_moe) for g in layer_gemms(model, plan, True)]
+    T = plan.micro_batch * model.seq_len
+    out += [(g, 1) for g in _linear("head", T, -(-model.vocab_size // plan.tp), model.d_model)]
+    return out
+
+
+def attention_core_flops(model: ModelSpec, plan: ParallelPlan) -> float:
+    """The attention core's FLOPs (q·kᵀ and the weighted values, forward and backward) for one micro-batch on one
+    rank: 12·L·h·s per token (docs/formulas.md, FLOPs), over T tokens and t ranks."""
+    return 12.0 * model.n_layers * model.d_model * model.seq_len * plan.micro_batch * model.seq_len / plan.tp
+
+
+@dataclass(frozen=True)
+class ShapeEfficiency:
+    value: float                       # FLOP-weighted harmonic mean over the matmuls and the attention core
+    gemms: list[tuple[Gemm, int, GemmEfficiency]]
+
+    def worst(self, n: int = 3) -> list[dict]:
+        """The ``n`` GEMMs that lose the most time to their shapes, for the reason text."""
+        lost = sorted(self.gemms, key=lambda r: -r[0].flops * r[1] * (1 / r[2].total - 1))
+        return [{"gemm": g.name, "m": g.m, "n": g.n, "k": g.k, "count": g.count, "efficiency": e.to_dict()}
+                for g, _, e in lost[:n] if e.total < 1]
+
+
+def shape_efficiency(model: ModelSpec, plan: ParallelPlan, gpu: GpuTiles | None) -> ShapeEfficiency:
+    """1 without tile figures (the CPU device, or a GPU given by its figures only)."""
+    if gpu is None:
+        return ShapeEfficiency(1.0, [])
+    e = 4 if plan.precision == "fp32" else 2
+    rows = [(g, n, gemm_efficiency(g, gpu, e)) for g, n in model_gemms(model, plan)]
+    useful = sum(g.flops * n for g, n, _ in rows)
+    spent = sum(g.flops * n / eff.total for g, n, eff in rows)
+    attention = attention_core_flops(model, plan)
+    value = (useful + attention) / (spent + attention)
+    return ShapeEfficiency(value if math.isfinite(value) else 1.0, rows)
