@@ -35,6 +35,9 @@ TWO_RANK_PLANS = {
     "pp2-gpipe": dict(pp=2, pipeline_schedule="gpipe"),
     "pp2-1f1b": dict(pp=2, tied=False, pipeline_schedule="1f1b"),
     "pp2-interleaved": dict(pp=2, pipeline_schedule="interleaved", virtual_stages=2),
+    "pp2-zb-interleaved": dict(pp=2, pipeline_schedule="zb-interleaved"),
+    "pp2-zbv": dict(pp=2, pipeline_schedule="zbv", virtual_stages=2),  # both ends of the tied model on rank 0
+    "pp2-dualpipev": dict(pp=2, tied=False, pipeline_schedule="dualpipev", virtual_stages=2),
     "dp2-ddp": dict(dp=2),
     "dp2-fsdp": dict(dp=2, zero_stage=3),
 }

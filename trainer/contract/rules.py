@@ -13,6 +13,11 @@ if TYPE_CHECKING:  # annotations only: specs.py imports this module
 
 Problems = dict[str, list[str]]
 
+# Pipeline schedules that place several model chunks on a rank: looped (rank r holds stages r, r+p, …) or, for the
+# V-shaped ones, exactly two (rank r holds stages r and 2p−1−r, so rank 0 holds both ends of the model).
+LOOPED_SCHEDULES = ("interleaved", "zb-interleaved")
+V_SCHEDULES = ("zbv", "dualpipev")
+
 
 def add_problem(problems: Problems, key: str, message: str) -> None:
     problems.setdefault(key, []).append(message)
@@ -99,20 +104,23 @@ def within_world_limit(problems: Problems, key: str, what: str, size: int) -> No
 def pipeline_problems(plan: ParallelPlan) -> Problems:
     """What torch's pipeline schedules need of the number of micro-batches m (the native engine with pp > 1).
 
-    1F1B fills the pipeline before its first backward, so it needs m ≥ pp; the interleaved schedule runs m in
-    ⌊m/pp⌋ equal rounds, so it needs m ≥ pp and m a multiple of ⌊m/pp⌋. GPipe takes any m. DeepSpeed's pipeline
-    engine schedules any m itself.
+    1F1B fills the pipeline before its first backward, so it needs m ≥ pp; the interleaved schedules run m in
+    ⌊m/pp⌋ equal rounds, so they need m ≥ pp and m a multiple of ⌊m/pp⌋. The V-shaped ones send each micro-batch
+    down and back up the ranks before its backward: zbv's warm-up takes 2·pp − 1 micro-batches, dualpipev one per
+    stage (2·pp). GPipe takes any m. DeepSpeed's pipeline engine schedules any m itself.
     """
     p: Problems = {}
-    m, pp = plan.grad_accum, plan.pp
-    if plan.engine != "native" or pp == 1 or plan.pipeline_schedule == "gpipe":
+    m, pp, schedule = plan.grad_accum, plan.pp, plan.pipeline_schedule
+    if plan.engine != "native" or pp == 1 or schedule == "gpipe":
         return p
-    if m < pp:
-        add_problem(p, "global_batch", f"the {plan.pipeline_schedule} schedule needs at least pp={pp} micro-batches "
-                                       f"per step, got m=global_batch/(micro_batch×dp)={m}; raise global_batch, or "
-                                       f"use pipeline_schedule='gpipe'")
-    elif plan.pipeline_schedule == "interleaved" and m % (m // pp):
-        add_problem(p, "global_batch", f"the interleaved schedule runs m={m} micro-batches in ⌊m/pp⌋={m // pp} "
+    least = {"zbv": 2 * pp - 1, "dualpipev": 2 * pp}.get(schedule, pp)
+    if m < least:
+        what = f"pp={pp}" if least == pp else f"{least} (for pp={pp})"
+        add_problem(p, "global_batch", f"the {schedule} schedule needs at least {what} micro-batches per step, "
+                                       f"got m=global_batch/(micro_batch×dp)={m}; raise global_batch, or use "
+                                       f"pipeline_schedule='gpipe'")
+    elif schedule in LOOPED_SCHEDULES and m % (m // pp):
+        add_problem(p, "global_batch", f"the {schedule} schedule runs m={m} micro-batches in ⌊m/pp⌋={m // pp} "
                                        f"equal rounds, so m must be a multiple of {m // pp}; use m a multiple of "
                                        f"pp={pp}")
     return p

@@ -14,14 +14,15 @@ from typing import Any, Literal, Optional
 
 from trainer.contract.gpus import GPU_FIGURES, PRESET_INTER_NODE_GBS, gpu_fields
 from trainer.contract.rules import add_problem as _add
-from trainer.contract.rules import check_plan, engine_problems, pipeline_problems, within_limits, within_world_limit
+from trainer.contract.rules import (LOOPED_SCHEDULES, V_SCHEDULES, check_plan, engine_problems, pipeline_problems,
+                                    within_limits, within_world_limit)
 from trainer.contract.rules import positive as _positive
 from trainer.contract.specjson import SCHEMA_VERSION, SpecError, from_dict, to_dict
 
 Engine = Literal["native", "deepspeed"]
 Checkpointing = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
-Schedule = Literal["gpipe", "1f1b", "interleaved"]
+Schedule = Literal["gpipe", "1f1b", "interleaved", "zb-interleaved", "zbv", "dualpipev"]
 Positions = Literal["learned", "rope"]
 Activation = Literal["gelu", "gelu_tanh"]
 LRSchedule = Literal["cosine", "linear", "constant"]
@@ -174,7 +175,8 @@ class ParallelPlan(_Spec):
     gradient accumulation = global_batch / (micro_batch × dp); with pp > 1 those micro-batches feed the pipeline.
     ``ep`` experts-parallel degree divides dp: experts are spread over the data-parallel ranks.
     ``zero_stage``: deepspeed engine 0–3; native engine 0 (DDP) or 3 (FSDP2, fully sharded).
-    ``virtual_stages`` > 1 only with the interleaved schedule (v model chunks per pipeline rank).
+    ``virtual_stages``: model chunks per pipeline rank: v ≥ 2 with the interleaved schedule, any v with
+    zb-interleaved, exactly 2 with the V-shaped zbv and dualpipev, 1 otherwise.
     """
 
     dp: int = 1
@@ -199,8 +201,8 @@ class ParallelPlan(_Spec):
 
     @property
     def model_chunks(self) -> int:
-        """Model chunks each pipeline rank holds: v under the interleaved schedule, one otherwise."""
-        return self.virtual_stages if self.pipeline_schedule == "interleaved" else 1
+        """Model chunks each pipeline rank holds: v under the multi-chunk schedules, one otherwise."""
+        return self.virtual_stages if self.pipeline_schedule in LOOPED_SCHEDULES + V_SCHEDULES else 1
 
     @property
     def grad_accum(self) -> int:
@@ -224,13 +226,18 @@ class ParallelPlan(_Spec):
             _add(p, "ep", f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
         if self.zero_stage not in (0, 1, 2, 3):
             _add(p, "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
-        if self.virtual_stages > 1 and self.pipeline_schedule != "interleaved":
-            _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} needs pipeline_schedule='interleaved'")
+        multi_chunk = LOOPED_SCHEDULES + V_SCHEDULES
+        if self.virtual_stages > 1 and self.pipeline_schedule not in multi_chunk:
+            _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} needs a schedule that runs several "
+                                      f"chunks a rank: one of {', '.join(multi_chunk)}")
         elif self.virtual_stages > 1 and self.pp == 1:
             _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} cuts each pipeline rank's layers into "
                                       f"chunks: it needs pp > 1")
         if self.pipeline_schedule == "interleaved" and self.pp > 1 and self.virtual_stages < 2:
             _add(p, "virtual_stages", "the interleaved schedule needs virtual_stages ≥ 2")
+        if self.pipeline_schedule in V_SCHEDULES and self.pp > 1 and self.virtual_stages != 2:
+            _add(p, "virtual_stages", f"the {self.pipeline_schedule} schedule places exactly two model chunks on "
+                                      f"each pipeline rank, in a V: set virtual_stages=2, got {self.virtual_stages}")
         if not p:
             p.update(pipeline_problems(self))
         p.update(engine_problems(self))

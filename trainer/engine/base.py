@@ -69,6 +69,10 @@ class Engine(Protocol):
 
     def evaluate(self, batches: MicroBatches) -> float: ...
 
+    def pipeline_schedule_record(self) -> dict[str, Any] | None:
+        """The pipeline schedule's order of compute actions on every pipeline rank (``schedule_record``), for a
+        profile's timeline; None without a pipeline or where the engine runs a schedule of its own."""
+
     def save(self, run_dir: Path, manifest: CheckpointManifest, keep: int) -> Path:
         """Collective: every rank writes its part; rank 0 writes ``manifest`` last, then prunes to ``keep``."""
 

@@ -83,7 +83,8 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     files.log(layout)
 
     profiler = StepProfiler(spec.profile, run_dir, engine.rank, first_step=step)
-    report = ProfileReport(profiler, files, engine.world_size)
+    report = ProfileReport(profiler, files, engine.world_size,
+                           engine.pipeline_schedule_record() if profiler.enabled else None)
     val = validation_batches(spec, val_tokens) if spec.eval_every else []
     flops_step = model_flops_per_step(spec.model, plan.global_batch)
     tokens_step = plan.global_batch * spec.model.seq_len

@@ -28,6 +28,7 @@ from trainer.parallel.clip import clip_grads_
 from trainer.parallel.expert import routing_metrics
 from trainer.parallel.mesh import init_distributed
 from trainer.parallel.parallelize import DTYPES, ParallelModel, parallelize
+from trainer.parallel.pipeline import schedule_record
 from trainer.planner.estimate.params import count
 from trainer.profiling.memory import SavedActivations, gradient_bytes, model_state_bytes
 
@@ -194,6 +195,13 @@ class NativeEngine:
 
     def routing_metrics(self) -> dict[str, Any]:
         return routing_metrics(self.routing, self.topo.dp_group)
+
+    def pipeline_schedule_record(self) -> dict[str, Any] | None:
+        plan = self.spec.plan
+        if self.pm.schedule is None:
+            return None
+        return schedule_record(self.pm.schedule, plan.pipeline_schedule, plan.pp, self.topo.pp_rank,
+                               plan.model_chunks, plan.grad_accum)
 
     # ---- evaluation and checkpoints ------------------------------------------------------------------------
     def evaluate(self, batches: MicroBatches) -> float:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.contract.records import Event, EvalMetrics, StepMetrics, event
-from trainer.contract.runfolder import EVENTS, LOGS, METRICS, append_jsonl
+from trainer.contract.runfolder import EVENTS, LOGS, METRICS, append_jsonl, write_json_atomic
 from trainer.profiling.digest import write_summary
 from trainer.profiling.profiler import StepProfiler
 
@@ -81,14 +81,18 @@ class StopRequest:
 class ProfileReport:
     """Once every rank has written its trace: rank 0 merges the summaries and records a profile_written event."""
 
-    def __init__(self, profiler: StepProfiler, files: RunFiles, world_size: int):
+    def __init__(self, profiler: StepProfiler, files: RunFiles, world_size: int,
+                 schedule: dict[str, Any] | None = None):
         self.profiler, self.files, self.world_size = profiler, files, world_size
+        self.schedule = schedule  # the pipeline schedule's action order, kept beside the trace it explains
         self.done = False
 
     def once(self) -> None:
         if self.done:
             return
         self.done = True
+        if self.schedule is not None:
+            write_json_atomic(self.profiler.folder / f"schedule-rank-{self.files.rank}.json", self.schedule)
         if self.world_size > 1:
             dist.barrier()
         if self.files.rank == 0:

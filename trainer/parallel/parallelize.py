@@ -65,7 +65,7 @@ class ParallelModel:
 
     def norm_parameters(self) -> list[nn.Parameter]:
         """Parameters whose gradients count in the global norm: a tied head copied onto the last stage does not."""
-        skip = self.tied_sync.param if self.tied_sync is not None and self.tied_sync.is_duplicate else None
+        skip = self.tied_sync.norm_duplicate if self.tied_sync is not None else None
         return [p for p in self.parameters() if p is not skip]
 
     def gradient_sync(self, last: bool):
@@ -101,7 +101,7 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
     with torch.device("meta"):
         full = GPT(spec)
     n_stages = plan.pp * plan.virtual_stages
-    ids = stage_ids(topo.pp_rank, plan.pp, plan.virtual_stages) if plan.pp > 1 else [0]
+    ids = stage_ids(topo.pp_rank, plan.pp, plan.virtual_stages, plan.pipeline_schedule) if plan.pp > 1 else [0]
     modules = [split_stage(full, i, n_stages) for i in ids] if plan.pp > 1 else [full]
     loss_parallel = plan.tp > 1
     for m in modules:
@@ -135,7 +135,7 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
     pm = ParallelModel(topo=topo, modules=modules, callables=callables, stage_ids=ids, n_stages=n_stages,
                        grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel, experts=experts)
     if plan.pp > 1 and spec.tied_embeddings:
-        pm.tied_sync = tied_embedding_sync(modules, topo.mesh, plan.pp)
+        pm.tied_sync = tied_embedding_sync(modules, topo.mesh, plan.pp, plan.pipeline_schedule)
     if plan.pp > 1:
         pm.schedule = build_schedule(plan.pipeline_schedule, callables, ids, n_stages, plan.grad_accum, loss_fn,
                                      topo.pp_group, device)

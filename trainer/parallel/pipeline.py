@@ -7,6 +7,12 @@ norm and LM head. Rank r of the pp group holds stage r (v = 1) or stages r, r+pp
 - 1F1B: after a warm-up of pp−1−r forwards, alternate one forward and one backward: at most pp in flight.
   Both idle (p−1)/(m+p−1) of the step (the bubble).
 - Interleaved 1F1B: v smaller chunks per rank cut the bubble to (p−1)/(v·m) for more point-to-point messages.
+- Zero bubble (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): backward splits into the gradient of the
+  inputs (I), which the previous stage waits for, and that of the weights (W), which nobody waits for and so fills
+  what would be idle. zb-interleaved (ZB-1P, looped placement, any v) keeps 1F1B's memory at about a third of its
+  bubble; zbv (ZB-V) and dualpipev (DeepSeek-V3's DualPipe folded onto p ranks) place two chunks per rank in a V —
+  rank r holds stages r and 2p−1−r — so that the first rank also runs the last stage, and come near no bubble when
+  forward, input-backward and weight-backward take alike.
 The schedule averages gradients over the m micro-batches (scale_grads) so that the loss function returns a
 micro-batch mean, as without pipelining.
 """
@@ -18,15 +24,24 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                          ScheduleZBVZeroBubble)
 from torch.distributed.tensor import DTensor
 
+from trainer.contract.rules import V_SCHEDULES
 from trainer.model import GPT
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
+             "zb-interleaved": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,
+             "dualpipev": ScheduleDualPipeV}
+SINGLE_STAGE = ("gpipe", "1f1b")  # schedules that take a rank's one stage, not a list of its stages
 
 
-def stage_ids(pp_rank: int, pp: int, virtual_stages: int) -> list[int]:
+def stage_ids(pp_rank: int, pp: int, virtual_stages: int, schedule: str = "1f1b") -> list[int]:
+    """The stages pipeline rank ``pp_rank`` holds: looped (r, r+p, …), or r and 2p−1−r in a V."""
+    if schedule in V_SCHEDULES:
+        return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + i * pp for i in range(virtual_stages)]
 
 
@@ -51,8 +66,7 @@ def build_schedule(kind: str, stage_modules: list[nn.Module], ids: list[int], n_
     stages = [PipelineStage(module, stage_index=i, num_stages=n_stages, device=device, group=pp_group)
               for module, i in zip(stage_modules, ids)]
     cls = SCHEDULES[kind]
-    # Multi-stage schedules take every stage of the rank; the single-stage ones its one stage.
-    return cls(stages if kind == "interleaved" else stages[0], n_microbatches=n_microbatches, loss_fn=loss_fn,
+    return cls(stages[0] if kind in SINGLE_STAGE else stages, n_microbatches=n_microbatches, loss_fn=loss_fn,
                scale_grads=True)
 
 
@@ -60,30 +74,53 @@ class TiedEmbeddingSync:
     """Keep the token embedding (first stage) and the LM head (last stage) one matrix across a pipeline.
 
     Both stages start from the same seeded values (they were one tensor before the split). After backward the two
-    gradients are summed over a group of exactly those two ranks (one group per (dp, tp) coordinate, so that
-    tensor-parallel and FSDP shards meet their counterparts), giving both the gradient of the tied weight,
-    dL/dE = dL/dE|lookup + dL/dE|head; identical updates then keep them equal (Megatron-LM's embedding group).
-    The last stage's copy is left out of the gradient norm so that the weight counts once.
+    gradients are summed, giving both the gradient of the tied weight, dL/dE = dL/dE|lookup + dL/dE|head; identical
+    updates then keep them equal (Megatron-LM's embedding group). Where the two stages sit on different ranks the
+    sum is an all-reduce over a group of exactly those two ranks (one group per (dp, tp) coordinate, so that
+    tensor-parallel and FSDP shards meet their counterparts); under a V-shaped schedule the first rank holds both
+    (``partner``: its copy of the head) and the sum is local. The head's copy is left out of the gradient norm so
+    that the weight counts once.
     """
 
-    def __init__(self, param: nn.Parameter | None, group, is_duplicate: bool):
-        self.param, self.group, self.is_duplicate = param, group, is_duplicate
+    def __init__(self, param: nn.Parameter | None, group, is_duplicate: bool, partner: nn.Parameter | None = None):
+        self.param, self.group, self.is_duplicate, self.partner = param, group, is_duplicate, partner
+
+    @property
+    def norm_duplicate(self) -> nn.Parameter | None:
+        """The copy of the tied weight on this rank that the gradient norm must not count again."""
+        return self.partner if self.partner is not None else (self.param if self.is_duplicate else None)
 
     def __call__(self) -> None:
         if self.param is None or self.param.grad is None:
             return
-        grad = self.param.grad
-        if isinstance(grad, DTensor) and grad.placements != self.param.placements:
-            # DTensor's embedding backward leaves a replicated gradient; bring it to the weight's own shards so
-            # that both stages hand the group tensors of the same shape.
-            grad = grad.redistribute(grad.device_mesh, self.param.placements)
-            self.param.grad = grad
+        grad = _in_own_placement(self.param)
+        if self.partner is not None:
+            other = _in_own_placement(self.partner)
+            local, other_local = (g.to_local() if isinstance(g, DTensor) else g for g in (grad, other))
+            local.add_(other_local)
+            other_local.copy_(local)
+            return
         dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad, group=self.group)
 
 
-def tied_embedding_sync(modules: list[GPT], mesh, pp: int) -> TiedEmbeddingSync:
-    """Create the first/last-stage groups: for each (dp, tp) position of the mesh, the ranks at both ends of its pp
-    dimension (every rank must take part in creating every group)."""
+def _in_own_placement(param: nn.Parameter) -> torch.Tensor:
+    """``param.grad``, brought to the weight's own shards: DTensor's embedding backward leaves a replicated
+    gradient, and the two copies must add and travel as tensors of one shape."""
+    grad = param.grad
+    if isinstance(grad, DTensor) and grad.placements != param.placements:
+        grad = grad.redistribute(grad.device_mesh, param.placements)
+        param.grad = grad
+    return grad
+
+
+def tied_embedding_sync(modules: list[GPT], mesh, pp: int, schedule: str) -> TiedEmbeddingSync:
+    """Find this rank's copies of the tied weight; create the first/last-stage groups unless a V-shaped schedule
+    puts both ends on one rank. For each (dp, tp) position of the mesh the group holds the ranks at both ends of
+    its pp dimension (every rank must take part in creating every group)."""
+    embed = next((m.embed.tokens.weight for m in modules if m.embed is not None), None)
+    head = next((m.head.weight for m in modules if m.head is not None), None)
+    if schedule in V_SCHEDULES:
+        return TiedEmbeddingSync(embed, None, False, partner=head)
     grid = mesh.mesh  # (pp, dp, tp) tensor of global ranks
     me = dist.get_rank()
     mine = None
@@ -93,10 +130,30 @@ def tied_embedding_sync(modules: list[GPT], mesh, pp: int) -> TiedEmbeddingSync:
             group = dist.new_group(ranks)
             if me in ranks:
                 mine = group
-    param, duplicate = None, False
-    for m in modules:
-        if m.embed is not None:
-            param = m.embed.tokens.weight
-        elif m.head is not None:
-            param, duplicate = m.head.weight, True
-    return TiedEmbeddingSync(param, mine, duplicate)
+    if embed is not None:
+        return TiedEmbeddingSync(embed, mine, False)
+    return TiedEmbeddingSync(head, mine, head is not None)
+
+
+_COMPUTE_KINDS = ("F", "B", "I", "W")
+
+
+def schedule_record(schedule, kind: str, pp: int, pp_rank: int, virtual_stages: int, n_microbatches: int) -> dict:
+    """The schedule's own order of compute actions for every pipeline rank, as ``[kind, stage, micro-batch]``
+    lists (F forward, B full backward, I backward for inputs, W backward for weights): what an ideal run of the
+    plan does, for a timeline to set the measured one beside. An overlapped forward-and-backward (dualpipev) counts
+    as its two parts in order; sends, receives and gradient reductions are left out."""
+
+    def compute(action) -> list[list]:
+        if action is None:
+            return []
+        if action.sub_actions:
+            return [part for sub in action.sub_actions for part in compute(sub)]
+        kind_ = action.computation_type.value
+        return [[kind_, action.stage_index, action.microbatch_index]] if kind_ in _COMPUTE_KINDS else []
+
+    order = schedule.pipeline_order or {}
+    return {"schedule": kind, "pp": pp, "pp_rank": pp_rank, "stages_per_rank": virtual_stages,
+            "microbatches": n_microbatches,
+            "order": {str(rank): [part for action in actions for part in compute(action)]
+                      for rank, actions in sorted(order.items())}}

@@ -150,6 +150,9 @@ class DeepSpeedEngine:
     def routing_metrics(self) -> dict[str, Any]:
         return routing_metrics(self.routing)
 
+    def pipeline_schedule_record(self) -> dict[str, Any] | None:
+        return None  # DeepSpeed's pipeline engine runs its own 1F1B, whose order it does not expose
+
     def evaluate(self, batches: MicroBatches) -> float:
         """Mean validation loss; every rank evaluates every batch (ZeRO-3 gathers weights as it goes). A pipeline
         evaluates grad_accum micro-batches at a time (its schedule's unit)."""
