@@ -50,13 +50,15 @@ import json
 import os
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer.contract.runfolder import read_json, write_json_atomic
 from trainer.profiling.intervals import Interval, intersect, subtract, total, union
 
-__all__ = ["summarize_trace", "summarize_traces", "write_summary", "is_communication", "TOP_OPS"]
+__all__ = ["summarize_trace", "summarize_traces", "write_summary", "is_communication", "trace_time", "TraceTime",
+           "complete_events", "TOP_OPS"]
 
 TOP_OPS = 15
 _COMM = re.compile(r"^(gloo:|nccl:|c10d::|c10d:|_c10d_functional::|c10d_functional::|record_param_comms"
@@ -100,15 +102,33 @@ def _self_times(events: list[dict]) -> dict[int, float]:
     return self_time
 
 
-def summarize_trace(path: str | os.PathLike, steps: int | None = None) -> dict[str, Any]:
-    """Digest one rank's chrome trace (plain or gzipped) by the definitions in the module docstring. Times in ms.
+@dataclass(frozen=True)
+class TraceTime:
+    """One rank's trace as the module docstring defines it: the sets of time (µs, sorted disjoint intervals) that
+    its shares measure, and what they were read from. ``timeline.py`` draws these same sets."""
+
+    steps: list[dict]               # the ProfilerStep#<n> spans kept, by start
+    timeline_name: str              # "device" or "cpu"
+    timeline: list[dict]            # the events analysed
+    window: list[Interval]          # the profiled steps end to end (wall)
+    compute: list[Interval]
+    comm: list[Interval]
+    exposed: list[Interval]         # communication during which nothing computes
+    idle: list[Interval]            # wall − (compute ∪ communication)
+
+
+def complete_events(path: str | os.PathLike) -> list[dict]:
+    """The trace's complete events (``ph == "X"``) with a start and a duration."""
+    return [e for e in _load(Path(path)).get("traceEvents", [])
+            if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float)) and "ts" in e]
+
+
+def trace_time(events: list[dict], steps: int | None = None) -> TraceTime:
+    """Measure a trace's complete events (``complete_events``) by the definitions in the module docstring.
 
     ``steps`` keeps only the first so many profiled steps: a profiler stopped mid-window also records the unfinished
     step from the last ``step()`` call to the stop, which is not a training step.
     """
-    path = Path(path)
-    events = [e for e in _load(path).get("traceEvents", [])
-              if e.get("ph") == "X" and isinstance(e.get("dur"), (int, float)) and "ts" in e]
     spans = sorted((e for e in events if _STEP.match(e.get("name", "")) and e.get("cat") != "gpu_user_annotation"),
                    key=lambda e: e["ts"])[:steps]
     device = [e for e in events if e.get("cat") in _DEVICE_CATS]
@@ -137,8 +157,17 @@ def summarize_trace(path: str | os.PathLike, steps: int | None = None) -> dict[s
         compute_parts.extend(subtract(work_t, inside_comm))
     comm = intersect(union(comm_parts), window)
     compute = intersect(union(compute_parts), window)
-    exposed = subtract(comm, compute)
-    busy = union(compute + comm)
+    return TraceTime(steps=spans, timeline_name=name, timeline=timeline, window=window, compute=compute, comm=comm,
+                     exposed=subtract(comm, compute), idle=subtract(window, union(compute + comm)))
+
+
+def summarize_trace(path: str | os.PathLike, steps: int | None = None,
+                    events: list[dict] | None = None) -> dict[str, Any]:
+    """Digest one rank's chrome trace (plain or gzipped) by the definitions in the module docstring. Times in ms.
+    ``steps`` as for ``trace_time``; ``events``, the trace's complete events when the caller has read them."""
+    path = Path(path)
+    measured = trace_time(complete_events(path) if events is None else events, steps)
+    spans, timeline, window = measured.steps, measured.timeline, measured.window
     wall = total(window)
 
     def ms(us: float) -> float:  # chrome traces count microseconds
@@ -147,11 +176,11 @@ def summarize_trace(path: str | os.PathLike, steps: int | None = None) -> dict[s
     def share(us: float) -> float:
         return us / wall if wall else 0.0
 
-    compute_us, comm_us, exposed_us = total(compute), total(comm), total(exposed)
-    idle_us = wall - total(busy)
+    compute_us, comm_us, exposed_us = total(measured.compute), total(measured.comm), total(measured.exposed)
+    idle_us = total(measured.idle)
     return {
         "trace": path.name,
-        "timeline": name,
+        "timeline": measured.timeline_name,
         "steps": len(spans),
         "step_ms": [ms(e["dur"]) for e in spans],
         "wall_ms": ms(wall),

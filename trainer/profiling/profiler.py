@@ -1,6 +1,7 @@
 """torch.profiler over the steps a ProfileSpec names, written per rank as a gzipped chrome trace and its digest.
 
     <run>/profiles/<name>/rank-<r>.trace.json.gz, summary-rank-<r>.json   (trainer.profiling.digest merges them)
+                          timeline-rank-<r>.json                           (trainer.profiling.timeline: spans to draw)
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from trainer.contract.runfolder import PROFILES, write_json_atomic
-from trainer.profiling.digest import summarize_trace
+from trainer.profiling.digest import complete_events, summarize_trace
+from trainer.profiling.timeline import write_timeline
 
 
 class StepProfiler:
@@ -91,12 +93,19 @@ class StepProfiler:
         finally:
             Path(raw).unlink(missing_ok=True)
             Path(packed).unlink(missing_ok=True)
+        done = min(self.spec.steps, max(0, self._calls - self._lead))  # profiled steps that finished
+        events = None
         try:
-            done = min(self.spec.steps, max(0, self._calls - self._lead))  # profiled steps that finished
-            summary = {"rank": self.rank, "profile": self.spec.name, **summarize_trace(self.trace_path, steps=done)}
+            events = complete_events(self.trace_path)  # read once for the digest and the timeline
+            summary = {"rank": self.rank, "profile": self.spec.name,
+                       **summarize_trace(self.trace_path, steps=done, events=events)}
         except Exception as exc:  # a digest that fails must not fail the training run; the trace is kept
             print(f"profiling: could not summarize {self.trace_path}: {exc!r}", file=sys.stderr)
             summary = {"rank": self.rank, "profile": self.spec.name, "trace": self.trace_path.name,
                        "error": repr(exc)}
+        try:
+            write_timeline(self.trace_path, self.rank, steps=done, events=events)
+        except Exception as exc:  # neither may a timeline: the page then says how to write it again
+            print(f"profiling: could not write the timeline of {self.trace_path}: {exc!r}", file=sys.stderr)
         write_json_atomic(self.summary_path, summary)
         self.summary = summary

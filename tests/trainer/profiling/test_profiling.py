@@ -66,10 +66,10 @@ def two_rank_profile(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-def test_it_writes_a_gzipped_trace_and_summary_per_rank_and_a_merged_summary(two_rank_profile):
+def test_it_writes_a_gzipped_trace_summary_and_timeline_per_rank_and_a_merged_summary(two_rank_profile):
     names = sorted(p.name for p in two_rank_profile.iterdir())
     assert names == ["rank-0.trace.json.gz", "rank-1.trace.json.gz", "summary-rank-0.json", "summary-rank-1.json",
-                     "summary.json"]
+                     "summary.json", "timeline-rank-0.json", "timeline-rank-1.json"]
     with gzip.open(two_rank_profile / "rank-1.trace.json.gz", "rt") as f:
         events = json.load(f)["traceEvents"]
     assert sum(e.get("name", "").startswith("ProfilerStep#") for e in events) == 3
@@ -128,7 +128,8 @@ def test_it_profiles_exactly_the_named_steps(tmp_path):
         assert profiler.written and not profiler.enabled  # written after step 4, released at once
         run_steps(profiler, 3)
     folder = tmp_path / "profiles" / "p"
-    assert sorted(p.name for p in folder.iterdir()) == ["rank-3.trace.json.gz", "summary-rank-3.json"]
+    assert sorted(p.name for p in folder.iterdir()) == ["rank-3.trace.json.gz", "summary-rank-3.json",
+                                                        "timeline-rank-3.json"]
     summary = json.loads((folder / "summary-rank-3.json").read_text())
     assert summary["rank"] == 3 and summary["steps"] == 2 and summary["shares"]["comm"] == 0
     assert {op["name"] for op in summary["top_ops"]} >= {"aten::mm", "aten::tanh"}
