@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from . import live, planner, serving, views
+from . import advice, live, planner, serving, views
 
 router = DefaultRouter()
 router.register("model-configs", views.ModelConfigViewSet)
@@ -20,6 +20,7 @@ router.register("prompt-templates", serving.PromptTemplateViewSet)
 urlpatterns = [
     path("estimate/", planner.EstimateView.as_view(), name="estimate"),
     path("tune/", planner.TuneView.as_view(), name="tune"),
+    path("planner/advice/", advice.AdviceView.as_view(), name="planner-advice"),
     path("runs/<int:pk>/updates/", live.RunUpdatesView.as_view(), name="run-updates"),
     path("triton-servers/<int:pk>/status/", serving.TritonServerStatusView.as_view(), name="triton-server-status"),
     path("deployments/<int:pk>/generate/", serving.DeploymentGenerateView.as_view(), name="deployment-generate"),
