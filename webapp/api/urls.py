@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from . import advice, live, planner, serving, views
+from . import advice, live, planner, serving, timeline, views
 
 router = DefaultRouter()
 router.register("model-configs", views.ModelConfigViewSet)
@@ -22,6 +22,8 @@ urlpatterns = [
     path("tune/", planner.TuneView.as_view(), name="tune"),
     path("planner/advice/", advice.AdviceView.as_view(), name="planner-advice"),
     path("runs/<int:pk>/updates/", live.RunUpdatesView.as_view(), name="run-updates"),
+    path("runs/<int:pk>/profiles/<str:name>/timeline.svg", timeline.ProfileTimelineView.as_view(),
+         name="run-profile-timeline"),
     path("triton-servers/<int:pk>/status/", serving.TritonServerStatusView.as_view(), name="triton-server-status"),
     path("deployments/<int:pk>/generate/", serving.DeploymentGenerateView.as_view(), name="deployment-generate"),
     path("", include(router.urls)),

@@ -13,13 +13,14 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.http import FileResponse, Http404
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import path
+from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 from ..models import Run, RunStatus, SeriesStep
 from ..services import run_cancel, run_queue
 from ..services.run_estimates import run_estimate_report
 from ..services.run_logs import log_files
+from ..services.timeline import timeline_missing
 
 EVENTS_SHOWN = 50
 RANK_OPTIONS = 256  # ranks offered in the log selector before any log file exists
@@ -154,7 +155,10 @@ def _profiles(run: Run) -> list[dict]:
                     "bubble_max": _percent(_number(summary.get("bubble_max"))),
                     "shares": {key: _percent(_number(shares.get(key)))
                                for key in ("compute", "comm_exposed", "idle", "comm_overlapped")},
-                    "ranks": _rank_rows(summary), "top_ops": top})
+                    "ranks": _rank_rows(summary), "top_ops": top,
+                    # the picture is the API's; the page only says why it is missing, if it is
+                    "timeline_missing": timeline_missing(run, profile),
+                    "timeline_url": reverse("run-profile-timeline", kwargs={"pk": run.pk, "name": profile.name})})
     return out
 
 
