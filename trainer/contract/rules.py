@@ -17,6 +17,8 @@ Problems = dict[str, list[str]]
 # V-shaped ones, exactly two (rank r holds stages r and 2p−1−r, so rank 0 holds both ends of the model).
 LOOPED_SCHEDULES = ("interleaved", "zb-interleaved")
 V_SCHEDULES = ("zbv", "dualpipev")
+# Those that split backward into the input gradient and the deferred weight gradient (Qi et al. 2023).
+ZERO_BUBBLE = ("zb-interleaved", "zbv", "dualpipev")
 
 
 def add_problem(problems: Problems, key: str, message: str) -> None:

@@ -1,10 +1,12 @@
 """The tuner's inline validity rules agree with ParallelPlan.problems() and rules.check_plan on whole grids."""
 import itertools
+from typing import get_args
 
 import pytest
 
 from trainer.contract.presets import MODELS, cluster
 from trainer.contract import ModelSpec, ParallelPlan, check_plan
+from trainer.contract.specs import Schedule
 from trainer.planner.tune.space import SearchSpace, divisors, enumerate_plans
 
 SPACE = SearchSpace(precisions=("fp32", "bf16", "fp16"), checkpointing=("none", "full"), max_micro_batch=1 << 20,
@@ -25,7 +27,7 @@ def _raw_grid(model, clu, global_batch):
         for b, sp, ep, engine, zero, off_o, off_p, ckpt, prec, sched, v in itertools.product(
                 divisors(global_batch), (False, True), divisors(dp), ("native", "deepspeed"), (0, 1, 2, 3),
                 (False, True), (False, True), SPACE.checkpointing, SPACE.precisions,
-                ("gpipe", "1f1b", "interleaved"), range(1, SPACE.max_virtual_stages + 1)):
+                get_args(Schedule), range(1, SPACE.max_virtual_stages + 1)):
             yield ParallelPlan(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch, sequence_parallel=sp,
                                ep=ep, engine=engine, zero_stage=zero, offload_optimizer=off_o, offload_params=off_p,
                                activation_checkpointing=ckpt, precision=prec, pipeline_schedule=sched,

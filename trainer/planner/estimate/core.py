@@ -16,6 +16,7 @@ from trainer.planner.estimate.numbers import PlanNumbers, PlanSummary, StageMemo
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import count, rank_expert_params, rank_params
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
+from trainer.contract.rules import V_SCHEDULES
 
 GB = 1e9
 
@@ -95,9 +96,10 @@ class Planner:
         m, o = self.model, self.options
         pp, tp, dp = plan.pp, plan.tp, plan.dp
         v = plan.model_chunks
-        params = rank_params(m, tp, pp, v, stage, plan.ep)
+        last = M.holds_last_stage(plan, stage)
+        params = rank_params(m, tp, pp, v, stage, plan.ep, last=last)
         experts = rank_expert_params(m, pp, v, stage, plan.ep) if plan.engine == "deepspeed" else 0
-        sharded = rank_params(m, tp, pp, v, stage, plan.ep, dp) if (plan.zero_stage >= 3 and plan.engine == "native") \
+        sharded = rank_params(m, tp, pp, v, stage, plan.ep, dp, last=last) if (plan.zero_stage >= 3 and plan.engine == "native") \
             else M.deepspeed_shard(params, dp, experts, plan.ep)
         states = M.model_states(params, sharded, dp, plan.zero_stage, plan.precision, plan.engine,
                                 plan.offload_optimizer, plan.offload_params, experts, plan.ep)
@@ -117,15 +119,15 @@ class Planner:
                 for name, value in M.layer_activations(self.layer_shape(moe_layer), settings):
                     key = ("moe_" if moe_layer else "") + name
                     acts[key] = acts.get(key, 0.0) + n * value
-        for name, value in M.edge_activations(m, settings, stage == 0, stage == pp - 1):
+        for name, value in M.edge_activations(m, settings, stage == 0, last):
             acts[name] = value
         flight = M.in_flight(plan, stage)
-        buffers = self._buffers(plan, settings, stage, params, layers)
+        buffers = self._buffers(plan, settings, last, params, layers)
         dynamic = flight * sum(acts.values()) + sum(buffers.values())
         overhead = self.overhead_bytes + o.fragmentation * dynamic
         return StageMemory(stage, params, sharded, states, acts, flight, layers, buffers, overhead)
 
-    def _buffers(self, plan: ParallelPlan, settings: M.ActivationSettings, stage: int, params: int,
+    def _buffers(self, plan: ParallelPlan, settings: M.ActivationSettings, last: bool, params: int,
                  layers: int) -> dict[str, float]:
         """Transient tensors live at the peak, beside the saved activations."""
         m, o = self.model, self.options
@@ -133,7 +135,7 @@ class Planner:
         T = m.seq_len * plan.micro_batch
         g_bytes = M.state_bytes_per_param(plan.precision, plan.engine).gradients
         out: dict[str, float] = {}
-        if stage == plan.pp - 1:
+        if last:
             # fp32 logits and their gradient exist together at the loss
             out["logits_and_grad"] = 2.0 * T * -(-m.vocab_size // plan.tp) * o.loss_bytes
         if plan.activation_checkpointing != "none":
@@ -213,7 +215,7 @@ class Planner:
         per_microbatch_work = sum(t.values())
         if pp > 1:
             v = plan.model_chunks
-            t["pipeline_bubble"] = per_microbatch_work * (pp - 1) / (v * mb)
+            t["pipeline_bubble"] = per_microbatch_work * M.bubble_fraction(plan)
             r = tp if plan.sequence_parallel else 1
             t["pipeline_p2p"] = mb * v * 2 * (T * m.d_model * e / r) / bw["pp"] + alpha * hops["pp"]
         if dp > 1:
@@ -255,7 +257,8 @@ class Planner:
         frag = self.options.fragmentation
         plan_key = (plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.sequence_parallel, plan.ep, plan.engine,
                     plan.zero_stage, plan.activation_checkpointing, plan.precision, plan.offload_optimizer,
-                    plan.offload_params, plan.virtual_stages if self._moe_layer else 1)
+                    plan.offload_params, plan.virtual_stages if self._moe_layer else 1,
+                    plan.pipeline_schedule in V_SCHEDULES)  # a V puts the head on the first rank
         piped = plan.pp > 1
         peak, peak_stage, first, states, flight = -1.0, 0, None, 0.0, 0.0
         for stage in ((0, plan.pp - 1) if piped else (0,)):

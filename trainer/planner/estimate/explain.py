@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.contract.rules import ZERO_BUBBLE
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate import params as P
@@ -222,7 +223,8 @@ def _parameters(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
                             "layer)", total=c.total, n_moe_layers=n_moe, E=m.n_experts, k=m.top_k,
                             expert=P.expert_params(m))
     for st in numbers.stages:
-        parts = P.rank_param_parts(m, plan.tp, plan.pp, plan.model_chunks, st.stage, plan.ep)
+        parts = P.rank_param_parts(m, plan.tp, plan.pp, plan.model_chunks, st.stage, plan.ep,
+                                   last=M.holds_last_stage(plan, st.stage))
         named = [f"{n}·{b}" for n, b in (("n_dense_layers", "dense_block"), ("n_moe_layers", "moe_block"))
                  if parts[n]] + [n for n in ("embedding", "final") if parts[n]]
         out[f"stage_{st.stage}_rank"] = fig(
@@ -271,6 +273,10 @@ def _in_flight_formula(plan: ParallelPlan) -> str:
         return "m  (GPipe: every micro-batch)"
     if plan.pipeline_schedule == "interleaved":
         return "min(m, (p − stage) + (p − 1)/v)  (interleaved 1F1B, Korthikanti 2022)"
+    if plan.pipeline_schedule == "dualpipev":
+        return "min(m, p + 1/2)  (dualpipev: every rank, weight backward deferred)"
+    if plan.pipeline_schedule in ZERO_BUBBLE:
+        return f"min(m, p)  ({plan.pipeline_schedule}: every rank, weight backward deferred)"
     return "min(m, p − stage)  (1F1B)"
 
 
@@ -395,8 +401,10 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     if plan.zero_stage >= 3:
         formulas["data_parallel"] = TIME_FORMULAS["data_parallel_zero3"]
     before = [n for n in ("compute", "tensor_parallel", "expert_all_to_all") if n in time]
-    formulas["pipeline_bubble"] = (f"({' + '.join(before)})" if len(before) > 1 else before[0]) + \
-        " · (p − 1)/(v·m)  (the work of a micro-batch, idle in the fill and drain)"
+    formulas["pipeline_bubble"] = (f"({' + '.join(before)})" if len(before) > 1 else before[0]) + (
+        " · (p − 1)/(3·v·m)  (the third of a micro-batch's work that is neither forward nor input backward "
+        "nor weight backward of another, idle in the fill and drain)" if plan.pipeline_schedule in ZERO_BUBBLE
+        else " · (p − 1)/(v·m)  (the work of a micro-batch, idle in the fill and drain)")
     if "offload" in time:
         formulas["offload"] = _offload_formula(plan)
     groups = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep"}

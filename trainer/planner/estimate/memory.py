@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from trainer.contract import ModelSpec, ParallelPlan
+from trainer.contract.rules import V_SCHEDULES, ZERO_BUBBLE
 
 LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32 (in the input's dtype on the CPU)
 # Under autocast the fp32 LayerNorm output is cast to 16 bits once per consuming matmul: q, k, v and the MLP's up.
@@ -325,11 +326,14 @@ def edge_activations(model: ModelSpec, settings: ActivationSettings, first: bool
 
 
 def in_flight(plan: ParallelPlan, stage: int) -> float:
-    """Micro-batches whose activations pipeline stage ``stage`` holds at its peak (docs/formulas.md, Pipeline bubble).
+    """Micro-batches whose activations pipeline rank ``stage`` holds at its peak (docs/formulas.md, Pipeline bubble),
+    in units of all its layers' activations of one micro-batch.
 
     No pipeline: 1 (gradient accumulation frees each micro-batch after its backward). GPipe: all m.
     1F1B: stage i holds min(m, p − i). Interleaved: stage 0 holds p·(1 + (p−1)/(p·v)) = p + (p−1)/v
-    (Korthikanti 2022); stage i is taken as (p − i) + (p − 1)/v.
+    (Korthikanti 2022); stage i is taken as (p − i) + (p − 1)/v. The zero-bubble schedules free a micro-batch's
+    activations only after its weight backward, which they defer: every rank holds p (zb-interleaved, zbv) or
+    p + 1/2 (dualpipev), the counts of torch's own orders (tests/trainer/planner/test_pipeline_schedules.py).
     """
     pp = plan.pp
     if pp <= 1:
@@ -339,4 +343,24 @@ def in_flight(plan: ParallelPlan, stage: int) -> float:
         return float(m)
     if schedule == "interleaved":  # v = plan.virtual_stages model chunks a stage
         return min(float(m), (pp - stage) + (pp - 1) / plan.virtual_stages)
+    if schedule in ZERO_BUBBLE:
+        return min(float(m), pp + (0.5 if schedule == "dualpipev" else 0.0))
     return float(min(m, pp - stage))
+
+
+def bubble_fraction(plan: ParallelPlan) -> float:
+    """The pipeline's idle time as a fraction of a rank's work (docs/formulas.md, Pipeline bubble), with free
+    transfers. GPipe and 1F1B: (p − 1)/m; interleaved: (p − 1)/(v·m). The zero-bubble schedules fill the fill and
+    drain with the weight backward W of micro-batches whose input backward I already went upstream: with F, I and W
+    alike (each a third of a micro-batch's work) what is left is (p − 1) of those thirds, (p − 1)/(3·v·m), v the
+    chunks per rank (1 or more for zb-interleaved, 2 for zbv and dualpipev)."""
+    pp, v, m = plan.pp, plan.model_chunks, plan.grad_accum
+    if pp <= 1 or not m:
+        return 0.0
+    return (pp - 1) / ((3 if plan.pipeline_schedule in ZERO_BUBBLE else 1) * v * m)
+
+
+def holds_last_stage(plan: ParallelPlan, stage: int) -> bool:
+    """Whether pipeline rank ``stage`` holds the model's last stage (final LayerNorm, head and loss): the last rank,
+    or under a V-shaped schedule the first, which holds both ends."""
+    return stage == (0 if plan.pipeline_schedule in V_SCHEDULES else plan.pp - 1)

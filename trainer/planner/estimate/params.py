@@ -162,17 +162,20 @@ def local_numel(t: ParamTensor, tp: int, tp_rank: int, shard: int, shard_rank: i
 
 @lru_cache(maxsize=65536)
 def rank_params(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: int, ep: int = 1,
-                shard: int = 1, tp_rank: int = 0, shard_rank: int = 0) -> int:
+                shard: int = 1, tp_rank: int = 0, shard_rank: int = 0, last: bool | None = None) -> int:
     """Parameters stored on one rank (pipeline ``stage``, tensor rank, dim-0 shard of ``shard`` ranks).
 
     Experts: n_experts/ep per rank. ``shard`` > 1 is FSDP / ZeRO-3 style per-tensor sharding (native engine).
+    ``last``: whether the rank holds the final LayerNorm and head (default: the last rank; a V-shaped schedule
+    puts them on the first).
     """
-    p = rank_param_parts(model, tp, pp, virtual_stages, stage, ep, shard, tp_rank, shard_rank)
+    p = rank_param_parts(model, tp, pp, virtual_stages, stage, ep, shard, tp_rank, shard_rank, last)
     return p["n_dense_layers"] * p["dense_block"] + p["n_moe_layers"] * p["moe_block"] + p["embedding"] + p["final"]
 
 
 def rank_param_parts(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: int, ep: int = 1,
-                     shard: int = 1, tp_rank: int = 0, shard_rank: int = 0) -> dict[str, int]:
+                     shard: int = 1, tp_rank: int = 0, shard_rank: int = 0,
+                     last: bool | None = None) -> dict[str, int]:
     """``rank_params`` by part: the stage's dense and MoE layers, one block's share on this rank of each (E/ep
     experts and the whole router in an MoE block), the embeddings (first stage) and the final LayerNorm + head
     (last stage; 0 elsewhere)."""
@@ -187,7 +190,7 @@ def rank_param_parts(model: ModelSpec, tp: int, pp: int, virtual_stages: int, st
     return {"n_dense_layers": len(layers) - n_moe, "dense_block": size(block_tensors(model, False)),
             "n_moe_layers": n_moe, "moe_block": size(block_tensors(model, True), experts_local) if n_moe else 0,
             "embedding": size(embedding_tensors(model)) if stage == 0 else 0,
-            "final": size(final_tensors(model, pp > 1)) if stage == pp - 1 else 0}
+            "final": size(final_tensors(model, pp > 1)) if (stage == pp - 1 if last is None else last) else 0}
 
 
 def rank_expert_params(model: ModelSpec, pp: int, virtual_stages: int, stage: int, ep: int = 1) -> int:

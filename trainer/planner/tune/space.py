@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Iterator, get_args
 
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-from trainer.contract.rules import check_plan, device_problems, engine_problems, pipeline_problems
+from trainer.contract.rules import (LOOPED_SCHEDULES, V_SCHEDULES, check_plan, device_problems, engine_problems,
+                                    pipeline_problems)
 from trainer.contract.specjson import from_dict
 from trainer.contract.specs import Checkpointing, Engine, Precision, Schedule
 
@@ -41,7 +42,7 @@ class SearchSpace:
     precisions: tuple[str, ...] = ("bf16",)
     engines: tuple[str, ...] = ("native", "deepspeed")
     checkpointing: tuple[str, ...] = ("none", "selective", "full")
-    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved")
+    schedules: tuple[str, ...] = ("gpipe", "1f1b", "interleaved", "zb-interleaved", "zbv", "dualpipev")
     micro_batches: tuple[int, ...] | None = None
     max_micro_batch: int = 64
     max_virtual_stages: int = 8
@@ -180,12 +181,24 @@ def _schedules(space: SearchSpace, model: ModelSpec, pp: int, reject, fields: di
     for schedule in space.schedules:
         if fields["engine"] == "deepspeed" and schedule != "1f1b":
             continue
-        # interleaved: v ≥ 2 model chunks per rank, and pp·v must divide the layers
-        stages = [v for v in divisors(model.n_layers // pp) if 2 <= v <= space.max_virtual_stages] \
-            if schedule == "interleaved" else (1,)
-        for v in stages:
+        for v in _virtual_stages(space, model, pp, schedule, reject):
             plan = ParallelPlan(pipeline_schedule=schedule, virtual_stages=v, **fields)
             if pipeline_problems(plan):  # what the schedule needs of m, asked of the contract
                 reject(f"{schedule} schedule: too few micro-batches, or not in equal rounds")
                 break
             yield plan
+
+
+def _virtual_stages(space: SearchSpace, model: ModelSpec, pp: int, schedule: str, reject) -> list[int]:
+    """Model chunks per rank worth trying: pp·v must divide the layers; interleaved needs v ≥ 2, zb-interleaved
+    takes any v, the V-shaped schedules exactly 2, the others 1."""
+    per_rank = model.n_layers // pp
+    if schedule in LOOPED_SCHEDULES:
+        least = 2 if schedule == "interleaved" else 1
+        return [v for v in divisors(per_rank) if least <= v <= space.max_virtual_stages]
+    if schedule in V_SCHEDULES:
+        if per_rank % 2:
+            reject(f"{schedule} schedule: two chunks a rank need pp·2 to divide n_layers")
+            return []
+        return [2]
+    return [1]
