@@ -129,3 +129,13 @@ def test_bad_input_names_the_field_and_the_number(kwargs, field, number):
     with pytest.raises(SpecError) as info:
         advise(model, cluster("A100-SXM-80GB"), **kwargs)
     assert field in info.value.errors and number in " ".join(info.value.errors[field])
+
+
+def test_the_command_line_prints_the_table_with_formula_lines(capsys):
+    from trainer.planner.advice.__main__ import main
+
+    assert main(["--model", "gpt2-small", "--cluster", "A100-SXM-80GB", "--gpus", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "* vocab_padding" in out and "V' = ⌈V / (128·t)⌉" in out and "tokens/s" in out
+    assert main(["--cluster", "V100", "--gpus", "8"]) == 2
+    assert "unknown GPU 'V100'" in capsys.readouterr().err
