@@ -1,23 +1,50 @@
-"""Fit the planner's efficiency and overhead terms to measured runs, per cluster, and report held-out error.
+"""Fit the planner's efficiency, latency and overhead terms to measured runs, per cluster, and report held-out error.
 
-Step time is linear in four unknowns once the planner has split it at ideal efficiency (compute_efficiency = 1,
-comm_efficiency = 1, no latency, no fixed overhead):
-    measured_step ≈ x_c · C + x_n · N + α · K + x_0
-C is the compute time (with its share of the pipeline bubble), N the bandwidth time of communication (tensor,
-pipeline, data parallel, all-to-all, offload and their bubble share), K the latency hops of the collectives a rank
-issues per step (comm.collective_counts: an all-reduce over n ranks 2·(n−1), all-gather / reduce-scatter /
-all-to-all n−1, a pipeline message 1; the in-stage tp and all-to-all ones weighted by 1 + bubble, as their time
-is). Then
-compute_efficiency = 1/x_c, comm_efficiency = 1/x_n, collective_latency_s = α and step_overhead_s = x_0
-(``fit_latency=False``: α = 0, the bandwidth-only model). Peak memory is linear in two:
+The step-time model (``Planner.step_time``) is linear in its per-cluster coefficients once the plan is fixed, so
+each measured run gives one linear equation. Its terms, by what they physically are:
+
+    step ≈ x_c · C + x_s · S + x_n · N + α · K + h_l · L + h_m · M + c_tp · Q_tp + c_dp · Q_dp + c_pp · Q_pp + x_0 + R
+
+    C      compute seconds at the device's peak (hardware FLOPs of the slowest stage / peak), with the bubble's share
+    S      C / w: the GEMM-shape term. A layer's matmuls are (b·s tokens) × (h/t or f/t columns), w = b·s·h/t; each
+           pays w½/w of its FLOPs' time again (tiles that do not fill the units, set-up), so efficiency
+           = compute_efficiency · w/(w + w½) and x_c·C + x_s·S = C·(1 + w½/w)/compute_efficiency
+    N      bandwidth seconds of communication (tp, all-to-all, pipeline, data parallel) at the links' full rate
+    K      latency hops, the ring steps of every collective (comm.collective_counts); α seconds each
+    L      layer passes a rank dispatches: micro-batches × layers per stage (× 1.5 with full recompute); h_l is the
+           host's fixed cost of a layer's forward and backward (Python, autograd, operator launches)
+    M      micro-batches; h_m the host cost of one outside the layers (embedding, head, loss, schedule)
+    Q_*    collective calls by kind — tensor-parallel all-reduces (DTensor), data-parallel collectives (FSDP2
+           all-gathers / reduce-scatters with their hooks, DDP buckets), pipeline messages (gloo point-to-point);
+           c_* each call's fixed host cost on top of α per ring step
+    x_0    fixed seconds a step (optimizer, synchronisation)
+    R      what no coefficient scales (CPU offload over PCIe and the host optimizer, at their own rates)
+
+Whatever stretches a micro-batch's work (the pipeline bubble of each schedule, in the schedule's own terms) stretches
+C, S, L, M, Q_tp and the tp/all-to-all part of N and K too, because every feature is read off the planner itself:
+the step at ideal options (no overhead, no latency, efficiencies 1, w½ = 0) and its change when one coefficient is
+set to 1 (``step_terms``). A fit therefore means the same thing as the options it gives back:
+compute_efficiency = 1/x_c, efficiency_half_work = x_s/x_c, comm_efficiency = 1/x_n, collective_latency_s = α,
+layer_overhead_s = h_l, microbatch_overhead_s = h_m, tp/dp/pp_call_s = c_*, step_overhead_s = x_0, and
+``Planner(model, cluster, options).evaluate(plan).step_s`` is the fit's prediction.
+
+Fitting is non-negative least squares (Lawson–Hanson active set; pure Python) on relative residuals — each run's
+equation divided by its measured time, since the error that matters is relative and the runs span 40 ms to 1.5 s —
+with x_c ≥ 1 and x_n ≥ 1 (no better than peak) and every other term ≥ 0. A term no run exercises (no tensor
+parallel run: Q_tp = 0 everywhere) keeps the base options' value. ``terms`` chooses which coefficients are free;
+``TODAY_TERMS`` is the four-term model the planner had before (x_c·C + x_n·N + α·K + x_0 with w½ the base's).
+
+Peak memory is linear in two:
     measured_bytes − model_states ≈ overhead_bytes + (1 + fragmentation) · dynamic
-with dynamic = activations in flight + buffers. Ordinary least squares (normal equations, solved by Gaussian
-elimination; no numpy). Terms that come out non-physical (negative overheads, efficiency > 1) are pinned and the rest
-refitted. Held-out error is leave-one-out: fit on all runs but one, predict that one.
+with dynamic = activations in flight + buffers, on the stage that peaks under the fitted terms.
+
+Held-out error is leave-one-out: fit on all runs but one, predict that one; reported as median, mean and max of
+|predicted − measured| / measured.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, Sequence
 
 from trainer.planner.estimate.core import Planner, PlanNumbers
@@ -27,6 +54,16 @@ from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
 
 _COMPUTE = ("compute",)
 _COMM = ("tensor_parallel", "expert_all_to_all", "pipeline_p2p", "data_parallel", "offload")
+
+# The fitted coefficients: (name, lower bound, the option a unit of it is, how the option follows from the fit).
+# "compute" and "communication" are reciprocals of efficiencies (x = 1/efficiency ≥ 1); the rest are seconds.
+TERMS = ("compute", "compute_shape", "communication", "latency", "layer", "microbatch", "tp_call", "dp_call",
+         "pp_call", "fixed")
+TODAY_TERMS = ("compute", "communication", "latency", "fixed")
+_LOWER = {"compute": 1.0, "communication": 1.0}
+_SECONDS_OPTION = {"latency": "collective_latency_s", "layer": "layer_overhead_s",
+                   "microbatch": "microbatch_overhead_s", "tp_call": "tp_call_s", "dp_call": "dp_call_s",
+                   "pp_call": "pp_call_s", "fixed": "step_overhead_s"}
 
 
 @dataclass(frozen=True)
@@ -45,30 +82,32 @@ class ClusterCalibration:
     options: EstimateOptions
     time_coefficients: dict[str, float]
     memory_coefficients: dict[str, float]
-    time_error: dict[str, float] = field(default_factory=dict)     # leave-one-out relative error: mean, max
+    time_error: dict[str, float] = field(default_factory=dict)     # leave-one-out relative error: median, mean, max
     memory_error: dict[str, float] = field(default_factory=dict)
+    time_errors: list[float] = field(default_factory=list)         # each run's held-out error, in record order
 
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "runs": self.runs, "options": self.options.to_dict(),
                 "time_coefficients": self.time_coefficients, "memory_coefficients": self.memory_coefficients,
-                "time_error": self.time_error, "memory_error": self.memory_error}
+                "time_error": self.time_error, "memory_error": self.memory_error, "time_errors": self.time_errors}
 
 
 @dataclass
 class Calibration:
     clusters: dict[str, ClusterCalibration]
-    note: str = ("Least squares per cluster on step = C/compute_efficiency + N/comm_efficiency + "
-                 "collectives·collective_latency + step_overhead and "
-                 "memory = states + overhead_bytes + (1 + fragmentation)·dynamic; errors are leave-one-out.")
+    note: str = ("Non-negative least squares per cluster on step = C·(1 + w½/w)/compute_efficiency + "
+                 "N/comm_efficiency + α·hops + per-call costs by kind + host overhead per layer and micro-batch + "
+                 "step_overhead, and memory = states + overhead_bytes + (1 + fragmentation)·dynamic; errors are "
+                 "leave-one-out.")
 
     def options_for(self, cluster: ClusterSpec) -> EstimateOptions:
-        return self.clusters[_key(cluster)].options
+        return self.clusters[cluster_key(cluster)].options
 
     def to_dict(self) -> dict[str, Any]:
         return {"clusters": {k: v.to_dict() for k, v in self.clusters.items()}, "note": self.note}
 
 
-def _key(cluster: ClusterSpec) -> str:
+def cluster_key(cluster: ClusterSpec) -> str:
     return cluster.name or f"{cluster.nodes}x{cluster.gpus_per_node} {cluster.gpu.name}"
 
 
@@ -91,16 +130,66 @@ def solve_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> 
     return [a[i][n] / a[i][i] / scale[i] for i in range(n)]
 
 
+def non_negative_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:
+    """argmin ‖A x − y‖² subject to x ≥ 0 (Lawson and Hanson's active-set method).
+
+    Columns move into the free set one at a time, the one the residual pulls hardest first; a step that would make
+    a free coefficient negative stops at the bound and releases it. A column that the free ones already span
+    (collinear: nothing left to determine) is left at 0."""
+    n = len(rows[0])
+    x = [0.0] * n
+    free: list[int] = []
+    refused: set[int] = set()
+    tol = 1e-12 * max(1.0, sum(abs(v) for v in y))
+
+    def gradient(xv):
+        residual = [v - sum(r[j] * xv[j] for j in range(n)) for r, v in zip(rows, y)]
+        return [sum(r[j] * e for r, e in zip(rows, residual)) for j in range(n)]
+
+    for _ in range(3 * n + 10):
+        w = gradient(x)
+        candidates = [j for j in range(n) if j not in free and j not in refused and w[j] > tol]
+        if not candidates:
+            break
+        free.append(max(candidates, key=lambda j: w[j]))
+        while True:
+            try:
+                z_free = solve_least_squares([[r[j] for j in free] for r in rows], y)
+            except ValueError:
+                refused.add(free.pop())
+                break
+            if all(v > 0 for v in z_free):
+                for j in range(n):
+                    x[j] = 0.0
+                for j, v in zip(free, z_free):
+                    x[j] = v
+                break
+            # step from x towards z only as far as the first coefficient that reaches 0
+            steps = [x[j] / (x[j] - v) for j, v in zip(free, z_free) if v <= 0 and x[j] - v > 0]
+            t = min(steps) if steps else 0.0
+            for j, v in zip(free, z_free):
+                x[j] += t * (v - x[j])
+            free = [j for j in free if x[j] > 1e-15]
+            for j in range(n):
+                if j not in free:
+                    x[j] = 0.0
+            if not free:
+                break
+    return x
+
+
 def ideal_options(base: EstimateOptions) -> EstimateOptions:
     """``base`` at ideal efficiency and without overheads: the planner's raw compute and communication split."""
     return base.replace(compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0, dp_overlap=0.0,
-                        overhead_bytes=0.0, fragmentation=0.0, collective_latency_s=0.0)
+                        overhead_bytes=0.0, fragmentation=0.0, collective_latency_s=0.0, tp_call_s=0.0,
+                        dp_call_s=0.0, pp_call_s=0.0, layer_overhead_s=0.0, microbatch_overhead_s=0.0)
 
 
 @dataclass(frozen=True, slots=True)
 class TimeFeatures:
     """A plan's step at ideal options: C compute seconds (with its share of the pipeline bubble), N bandwidth
-    seconds of communication (with the rest of the bubble) and K latency hops (``collective_feature``)."""
+    seconds of communication (with the rest of the bubble) and K latency hops (``collective_feature``). What trial
+    mode refits (``tune.trials``); calibration uses the fuller ``StepTerms``."""
 
     compute_s: float
     communication_s: float
@@ -113,16 +202,172 @@ class TimeFeatures:
 
 @dataclass(frozen=True)
 class TimeFit:
-    """step ≈ x_c·C + x_n·N + α·K + x_0; the defaults are the ideal options' own (x = 1, no latency or overhead)."""
+    """Coefficients of the step-time terms (module docstring); the defaults are the ideal options' own."""
 
     compute: float = 1.0          # x_c = 1 / compute_efficiency
     communication: float = 1.0    # x_n = 1 / comm_efficiency
     latency_s: float = 0.0        # α, seconds per ring step
     fixed_s: float = 0.0          # x_0, seconds per step
+    compute_shape: float = 0.0    # x_s = efficiency_half_work / compute_efficiency
+    layer_s: float = 0.0          # h_l, host seconds per layer pass
+    microbatch_s: float = 0.0     # h_m, host seconds per micro-batch
+    tp_call_s: float = 0.0        # c_tp, c_dp, c_pp: seconds per collective call
+    dp_call_s: float = 0.0
+    pp_call_s: float = 0.0
 
-    def predict(self, f: TimeFeatures) -> float:
+    def predict(self, f: TimeFeatures | "StepTerms") -> float:
+        if isinstance(f, StepTerms):
+            return f.rest_s + sum(self.coefficient(name) * f.values[name] for name in TERMS)
         return self.compute * f.compute_s + self.communication * f.communication_s + self.latency_s * f.latency_hops \
             + self.fixed_s
+
+    def coefficient(self, term: str) -> float:
+        return getattr(self, _FIT_FIELD[term])
+
+    def options(self, base: EstimateOptions) -> EstimateOptions:
+        """The EstimateOptions under which the planner predicts what this fit does."""
+        seconds = {option: self.coefficient(term) for term, option in _SECONDS_OPTION.items()}
+        return base.replace(compute_efficiency=1 / self.compute, comm_efficiency=1 / self.communication,
+                            efficiency_half_work=self.compute_shape / self.compute, dp_overlap=0.0, **seconds)
+
+    def to_dict(self) -> dict[str, float]:
+        return {term: self.coefficient(term) for term in TERMS}
+
+
+_FIT_FIELD = {"compute": "compute", "compute_shape": "compute_shape", "communication": "communication",
+              "latency": "latency_s", "layer": "layer_s", "microbatch": "microbatch_s", "tp_call": "tp_call_s",
+              "dp_call": "dp_call_s", "pp_call": "pp_call_s", "fixed": "fixed_s"}
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """One plan's features: ``values[term]`` is what a unit of that term's coefficient adds to the step, read off
+    the planner (module docstring); ``rest_s`` what no coefficient scales."""
+
+    values: dict[str, float]
+    rest_s: float
+
+
+def step_terms(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, base: EstimateOptions) -> StepTerms:
+    """The features of ``plan``: the step at ideal options (efficiencies 1, w½ = 0, nothing else) and how much it
+    grows when one coefficient is set to 1 — the planner is linear in each, so these are exact."""
+    ideal = ideal_options(base).replace(efficiency_half_work=0.0)
+
+    def step(**unit) -> float:
+        return Planner(model, cluster, ideal.replace(**unit)).evaluate(plan).step_s
+
+    zero = step()
+    values = {"compute": step(compute_efficiency=0.5) - zero,        # doubling compute time adds C
+              "communication": step(comm_efficiency=0.5) - zero,     # doubling bandwidth time adds N
+              "compute_shape": step(efficiency_half_work=1.0) - zero,  # C·(1 + 1/w) − C = C/w
+              "fixed": 1.0}
+    for term, option in _SECONDS_OPTION.items():
+        if term != "fixed":
+            values[term] = step(**{option: 1.0}) - zero
+    return StepTerms(values, zero - values["compute"] - values["communication"])
+
+
+def _features(numbers: PlanNumbers) -> TimeFeatures:
+    """C and N take the bubble's share of what it stretches; K from ``collective_feature``."""
+    t = numbers.time
+    compute = sum(t.get(k, 0.0) for k in _COMPUTE)
+    in_stage = compute + t.get("tensor_parallel", 0.0) + t.get("expert_all_to_all", 0.0)
+    bubble = t.get("pipeline_bubble", 0.0)
+    compute_share = bubble * compute / in_stage if in_stage else 0.0
+    comm = sum(t.get(k, 0.0) for k in _COMM) + bubble - compute_share
+    return TimeFeatures(compute + compute_share, comm, collective_feature(numbers))
+
+
+def collective_feature(numbers: PlanNumbers) -> float:
+    """K: the latency hops of a step (comm.collective_counts) as step time counts them — the tp and all-to-all ones
+    run inside each micro-batch's work, which the pipeline bubble stretches by (p−1)/(v·m); pipeline messages and
+    dp collectives once. Step time = … + α·K."""
+    plan, calls = numbers.plan, numbers.latency_hops
+    stretch = 1.0
+    if plan.pp > 1:
+        stretch += (plan.pp - 1) / (plan.model_chunks * plan.grad_accum)
+    return (calls.get("tp", 0.0) + calls.get("ep", 0.0)) * stretch + calls.get("pp", 0.0) + calls.get("dp", 0.0)
+
+
+def time_features(planner: Planner, plan: ParallelPlan) -> TimeFeatures:
+    """C, N and K of one plan (``planner`` at ideal options): trial mode's refit."""
+    return _features(planner.evaluate(plan))
+
+
+def fit_time(features: Sequence[StepTerms], y: Sequence[float], terms: Sequence[str] = TERMS,
+             base: EstimateOptions | None = None) -> TimeFit:
+    """The coefficients of ``terms`` by non-negative least squares on relative residuals (module docstring).
+
+    A term outside ``terms``, or one no run exercises, keeps the base options' value (w½ the base's too when
+    "compute_shape" is not free: it then scales with x_c)."""
+    base = base or EstimateOptions()
+    fixed = {term: getattr(base, option) for term, option in _SECONDS_OPTION.items()}
+    fixed.update(compute=1 / base.compute_efficiency, communication=1 / base.comm_efficiency,
+                 compute_shape=base.efficiency_half_work / base.compute_efficiency)
+    shape_with_compute = "compute" in terms and "compute_shape" not in terms
+    free = [t for t in terms if any(f.values[t] for f in features)]
+    if shape_with_compute:  # x_c·(C + w½·S): today's one efficiency at the base's shape
+        w_half = base.efficiency_half_work
+
+        def column(f: StepTerms, t: str) -> float:
+            return f.values[t] + (w_half * f.values["compute_shape"] if t == "compute" else 0.0)
+    else:
+        def column(f: StepTerms, t: str) -> float:
+            return f.values[t]
+    rows, target = [], []
+    for f, v in zip(features, y):
+        known = f.rest_s + sum(fixed[t] * f.values[t] for t in TERMS if t not in free
+                               and not (shape_with_compute and t == "compute_shape"))
+        lower = sum(_LOWER.get(t, 0.0) * column(f, t) for t in free)
+        rows.append([column(f, t) / v for t in free])
+        target.append((v - known - lower) / v)
+    solved = dict(fixed)
+    if free and rows:
+        for t, z in zip(free, non_negative_least_squares(rows, target)):
+            solved[t] = _LOWER.get(t, 0.0) + z
+    if shape_with_compute:
+        solved["compute_shape"] = solved["compute"] * base.efficiency_half_work
+    return TimeFit(**{_FIT_FIELD[t]: solved[t] for t in TERMS})
+
+
+# The models a fit chooses from, fewest terms first: what a step costs at all (compute and a fixed part); the
+# per-call costs by kind and the GEMM shape; ring-step latency and host overhead per layer and micro-batch; and
+# every term. Each adds what the one before cannot express; few records cannot carry the last ones.
+MODELS: tuple[tuple[str, ...], ...] = (
+    ("compute", "fixed"),
+    ("compute", "compute_shape", "tp_call", "dp_call", "pp_call", "fixed"),
+    ("compute", "compute_shape", "latency", "tp_call", "dp_call", "pp_call", "layer", "microbatch", "fixed"),
+    TERMS,
+)
+
+
+def _loo_errors(features: Sequence[StepTerms], y: Sequence[float], terms: Sequence[str],
+                base: EstimateOptions) -> list[float]:
+    errors = []
+    for i in range(len(y)):
+        fit = fit_time(list(features[:i]) + list(features[i + 1:]), list(y[:i]) + list(y[i + 1:]), terms, base)
+        errors.append(abs(fit.predict(features[i]) - y[i]) / y[i])
+    return errors
+
+
+def choose_terms(features: Sequence[StepTerms], y: Sequence[float], base: EstimateOptions,
+                 models: Sequence[Sequence[str]] = MODELS) -> tuple[str, ...]:
+    """The model of ``models`` whose leave-one-out median error on these runs is lowest (the simpler one on a tie,
+    within 1 %): as many terms as the records can carry. Fewer than three runs: the first."""
+    if len(y) < 3:
+        return tuple(models[0])
+    best, best_error = tuple(models[0]), float("inf")
+    for terms in models:
+        error = median(_loo_errors(features, y, terms, base))
+        if error < best_error - 0.01:
+            best, best_error = tuple(terms), error
+    return best
+
+
+def fit_chosen(features: Sequence[StepTerms], y: Sequence[float], base: EstimateOptions,
+               terms: Sequence[str] | None) -> TimeFit:
+    """``fit_time`` on ``terms``, or on the model ``choose_terms`` picks when they are None."""
+    return fit_time(features, y, terms if terms is not None else choose_terms(features, y, base), base)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,33 +394,6 @@ class MemoryFit:
         return max(stages, key=self.predict)
 
 
-def _features(numbers: PlanNumbers) -> TimeFeatures:
-    """C and N take the bubble's share of what it stretches; K from ``collective_feature``."""
-    t = numbers.time
-    compute = sum(t.get(k, 0.0) for k in _COMPUTE)
-    in_stage = compute + t.get("tensor_parallel", 0.0) + t.get("expert_all_to_all", 0.0)
-    bubble = t.get("pipeline_bubble", 0.0)
-    compute_share = bubble * compute / in_stage if in_stage else 0.0
-    comm = sum(t.get(k, 0.0) for k in _COMM) + bubble - compute_share
-    return TimeFeatures(compute + compute_share, comm, collective_feature(numbers))
-
-
-def collective_feature(numbers: PlanNumbers) -> float:
-    """K: the latency hops of a step (comm.collective_counts) as step time counts them — the tp and all-to-all ones
-    run inside each micro-batch's work, which the pipeline bubble stretches by (p−1)/(v·m); pipeline messages and
-    dp collectives once. Step time = … + α·K."""
-    plan, calls = numbers.plan, numbers.latency_hops
-    stretch = 1.0
-    if plan.pp > 1:
-        stretch += (plan.pp - 1) / (plan.model_chunks * plan.grad_accum)
-    return (calls.get("tp", 0.0) + calls.get("ep", 0.0)) * stretch + calls.get("pp", 0.0) + calls.get("dp", 0.0)
-
-
-def time_features(planner: Planner, plan: ParallelPlan) -> TimeFeatures:
-    """C, N and K of one plan (``planner`` at ideal options)."""
-    return _features(planner.evaluate(plan))
-
-
 def _memory_features(planner: Planner, plan: ParallelPlan) -> list[StageBytes]:
     """Each pipeline stage the planner tracks (first, last)."""
     return [StageBytes(st.model_state_bytes, st.activations + sum(st.buffers.values()))
@@ -193,37 +411,6 @@ def _fit_memory_peak(stages: list[list[StageBytes]], y: list[float]) -> MemoryFi
     return fit
 
 
-def _fit_time(features: list[TimeFeatures], y: list[float], latency: bool = True) -> TimeFit:
-    """x_c ≥ 1, x_n ≥ 1, α ≥ 0 and x_0 ≥ 0, dropping terms the data cannot carry.
-
-    A term that comes out non-physical is pinned (x = 1, α = 0, x_0 = 0) and the rest refitted, the fixed overhead
-    first, then α, then communication: the fixed overhead is the least specific."""
-    fixed = {0: 1.0, 1: 1.0, 2: 0.0, 3: 0.0}
-    free = [0, 1, 2, 3] if latency else [0, 1, 3]
-    full = [(f.compute_s, f.communication_s, f.latency_hops, 1.0) for f in features]
-    while True:
-        rows = [[r[i] for i in free] for r in full]
-        target = [v - sum(fixed[i] * r[i] for i in fixed if i not in free) for r, v in zip(full, y)]
-        usable = [i for i in free if any(abs(row[free.index(i)]) > 0 for row in rows)]
-        if usable != free:
-            free = usable
-            continue
-        if not free:
-            return TimeFit()
-        try:
-            x = solve_least_squares(rows, target) if len(rows) >= len(free) else None
-        except ValueError:
-            x = None
-        if x is None:  # too few runs: drop the last free term (overhead, then α, then communication)
-            free = free[:-1]
-            continue
-        sol = dict(zip(free, x))
-        bad = [i for i in free if (i < 2 and sol[i] < 1.0) or (i >= 2 and sol[i] < 0.0)]
-        if not bad:
-            return TimeFit(*(sol.get(i, fixed[i]) for i in range(4)))
-        free = [i for i in free if i != bad[-1]]
-
-
 def _fit_memory(features: list[StageBytes], y: list[float]) -> MemoryFit:
     """Both terms non-negative and the slope ≥ 1."""
     target = [v - f.states for f, v in zip(features, y)]
@@ -238,8 +425,11 @@ def _fit_memory(features: list[StageBytes], y: list[float]) -> MemoryFit:
     return MemoryFit(c0, 1.0)
 
 
-def _relative_errors(errors: list[float]) -> dict[str, float]:
-    return {"mean": sum(errors) / len(errors), "max": max(errors), "runs": len(errors)} if errors else {}
+def relative_errors(errors: list[float]) -> dict[str, float]:
+    """median, mean and max of relative errors, and how many."""
+    if not errors:
+        return {}
+    return {"median": median(errors), "mean": sum(errors) / len(errors), "max": max(errors), "runs": len(errors)}
 
 
 def _leave_one_out(n: int, held_out_error) -> list[float]:
@@ -248,14 +438,21 @@ def _leave_one_out(n: int, held_out_error) -> list[float]:
 
 
 def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = None,
-              fit_latency: bool = True) -> Calibration:
+              fit_latency: bool = True, terms: Sequence[str] | None = None) -> Calibration:
     """Per cluster: fitted EstimateOptions, the coefficients, and leave-one-out relative errors.
 
-    ``fit_latency=False`` fits the bandwidth-only model (α = 0), the planner's time model before the α term."""
+    ``terms``: the free coefficients; None (the default) lets each fit choose among ``MODELS`` by leave-one-out on
+    its own runs — the held-out error then counts that choice too, made without the held-out run;
+    ``TODAY_TERMS``: the four-term model. ``fit_latency=False`` keeps α at 0 as well (the bandwidth-only model)."""
     if not records:
         raise SpecError.single("records", "calibration needs at least one measured run")
+    unknown = sorted(set(terms or ()) - set(TERMS))
+    if unknown:
+        raise SpecError.single("terms", f"unknown term(s) {unknown}; known: {list(TERMS)}")
     base = base or EstimateOptions()
-    ideal = ideal_options(base)
+    if not fit_latency:
+        terms = [t for t in (terms if terms is not None else TERMS) if t != "latency"]
+        base = base.replace(collective_latency_s=0.0)
     groups: dict[str, list[MeasuredRun]] = {}
     for i, r in enumerate(records):
         if not isinstance(r, MeasuredRun):
@@ -263,33 +460,35 @@ def calibrate(records: Sequence[MeasuredRun], base: EstimateOptions | None = Non
         validate_inputs(r.model, r.plan, r.cluster)
         if not r.step_time_s > 0:
             raise SpecError.single(f"records[{i}].step_time_s", f"step_time_s={r.step_time_s} must be positive")
-        groups.setdefault(_key(r.cluster), []).append(r)
-    return Calibration({key: _calibrate_cluster(key, runs, base, ideal, fit_latency) for key, runs in groups.items()})
+        groups.setdefault(cluster_key(r.cluster), []).append(r)
+    chosen = tuple(terms) if terms is not None else None
+    return Calibration({key: _calibrate_cluster(key, runs, base, chosen) for key, runs in groups.items()})
 
 
-def _calibrate_cluster(key: str, runs: list[MeasuredRun], base: EstimateOptions, ideal: EstimateOptions,
-                       fit_latency: bool) -> ClusterCalibration:
-    tf = [time_features(Planner(r.model, r.cluster, ideal), r.plan) for r in runs]
+def _calibrate_cluster(key: str, runs: list[MeasuredRun], base: EstimateOptions,
+                       terms: tuple[str, ...] | None) -> ClusterCalibration:
+    ideal = ideal_options(base)
+    tf = [step_terms(r.model, r.cluster, r.plan, base) for r in runs]
     ty = [r.step_time_s for r in runs]
     mem_runs = [r for r in runs if r.memory_bytes is not None]
     mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for r in mem_runs]
     my = [r.memory_bytes for r in mem_runs]
-    time_fit = _fit_time(tf, ty, fit_latency)
+    time_fit = fit_chosen(tf, ty, base, terms)
     memory_fit = _fit_memory_peak(mf, my) if mf else MemoryFit(base.overhead_for(runs[0].cluster.gpu.name),
                                                                1 + base.fragmentation)
-    options = base.replace(compute_efficiency=min(1.0, 1 / time_fit.compute),
-                           comm_efficiency=min(1.0, 1 / time_fit.communication),
-                           collective_latency_s=time_fit.latency_s, step_overhead_s=time_fit.fixed_s, dp_overlap=0.0,
-                           overhead_bytes=memory_fit.overhead_bytes, fragmentation=memory_fit.dynamic - 1)
+    options = time_fit.options(base).replace(overhead_bytes=memory_fit.overhead_bytes,
+                                             fragmentation=memory_fit.dynamic - 1)
 
     def time_error(i: int) -> float:
-        held_out = _fit_time(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:], fit_latency)
+        held_out = fit_chosen(tf[:i] + tf[i + 1:], ty[:i] + ty[i + 1:], base, terms)
         return abs(held_out.predict(tf[i]) - ty[i]) / ty[i]
 
     def memory_error(i: int) -> float:
         held_out = _fit_memory_peak(mf[:i] + mf[i + 1:], my[:i] + my[i + 1:])
         return abs(held_out.predict(held_out.peak(mf[i])) - my[i]) / my[i]
 
-    return ClusterCalibration(key, len(runs), options, asdict(time_fit), asdict(memory_fit),
-                              _relative_errors(_leave_one_out(len(runs), time_error)),
-                              _relative_errors(_leave_one_out(len(mf), memory_error)))
+    time_errors = _leave_one_out(len(runs), time_error)
+    return ClusterCalibration(key, len(runs), options, time_fit.to_dict(),
+                              {"overhead_bytes": memory_fit.overhead_bytes, "dynamic": memory_fit.dynamic},
+                              relative_errors(time_errors), relative_errors(_leave_one_out(len(mf), memory_error)),
+                              time_errors)

@@ -201,13 +201,18 @@ class Planner:
         n_moe = self.model.moe_layers_among(layers) if plan.ep > 1 else 0
         grad_bytes = params_first * M.state_bytes_per_param(plan.precision, plan.engine).gradients
         collectives = collective_counts(plan, m.n_layers, n_moe, grad_bytes, params_first)
-        hops = collectives.hops
+        hops, calls = collectives.hops, collectives.calls
         alpha = o.collective_latency_s
         t: dict[str, float] = {"compute": compute}
+        if o.layer_overhead_s or o.microbatch_overhead_s:
+            # host dispatch a micro-batch pays whatever its size: per layer (forward and backward; a full
+            # recompute runs the forward again, half as much again) and per micro-batch outside the layers
+            passes = 1.5 if ckpt == "full" else 1.0
+            t["host_overhead"] = mb * (layers * passes * o.layer_overhead_s + o.microbatch_overhead_s)
         if tp > 1:
             n_ar = 6 if ckpt == "full" else 4
             t["tensor_parallel"] = (mb * layers * n_ar * ring_all_reduce_s(T * m.d_model * e, tp, bw["tp"])
-                                    + alpha * hops["tp"])
+                                    + alpha * hops["tp"] + o.tp_call_s * calls["tp"])
         if n_moe:
             routed = T * m.top_k * m.capacity_factor * m.d_model * e
             t["expert_all_to_all"] = (mb * n_moe * 4 * (plan.ep - 1) / plan.ep * routed / bw["ep"]
@@ -217,7 +222,8 @@ class Planner:
             v = plan.model_chunks
             t["pipeline_bubble"] = per_microbatch_work * M.bubble_fraction(plan)
             r = tp if plan.sequence_parallel else 1
-            t["pipeline_p2p"] = mb * v * 2 * (T * m.d_model * e / r) / bw["pp"] + alpha * hops["pp"]
+            t["pipeline_p2p"] = (mb * v * 2 * (T * m.d_model * e / r) / bw["pp"] + alpha * hops["pp"]
+                                 + o.pp_call_s * calls["pp"])
         if dp > 1:
             if plan.zero_stage >= 3:
                 # per micro-batch: all-gather weights (in e bytes) for forward and for backward; one reduce-scatter
@@ -226,7 +232,7 @@ class Planner:
                 dp_s = gathers + ring_gather_s(grad_bytes, dp, bw["dp"])
             else:
                 dp_s = ring_all_reduce_s(grad_bytes, dp, bw["dp"])
-            t["data_parallel"] = (dp_s + alpha * hops["dp"]) * (1 - o.dp_overlap)
+            t["data_parallel"] = (dp_s + alpha * hops["dp"] + o.dp_call_s * calls["dp"]) * (1 - o.dp_overlap)
         if plan.offload_optimizer or plan.offload_params:
             pcie = o.pcie_bandwidth_gbs * GB
             moved = 2 * 2 * sharded_first if plan.offload_optimizer else 0  # 16-bit grads down, weights up

@@ -72,7 +72,8 @@ BUFFER_FORMULAS = {
     "all_to_all": "2·T·k·c·h·e",
 }
 LATENCY_NOTE = ("  (α–β ring model: all-reduce 2·(n−1) steps, all-gather/reduce-scatter/all-to-all n−1, a pipeline "
-                "message 1; docs/formulas.md, Communication cost model)")
+                "message 1; docs/formulas.md, Communication cost model; call_s: each call's fixed host cost)")
+CALL_OPTIONS = {"tp": "tp_call_s", "dp": "dp_call_s", "pp": "pp_call_s"}
 TIME_FORMULAS = {
     "compute": "B·s/dp · (F_blocks/p + F_head) / t / (peak_flops · efficiency)  (the last pipeline stage, with the "
                "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak_flops · efficiency) at p = 1)",
@@ -88,7 +89,13 @@ TIME_FORMULAS = {
                            "+ (d − 1)/d · P_rank·grad_bytes / bandwidth_bytes_per_s + latency_s)  (all-gathers of the "
                            "weights for forward and backward of each micro-batch, one reduce-scatter of the gradients)",
     "step_overhead": "step_overhead_s  (options.step_overhead_s)",
+    "host_overhead": "m · (layers_per_stage · passes · layer_overhead_s + microbatch_overhead_s)  (host dispatch "
+                     "per layer and per micro-batch, whatever their size; passes = 1.5 with full recompute)",
 }
+
+
+# a micro-batch's work, in the order step_time adds it: what a pipeline's bubble stretches
+IN_STAGE = ("compute", "host_overhead", "tensor_parallel", "expert_all_to_all")
 
 
 def _outer_sum(expr: str) -> bool:
@@ -391,16 +398,17 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         grad_bytes=M.state_bytes_per_param(plan.precision, plan.engine).gradients,
         pcie_bandwidth_bytes_per_s=o.pcie_bandwidth_gbs * GB,
         host_memory_bandwidth_bytes_per_s=o.host_memory_bandwidth_gbs * GB, step_overhead_s=o.step_overhead_s,
+        passes=1.5 if plan.activation_checkpointing == "full" else 1.0, layer_overhead_s=o.layer_overhead_s,
+        microbatch_overhead_s=o.microbatch_overhead_s,
         F_blocks=planner.block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
-        peak_flops=planner.peak_flops, **{n: time[n] for n in ("compute", "tensor_parallel", "expert_all_to_all")
-                                          if n in time})
+        peak_flops=planner.peak_flops, **{n: time[n] for n in IN_STAGE if n in time})
     symbols["efficiency"] = fig(numbers.efficiency, "fraction", "compute_efficiency · w / (w + w_half)  "
                                 "(w = b·s·h/t)", compute_efficiency=o.compute_efficiency,
                                 w_half=o.efficiency_half_work, w=plan.micro_batch * m.seq_len * m.d_model / plan.tp)
     formulas = dict(TIME_FORMULAS)
     if plan.zero_stage >= 3:
         formulas["data_parallel"] = TIME_FORMULAS["data_parallel_zero3"]
-    before = [n for n in ("compute", "tensor_parallel", "expert_all_to_all") if n in time]
+    before = [n for n in IN_STAGE if n in time]
     formulas["pipeline_bubble"] = (f"({' + '.join(before)})" if len(before) > 1 else before[0]) + (
         " · (p − 1)/(3·v·m)  (the third of a micro-batch's work that is neither forward nor input backward "
         "nor weight backward of another, idle in the fill and drain)" if plan.pipeline_schedule in ZERO_BUBBLE
@@ -415,9 +423,12 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         extra: dict[str, Any] = {}
         if key:
             hops = numbers.latency_hops.get(key, 0.0)
+            calls = numbers.collectives.get(key, 0.0)
+            call_s = getattr(o, CALL_OPTIONS[key]) if key in CALL_OPTIONS else 0.0
             own.update(bandwidth_bytes_per_s=numbers.bandwidths[key],
-                       latency_s=fig(o.collective_latency_s * hops, "s", "alpha_s · hops" + LATENCY_NOTE,
-                                     alpha_s=o.collective_latency_s, hops=hops))
+                       latency_s=fig(o.collective_latency_s * hops + call_s * calls, "s",
+                                     "alpha_s · hops + call_s · calls" + LATENCY_NOTE,
+                                     alpha_s=o.collective_latency_s, hops=hops, call_s=call_s, calls=calls))
             extra = dict(bandwidth_bytes_per_s=numbers.bandwidths[key], micro_batches=plan.grad_accum,
                          bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else inter-node; "
                                         "× comm_efficiency",

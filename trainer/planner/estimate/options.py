@@ -19,12 +19,26 @@ class EstimateOptions:
     small_terms: count the tensors Korthikanti leaves out (LayerNorm mean and 1/σ, log-sum-exp, causal mask,
         token/position/target index tensors). Off reproduces docs/formulas.md's table exactly.
     compute_efficiency: fraction of dense peak a large matmul reaches (Narayanan 2021: 44–52 % on A100).
-    efficiency_half_work: b·s·h/t at which the achieved efficiency is half of ``compute_efficiency`` — small
-        micro-batches and thin tensor-parallel shards do not fill the GPU.
+    efficiency_half_work: the GEMM shape at which the achieved efficiency is half of ``compute_efficiency``: a
+        layer's matmuls are (b·s tokens) × (h/t or f/t columns), and w = b·s·h/t measures them, so efficiency
+        = compute_efficiency · w/(w + w½) — small micro-batches and thin tensor-parallel shards do not fill the
+        device (each GEMM pays a fixed w½/w share on top of its FLOPs: tiles that do not fill the units, the
+        kernel's set-up). 2¹⁸ suits GPUs; ``calibrate`` fits it (CPU cores fill at far smaller shapes).
     comm_efficiency: fraction of the link bandwidth a collective reaches.
     collective_latency_s: α of the α–β model, fixed seconds each collective (each pipeline message) costs on top of
         its bytes/β: launch, synchronisation and the first hop. ~5 µs on GPU clusters (NVLink a few µs, InfiniBand
         5–10 µs per collective); far more through gloo on CPUs (fit it with ``calibrate``).
+    tp_call_s, dp_call_s, pp_call_s: fixed host seconds each collective call costs by kind, on top of α per ring
+        step: a tensor-parallel all-reduce (or sp all-gather / reduce-scatter) through DTensor, a data-parallel
+        collective (an FSDP2 all-gather / reduce-scatter with its hooks, a DDP bucket), a pipeline send/receive.
+        Negligible on GPUs (kernels are queued ahead of the host); milliseconds through gloo on oversubscribed
+        CPUs, where the Python dispatch of each call is the cost. 0 by default; ``calibrate`` fits them.
+    layer_overhead_s: host seconds each layer costs per micro-batch, forward and backward (Python and autograd
+        dispatch, operator launches), whatever its size; a full recompute adds half again (a second forward).
+        What dominates tiny models on CPUs; 0 by default (hidden behind the device's queue on GPUs).
+    microbatch_overhead_s: host seconds each micro-batch costs outside the layers (embedding, head, loss, the
+        schedule's bookkeeping); 0 by default.
+    Both host terms are work of a micro-batch, so a pipeline's bubble stretches them as it stretches compute.
     dp_overlap: fraction of data-parallel gradient communication hidden behind the backward pass.
     step_overhead_s: fixed seconds per step (optimizer launch, host work, synchronisation).
     overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
@@ -48,6 +62,11 @@ class EstimateOptions:
     efficiency_half_work: float = 2.0 ** 18
     comm_efficiency: float = 0.8
     collective_latency_s: float = 5e-6
+    tp_call_s: float = 0.0
+    dp_call_s: float = 0.0
+    pp_call_s: float = 0.0
+    layer_overhead_s: float = 0.0
+    microbatch_overhead_s: float = 0.0
     dp_overlap: float = 0.0
     step_overhead_s: float = 0.0
     overhead_bytes: float | None = None
@@ -68,7 +87,8 @@ class EstimateOptions:
                 p[name] = [f"{name}={getattr(self, name)} must be in (0, 1]"]
         if not 0.0 <= self.dp_overlap <= 1.0:
             p["dp_overlap"] = [f"dp_overlap={self.dp_overlap} must be in [0, 1]"]
-        for name in ("efficiency_half_work", "step_overhead_s", "fragmentation", "collective_latency_s"):
+        for name in ("efficiency_half_work", "step_overhead_s", "fragmentation", "collective_latency_s",
+                     "tp_call_s", "dp_call_s", "pp_call_s", "layer_overhead_s", "microbatch_overhead_s"):
             if getattr(self, name) < 0:
                 p[name] = [f"{name}={getattr(self, name)} must not be negative"]
         if self.overhead_bytes is not None and self.overhead_bytes < 0:

@@ -1,7 +1,7 @@
 """Benchmark: does trial mode pick a plan within 5 % of the best, measuring at most a third of a real CPU grid?
 
     python -m trainer.planner.tune.bench_trials [--root DIR] [--steps 20] [--warmup 5] [--remeasure] [--json OUT]
-                                                [--replay OUT.json]
+                                                [--replay OUT.json] [--calibration-runs OUT.json]
 
 The grid: 16 plans of the "tiny" preset (4 layers, d_model 64, 16 sequences of 64 tokens a step, fp32, native
 engine) on 2 and 4 local processes — data parallel (DDP, FSDP2), tensor parallel with and without
@@ -17,6 +17,11 @@ is validated before launch.
    plan differs by a few per cent or more when other processes share the cores, and that noise would otherwise be
    scored as the strategy's error. ``--remeasure`` runs trial mode's measurements for real again instead, and
    reports both.
+
+``--calibration-runs OUT.json`` measures, in one go, the grid and ``CALIBRATION_GRID`` (the same kinds of plan at
+other global batches and micro-batches, so that compute, which grows with the tokens a rank works on, can be told
+apart from what a step costs whatever its size) and writes them as the calibration records
+``tests/trainer/planner/data/cpu_trials.json`` holds; trial mode is not run.
 
 With fewer than four cores the 4-process plans run oversubscribed: the measured times are what the machine does,
 not what four devices would, and the planner (one CPU "device" per process) does not know that — trial mode has to
@@ -37,7 +42,7 @@ from typing import Callable
 from trainer.contract.presets import DEMO_TEXT, MODELS, local_cpu_cluster
 from trainer.contract import DatasetSpec, ParallelPlan
 from trainer.planner.estimate.calibrate import TimeFeatures
-from trainer.planner.tune.measure import LocalTrials, plan_label
+from trainer.planner.tune.measure import LocalTrials, TrialError, plan_label
 from trainer.planner.tune.search import Candidate, rank_plans, trial_features
 from trainer.planner.tune.space import SearchSpace
 from trainer.planner.tune.trials import TrialResult, run_trials
@@ -68,8 +73,73 @@ GRID: tuple[dict, ...] = (
 )
 
 
+# More plans for calibration: the grid's kinds at 8 or 32 sequences a step and other micro-batches.
+CALIBRATION_GRID: tuple[dict, ...] = (
+    dict(dp=2, micro_batch=8, global_batch=32),
+    dict(dp=2, micro_batch=2, global_batch=8),
+    dict(dp=2, micro_batch=4, global_batch=32),
+    dict(dp=2, micro_batch=4, global_batch=32, zero_stage=3),
+    dict(pp=2, micro_batch=4, global_batch=32, pipeline_schedule="1f1b"),
+    dict(pp=2, micro_batch=2, global_batch=8, pipeline_schedule="gpipe"),
+    dict(tp=2, micro_batch=4, global_batch=8),
+    dict(tp=2, micro_batch=8, global_batch=16),
+    dict(dp=4, micro_batch=8, global_batch=32),
+    dict(dp=4, micro_batch=2, global_batch=16),
+    dict(dp=4, micro_batch=4, global_batch=32),
+    dict(dp=4, micro_batch=2, global_batch=16, zero_stage=3),
+    dict(pp=4, micro_batch=2, global_batch=16, pipeline_schedule="1f1b"),
+    dict(dp=2, pp=2, micro_batch=4, global_batch=32, pipeline_schedule="1f1b"),
+    dict(tp=2, pp=2, micro_batch=4, global_batch=8, pipeline_schedule="1f1b"),
+    dict(dp=2, tp=2, micro_batch=4, global_batch=16),
+)
+
+
 def grid_plans() -> list[ParallelPlan]:
     return [ParallelPlan(**_NATIVE, **fields) for fields in GRID]
+
+
+def calibration_plans() -> list[ParallelPlan]:
+    """The grid and ``CALIBRATION_GRID``: the plans ``--calibration-runs`` measures."""
+    extra = [ParallelPlan(**{**_NATIVE, **fields}) for fields in CALIBRATION_GRID]
+    return grid_plans() + extra
+
+
+def record_label(plan: ParallelPlan) -> str:
+    """``plan_label``, with the global batch when it is not the grid's (labels stay unique in a records file)."""
+    label = plan_label(plan)
+    return label if plan.global_batch == GLOBAL_BATCH else f"{label}-g{plan.global_batch}"
+
+
+def measure_calibration_runs(root: Path, steps: int = 20, warmup: int = 5,
+                             progress: Callable[[str], None] = print) -> dict:
+    """Every plan of ``calibration_plans()`` measured once, one after another: the calibration records."""
+    model = MODELS["tiny"]
+    dataset = DatasetSpec(path=str(DEMO_TEXT), prepared_dir=str(root / "data"))
+    trials = LocalTrials(model, dataset, root / "calibration", steps=steps, warmup=warmup)
+    started, load_before = time.perf_counter(), os.getloadavg()
+    runs = []
+    plans = calibration_plans()
+    failed = []
+    for i, plan in enumerate(plans, 1):
+        for attempt in (1, 2):  # gloo on oversubscribed cores now and then loses a rank: one more try
+            try:
+                seconds = trials(plan)
+                break
+            except TrialError as exc:
+                progress(f"  {i:2d}/{len(plans)} {record_label(plan):<40} attempt {attempt} failed: "
+                         f"{str(exc).splitlines()[0][:200]}")
+        else:
+            failed.append(record_label(plan))
+            continue
+        runs.append({"label": record_label(plan), "plan": plan.to_dict(), "measured_step_time_s": seconds})
+        progress(f"  {i:2d}/{len(plans)} {record_label(plan):<40} {seconds * 1e3:7.1f} ms/step")
+    return {"source": f"python -m trainer.planner.tune.bench_trials --calibration-runs on {os.cpu_count()} CPU "
+                      f"cores, one plan after another in one go: the tiny preset, fp32, native engine; each run the "
+                      f"median step time of {steps} steps after {warmup} warm-up steps, OMP_NUM_THREADS=1, cluster "
+                      f"= presets.local_cpu_cluster(world size); load average before / after "
+                      f"{load_before[0]:.2f} / {os.getloadavg()[0]:.2f}; "
+                      f"{time.perf_counter() - started:.0f} s in all",
+            "model": "tiny", "runs": runs, "failed": failed}
 
 
 @dataclass
@@ -201,13 +271,22 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default="", help="write the whole result here")
     parser.add_argument("--replay", default="", help="a --json file (or the committed cpu_trials.json): reuse its "
                                                       "ground truth, run trial mode only")
+    parser.add_argument("--calibration-runs", default="", metavar="OUT.json",
+                        help="measure the grid and CALIBRATION_GRID and write them as calibration records; no trials")
     args = parser.parse_args(argv)
     root = Path(args.root) if args.root else Path(tempfile.mkdtemp(prefix="bench-trials-"))
     root.mkdir(parents=True, exist_ok=True)
+    if args.calibration_runs:
+        print(f"calibration runs under {root}", flush=True)
+        records = measure_calibration_runs(root, args.steps, args.warmup, lambda s: print(s, flush=True))
+        Path(args.calibration_runs).write_text(json.dumps(records, indent=1) + "\n")
+        print(records["source"])
+        return 0
     replay = None
     if args.replay:
         data = json.loads(Path(args.replay).read_text())
         # a --json file lists its "pool"; tests/trainer/planner/data/cpu_trials.json its "runs"
+        # (the records file also holds runs at other global batches, under labels of their own)
         replay = {row["label"]: row["measured_step_time_s"] for row in data.get("pool") or data["runs"]}
     print(f"trial folders under {root}", flush=True)
     out = run(root, args.steps, args.warmup, args.remeasure, replay, progress=lambda s: print(s, flush=True))
