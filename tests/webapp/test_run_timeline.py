@@ -79,6 +79,7 @@ def test_only_those_who_may_see_the_run_get_its_timeline_and_an_unknown_profile_
     assert api(None).get(_url(run)).status_code in (401, 403)
     unknown = api(alice).get(_url(run, "nope"), HTTP_ACCEPT="image/svg+xml")  # an <img>'s Accept: still JSON
     assert unknown.status_code == 404 and f"/api/profiles/?run={run.pk}" in unknown.json()["detail"]
+    assert api(alice).get(_url(run, "a%00b")).status_code == 404  # no profile has such a name: not asked for
     run.shared = True
     run.save()
     _svg(api(bob).get(_url(run)))

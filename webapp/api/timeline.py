@@ -1,6 +1,8 @@
 """A profile's timeline picture over REST: ``GET /api/runs/<id>/profiles/<name>/timeline.svg``
 (webapp.services.timeline draws it). The run is found as RunViewSet finds one: a run the user may not see is a 404.
 """
+import re
+
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -14,6 +16,7 @@ from ..services.timeline import NoTimeline, profile_timeline_svg
 from .permissions import IsOwnerOrStaffToChange
 
 SVG = "image/svg+xml"
+PROFILE_NAME = re.compile(r"[^./\x00-\x1f][^/\x00-\x1f]{0,119}")
 PICTURE = OpenApiResponse(OpenApiTypes.STR, description=(
     "the picture: one row a rank of its compute, exposed communication and idle spans over the profiled steps, "
     "with the micro-batch actions the trace names, and under it the same pipeline rank in the ideal schedule of the "
@@ -44,7 +47,10 @@ class ProfileTimelineView(GenericAPIView):
     def get(self, request, pk, name):
         """Where a profile's time went, rank by rank, beside the ideal pipeline schedule, as an SVG picture."""
         run = self.get_object()
-        profile = models.Profile.objects.filter(run=run, name=name).first()
+        # a name a profile cannot have (the contract's plain folder names) is looked up nowhere: NUL and other
+        # control characters would be an error of the database, not an answer
+        plain = PROFILE_NAME.fullmatch(name) is not None
+        profile = models.Profile.objects.filter(run=run, name=name).first() if plain else None
         if profile is None:
             raise NotFound(f"run {run.pk} has no profile {name!r}: profiles are listed at /api/profiles/?run={run.pk}"
                            f" (a run profiles the steps its spec's profile names)")

@@ -6,9 +6,9 @@ Read from the profile folder: ``timeline-rank-<r>.json`` (trainer/profiling/time
 rank's trace) and, when the trainer recorded it, ``schedule-rank-<r>.json``: the order of compute actions torch's
 schedule runs on every pipeline rank. The ideal rows simulate that order; without one, the order the plan's
 schedule generates (GPipe, 1F1B, interleaved 1F1B). One unit of the ideal schedule (one stage's forward) is set to
-the measured work per unit (the labelled actions' time, or all compute when none is labelled, over the units the
-schedule gives a rank), so an ideal row is the same work laid out without waits: the gap between the two rows is
-time lost to transfers, host overhead and the schedule's own bubble, which the ideal row shows alone.
+the measured work per unit (the compute inside the labelled actions, or all compute when none is labelled, over
+the units the schedule gives a rank), so an ideal row is the same work laid out without waits: the gap between the
+two rows is time lost to transfers, host overhead and the schedule's own bubble, which the ideal row shows alone.
 """
 from __future__ import annotations
 
@@ -177,8 +177,22 @@ def _number(value, default: float = 0.0) -> float:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else default
 
 
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    """Time two sorted lists of disjoint spans share."""
+    shared, i, j = 0.0, 0, 0
+    while i < len(a) and j < len(b):
+        shared += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return shared
+
+
 def _unit_ms(timelines: dict[int, dict], ideal: Ideal) -> float:
-    """ms of one ideal unit: the measured work over the units the ideal schedule gives those ranks."""
+    """ms of one ideal unit: the measured work over the units the ideal schedule gives those ranks. The work is the
+    compute inside the labelled actions (GPipe's ranges also hold the wait for the neighbour's tensor), or all of
+    a rank's compute when nothing is labelled."""
     work = units = 0.0
     for rank, data in timelines.items():
         pp_rank = ideal.pp_rank_of.get(rank)
@@ -186,8 +200,8 @@ def _unit_ms(timelines: dict[int, dict], ideal: Ideal) -> float:
             busy = ideal.simulation.rank(pp_rank).busy if pp_rank is not None else 0.0
         except KeyError:
             continue
-        actions = _actions(data)
-        work += sum(a["end"] - a["start"] for a in actions) if actions else _number(data.get("compute_ms"))
+        actions = sorted((a["start"], a["end"]) for a in _actions(data))
+        work += _overlap(_spans(data, "compute"), actions) if actions else _number(data.get("compute_ms"))
         units += busy * max(1, int(_number(data.get("steps"), 1)))
     return work / units if work > 0 and units > 0 else 1.0
 
