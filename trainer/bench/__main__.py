@@ -3,7 +3,7 @@
     python -m trainer.bench [--out DIR] [--steps N] [--only 1,2,3,4] [--text FILE]
 
 1. Engine overhead against a plain PyTorch loop (trainer.bench.overhead). Target ratio ≤ 1.05.
-2. Pipeline bubble against theory, p=2, 1F1B and interleaved (trainer.bench.bubble).
+2. Pipeline bubble against theory, p=2: 1F1B, interleaved and zero-bubble schedules (trainer.bench.bubble).
 3. Saved activations by checkpointing mode against Korthikanti's formula (trainer.bench.activations).
 4. ZeRO stages 0–3 on the DeepSpeed engine beside the native DDP and FSDP2 (trainer.bench.zero).
 """
@@ -64,15 +64,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_bubble(out: Path, dataset: DatasetSpec, args) -> None:
-    print(f"2. pipeline idle fraction, p=2, micro-batch {args.micro_batch} × seq 128; 1F1B (v=1) and interleaved "
-          f"1F1B (v=2)")
-    print("    m  v   theory (p−1)/(v·m+p−1)   measured stage0/stage1   corrected stage0/stage1 (mean)")
+    print(f"2. pipeline idle fraction, p=2, micro-batch {args.micro_batch} × seq 128: 1F1B, interleaved 1F1B and the "
+          f"zero-bubble schedules")
+    print("   schedule         m  v   theory   measured stage0/stage1   corrected stage0/stage1 (mean)   ÷ 1F1B's")
     for r in pipeline_bubble(out, dataset, max(args.steps // 2, 7), args.micro_batch):
         meas = "/".join(f"{v:.3f}" for v in r["measured_per_stage"])
         corr = "/".join(f"{v:.3f}" for v in r["corrected_per_stage"])
-        print(f"   {r['m']:2d}  {r['v']}   {r['theory']:.3f}                    {meas:>13}            {corr:>13} "
-              f"({r['corrected_mean']:.3f})   one-process host overhead {r['host_overhead_one_process']:.3f}")
-    print()
+        against = "" if r["schedule"] == "1f1b" or r["against_1f1b"] is None else f"{r['against_1f1b']:.2f}"
+        print(f"   {r['schedule']:15s} {r['m']:2d}  {r['v']}   {r['theory']:.3f}    {meas:>13}            "
+              f"{corr:>13} ({r['corrected_mean']:.3f})   {against:>8}   one-process host overhead "
+              f"{r['host_overhead_one_process']:.3f}")
+    print("   theory: b/(1+b) of the step, b = (p−1)/(v·m), or (p−1)/(3·v·m) for the zero-bubble schedules\n")
 
 
 def _print_activations() -> None:

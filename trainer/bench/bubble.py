@@ -1,7 +1,9 @@
 """Section 2 of ``python -m trainer.bench``: the measured idle fraction of each pipeline stage (torch.profiler,
-digested by trainer.profiling.digest) for p=2 and m=2, 4, 8 micro-batches, against (p−1)/(m+p−1); and the
-interleaved schedule (v=2) against (p−1)/(v·m+p−1). A one-process run of the same micro-batches gives the host
-overhead every step has anyway; "corrected" = 1 − compute share(pipeline) / compute share(one process)."""
+digested by trainer.profiling.digest) for p=2 and m=2, 4, 8 micro-batches, for 1F1B, interleaved 1F1B (v=2) and the
+zero-bubble schedules (zb-interleaved, zbv, dualpipev), each against the planner's theory (the bubble b of
+``memory.bubble_fraction`` is b/(1+b) of the step) and, for the zero-bubble ones, against 1F1B's measured figure at
+the same m. A one-process run of the same micro-batches gives the host overhead every step has anyway;
+"corrected" = 1 − compute share(pipeline) / compute share(one process)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,24 +11,29 @@ from pathlib import Path
 import torch
 
 from trainer.bench.common import bench_spec, fresh, launch
-from trainer.contract import DatasetSpec, ProfileSpec, RunSpec
+from trainer.contract import DatasetSpec, ParallelPlan, ProfileSpec, RunSpec
 from trainer.contract.runfolder import PROFILES, read_json
 from trainer.engine.loop import run
+from trainer.planner.estimate.memory import bubble_fraction
 
 MICROBATCHES = (2, 4, 8)
+P = 2
+# (schedule, chunks per rank), each at the m the contract lets it run (the V-shaped ones need more than p)
+SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zb-interleaved", 1), ("zbv", 2), ("dualpipev", 2))
 
 
 def _specs(out: Path, dataset: DatasetSpec, steps: int, micro_batch: int) -> dict[tuple[str, int], RunSpec]:
     profile = ProfileSpec(start_step=3, steps=3, warmup=1, name="bubble")
     specs = {}
     for m in MICROBATCHES:
-        common = dict(profile=profile, micro_batch=micro_batch, global_batch=m * micro_batch)
-        specs[("pp2", m)] = bench_spec(out, f"bubble-pp2-m{m}", dataset, steps, pp=2, pipeline_schedule="1f1b",
-                                       **common)
-        specs[("pp1", m)] = bench_spec(out, f"bubble-pp1-m{m}", dataset, steps, pp=1, **common)
-        if m >= 2 * 2:  # interleaved 1F1B, v=2 chunks of one block each per rank (needs m ≥ p; 4 and 8 shown)
-            specs[("pp2v2", m)] = bench_spec(out, f"bubble-pp2v2-m{m}", dataset, steps, pp=2,
-                                             pipeline_schedule="interleaved", virtual_stages=2, **common)
+        specs[("pp1", m)] = bench_spec(out, f"bubble-pp1-m{m}", dataset, steps, pp=1, profile=profile,
+                                       micro_batch=micro_batch, global_batch=m * micro_batch)
+        for schedule, v in SCHEDULES:
+            fields = dict(pp=P, pipeline_schedule=schedule, virtual_stages=v, micro_batch=micro_batch,
+                          global_batch=m * micro_batch)
+            if not ParallelPlan(**fields).problems():
+                specs[(schedule, m)] = bench_spec(out, f"bubble-{schedule}-m{m}", dataset, steps, profile=profile,
+                                                  **fields)
     return specs
 
 
@@ -49,16 +56,19 @@ def pipeline_bubble(out: Path, dataset: DatasetSpec, steps: int, micro_batch: in
                 run(s, Path(s.output_dir), resume=False)
     finally:
         torch.set_num_threads(threads)
-    rows, p = [], 2
-    for kind, m in specs:
+    rows = []
+    for (kind, m), spec in specs.items():
         if kind == "pp1":
             continue
-        v = 2 if kind == "pp2v2" else 1
-        piped = _compute_share(Path(specs[(kind, m)].output_dir))
+        piped = _compute_share(Path(spec.output_dir))
         alone = _compute_share(Path(specs[("pp1", m)].output_dir))[0]
         corrected = [1 - c / alone for c in piped]
-        # bubble (p−1)/(v·m) of the ideal time is (p−1)/(v·m + p−1) of the whole step
-        rows.append({"m": m, "v": v, "theory": (p - 1) / (v * m + p - 1), "measured_per_stage": [1 - c for c in piped],
-                     "corrected_per_stage": corrected, "corrected_mean": sum(corrected) / len(corrected),
-                     "host_overhead_one_process": 1 - alone})
-    return sorted(rows, key=lambda r: (r["v"], r["m"]))
+        bubble = bubble_fraction(spec.plan)
+        rows.append({"schedule": kind, "m": m, "v": spec.plan.model_chunks, "theory": bubble / (1 + bubble),
+                     "measured_per_stage": [1 - c for c in piped], "corrected_per_stage": corrected,
+                     "corrected_mean": sum(corrected) / len(corrected), "host_overhead_one_process": 1 - alone})
+    one_f_one_b = {r["m"]: r["corrected_mean"] for r in rows if r["schedule"] == "1f1b"}
+    for r in rows:
+        r["against_1f1b"] = r["corrected_mean"] / one_f_one_b[r["m"]] if one_f_one_b.get(r["m"]) else None
+    order = [name for name, _ in SCHEDULES]
+    return sorted(rows, key=lambda r: (order.index(r["schedule"]), r["m"]))

@@ -59,7 +59,8 @@ PLAN_HELP = {
     "activation_checkpointing": "recompute activations in backward instead of keeping them",
     "precision": "the precision of compute",
     "pipeline_schedule": "how micro-batches flow through the stages (pp > 1)",
-    "virtual_stages": "model chunks per pipeline rank, for the interleaved schedule",
+    "virtual_stages": "model chunks per pipeline rank: 2 or more for interleaved, any for zb-interleaved, "
+                      "2 for zbv and dualpipev",
     "offload_optimizer": "optimizer states in host memory (deepspeed, ZeRO ≥ 1)",
     "offload_params": "parameters in host memory (deepspeed, ZeRO 3)",
 }
