@@ -15,6 +15,7 @@ from django.utils.html import format_html
 from trainer.contract import presets
 
 from . import models, services
+from .services.calibration import calibration_report
 
 
 class LabelledSplitDateTime(admin_widgets.AdminSplitDateTime):
@@ -138,12 +139,25 @@ class ClusterAdmin(admin.ModelAdmin):
                                  "gpu_hour_cost")}),
         ("Slurm", {"fields": ("partition", "account", "qos", "time_limit", "stop_before_limit_s", "env_setup",
                               "container_image", "rest_url")}),
+        ("Calibration", {"fields": ("calibration_state",)}),
     ]
+    readonly_fields = ("calibration_state",)
     list_filter = ("kind",)
     search_fields = ("name", "partition", "account")
     # slurmrestd usually answers plain HTTP on a login node: an address given without a scheme means http://
     formfield_overrides = {**OwnedAdmin.formfield_overrides,
                            models.Cluster._meta.get_field("rest_url").__class__: {"assume_scheme": "http"}}
+
+    @admin.display(description="calibration")
+    def calibration_state(self, cluster):
+        """What estimates on the cluster use: the fit's note and fitted options (refit: POST
+        /api/clusters/<id>/calibrate/)."""
+        if cluster.pk is None:
+            return "-"
+        report = calibration_report(cluster)
+        fitted = ", ".join(f"{k}={v:.4g}" for k, v in sorted(report["options"].items())
+                           if isinstance(v, float) and k.endswith(("_s", "efficiency", "half_work")))
+        return f"{report['note']} ({report['records']} record(s))" + (f"; {fitted}" if fitted else "")
 
     @admin.display(description="machines")
     def machines(self, cluster):

@@ -6,7 +6,7 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
-from . import deploying, ingesting, launching, runs, tuning
+from . import calibrating, deploying, ingesting, launching, runs, tuning
 
 
 @shared_task(name="workbench.health")
@@ -43,6 +43,12 @@ def reconcile() -> dict:
 def ingest(run_ids: list[int]) -> int:
     """Read these runs' folders in (metrics, events, checkpoints, profiles); sent by reconcile for grown folders."""
     return ingesting.ingest_runs(run_ids)
+
+
+@shared_task(name="workbench.calibration.refit")
+def calibration_refit(cluster_id: int) -> dict:
+    """Refit a cluster's step-time terms to its completed runs' records; sent when one of its runs completes."""
+    return calibrating.calibration_refit(cluster_id)
 
 
 @shared_task(name="workbench.tune.run")

@@ -10,6 +10,7 @@ from rest_framework.response import Response
 from .. import models, services
 from ..services.datasets import NotText, UploadTooLarge, upload_limit
 from . import filters
+from .calibration import ClusterCalibrationActions
 from .live import RunLiveData
 from .fields import StrictCharField
 from .parsers import RequestTooLarge
@@ -75,8 +76,8 @@ class DatasetViewSet(OwnedViewSet):
         return Response(DatasetSerializer(dataset, context={"request": request}).data, status=status.HTTP_201_CREATED)
 
 
-class ClusterViewSet(viewsets.ModelViewSet):
-    """Clusters: every user reads them; staff create and change them."""
+class ClusterViewSet(ClusterCalibrationActions, viewsets.ModelViewSet):
+    """Clusters: every user reads them and their calibration; staff create and change them and ask for refits."""
 
     queryset = models.Cluster.objects.all()
     serializer_class = ClusterSerializer

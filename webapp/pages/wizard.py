@@ -14,10 +14,10 @@ from django.urls import path
 from django.views.decorators.http import require_POST
 
 from trainer.contract import ModelSpec, ParallelPlan, SpecError
-from trainer.planner.estimate.api import estimate_json
 from trainer.planner.tune.api import tune_json
 
 from .. import services
+from ..services.calibration import calibrated_estimate
 from ..api.errors import ClientInputError, computing_on, require_finite
 from ..api.planner_requests import EstimateRequestSerializer, TuneRequestSerializer
 from ..models import ModelConfig, ParallelismPlan, Run
@@ -44,7 +44,9 @@ def _estimate(request, wizard: Wizard, parts: Parts) -> dict | None:
         return None
     try:
         with computing_on("the estimate"):
-            return require_finite(estimate_json(dict(body.validated_data)), "the estimate")
+            # the chosen cluster's calibration, when it has one, as the run made from these fields will get
+            cluster = wizard.run.cleaned_data.get("cluster")
+            return require_finite(calibrated_estimate(dict(body.validated_data), cluster), "the estimate")
     except SpecError as exc:
         wizard.add_errors(exc.errors)
     except ClientInputError as exc:

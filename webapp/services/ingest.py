@@ -16,6 +16,7 @@ from trainer.contract.runfolder import EVENTS, METRICS, read_json, read_jsonl
 
 from ..finite import finite
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
+from .calibration import calibration_record_add
 from .history import Source, record_event
 from .series.store import series_write
 from .upsert import upsert
@@ -131,6 +132,7 @@ def run_ingest(run_id: int) -> Run:
     if train_steps:
         run.last_step = max(run.last_step, *train_steps)
 
+    completed_before = run.status == RunStatus.COMPLETED
     offset, saved = state.get("events_offset", 0), False
     for offset, event in read_jsonl(folder / EVENTS, offset):
         _apply_event(run, event)
@@ -147,4 +149,6 @@ def run_ingest(run_id: int) -> Run:
 
     run.ingest_state = state
     run.save()
+    if run.status == RunStatus.COMPLETED and not completed_before:
+        calibration_record_add(run)  # its measurement joins the cluster's calibration
     return run

@@ -1,7 +1,7 @@
 """The planner's estimate of a run beside what the run measured, one row a figure, with the relative error.
 
-The estimate is made once from the run's stored spec (its model, plan and cluster, at the planner's default options)
-when the run is created, and kept on the run: the spec never changes, so neither does the estimate. A run made
+The estimate is made once from the run's stored spec (its model, plan and cluster, at the planner's default options,
+or its cluster's calibrated ones: webapp.services.calibration) when the run is created, and kept on the run: the spec never changes, so neither does the estimate. A run made
 before estimates were kept gets its own on first read. The measurements come from what ingestion stored: the step
 series, the memory figures of the first step records (the trainer measures the bytes it holds on an attempt's first
 step, trainer/engine/loop.py), each rank's figures (webapp.services.rank_figures) and the newest profile's digest.
@@ -18,8 +18,9 @@ from django.db.models import Max
 from trainer.contract import SpecError
 from trainer.planner.estimate.api import estimate_json
 
-from ..models import Metric, Run, SeriesBucket, SeriesStep
+from ..models import Cluster, Metric, Run, SeriesBucket, SeriesStep
 from ..models.series import Series
+from .calibration import calibrated_payload
 from .rank_figures import rank_summary
 
 log = logging.getLogger(__name__)
@@ -45,15 +46,20 @@ NO_PROFILE = "no profile taken (give the run a profile to measure it)"
 
 # -- the estimate -------------------------------------------------------------------------------------------------
 
-def spec_estimate(spec: dict | None) -> dict:
-    """The planner's estimate for a run spec's model, plan and cluster at default options, or ``{"error": why}``.
+def spec_estimate(spec: dict | None, cluster: Cluster | None = None) -> dict:
+    """The planner's estimate for a run spec's model, plan and cluster, or ``{"error": why}``: at the cluster's
+    calibrated options when it has a usable calibration (the answer's ``calibration`` says so), else the defaults.
 
     Never raises: an estimate is a help beside a run, so a spec the planner cannot estimate, or a planner bug, is
     kept as the reason there is none instead of stopping the run from being created or shown."""
     if not isinstance(spec, dict) or not all(key in spec for key in ("model", "plan", "cluster")):
         return {"error": "the run has no stored spec to estimate"}
     try:
-        return estimate_json({key: spec[key] for key in ("model", "plan", "cluster")})
+        payload, calibration = calibrated_payload({key: spec[key] for key in ("model", "plan", "cluster")}, cluster)
+        answer = estimate_json(payload)
+        if calibration is not None:
+            answer["calibration"] = calibration
+        return answer
     except (SpecError, ValueError, ArithmeticError) as exc:
         return {"error": f"the planner cannot estimate this spec: {exc}"}
     except Exception as exc:  # noqa: BLE001 - see the docstring; the traceback goes to the log
@@ -64,7 +70,7 @@ def spec_estimate(spec: dict | None) -> dict:
 def run_estimate(run: Run) -> dict:
     """The run's stored estimate; made and saved on first read for a run created before estimates were kept."""
     if not run.estimate:
-        run.estimate = spec_estimate(run.spec)
+        run.estimate = spec_estimate(run.spec, run.cluster)
         # only this column: a read must not write back other fields the caller's copy may hold stale
         Run.objects.filter(pk=run.pk).update(estimate=run.estimate)
     return run.estimate
@@ -93,7 +99,7 @@ def estimate_summary(estimate: dict) -> dict:
             "peak_stage": memory.get("peak_stage"), "capacity_bytes": _value(memory, "capacity"),
             "fits": memory.get("fits"), "step_time_s": _value(estimate, "time", "step"),
             "tokens_per_s": _value(estimate, "time", "tokens_per_s"), "mfu": _value(estimate, "time", "mfu"),
-            "options": estimate.get("options") or {},
+            "options": estimate.get("options") or {}, "calibration": estimate.get("calibration"),
             "warnings": [w for w in estimate.get("warnings") or [] if isinstance(w, str)]}
 
 

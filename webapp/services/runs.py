@@ -105,7 +105,7 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     spec = run_check(run)
     # Made once from the checked spec, which never changes; a spec the planner cannot estimate keeps the reason
     # instead, and the run is created all the same.
-    run.estimate = spec_estimate(spec.to_dict())
+    run.estimate = spec_estimate(spec.to_dict(), run.cluster)
     run.save()
     run.run_dir = str(run_folder(run))
     run.spec = spec.replace(output_dir=run.run_dir).to_dict()
