@@ -31,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from trainer.contract.rules import V_SCHEDULES
 from trainer.model import GPT
+from trainer.planner.schedule import schedule_orders
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
              "zb-interleaved": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,
@@ -152,8 +153,13 @@ def schedule_record(schedule, kind: str, pp: int, pp_rank: int, virtual_stages: 
         kind_ = action.computation_type.value
         return [[kind_, action.stage_index, action.microbatch_index]] if kind_ in _COMPUTE_KINDS else []
 
-    order = schedule.pipeline_order or {}
+    if kind in SINGLE_STAGE:
+        # GPipe and 1F1B run a loop of their own, not their ``pipeline_order`` (which, for 1F1B, is off by one
+        # micro-batch on the last rank): record the order the loop runs
+        order = {str(rank): [list(action) for action in actions]
+                 for rank, actions in schedule_orders(kind, pp, n_microbatches).items()}
+    else:
+        order = {str(rank): [part for action in actions for part in compute(action)]
+                 for rank, actions in sorted((schedule.pipeline_order or {}).items())}
     return {"schedule": kind, "pp": pp, "pp_rank": pp_rank, "stages_per_rank": virtual_stages,
-            "microbatches": n_microbatches,
-            "order": {str(rank): [part for action in actions for part in compute(action)]
-                      for rank, actions in sorted(order.items())}}
+            "microbatches": n_microbatches, "order": order}

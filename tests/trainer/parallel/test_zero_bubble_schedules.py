@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer.contract import ParallelPlan
-from trainer.parallel.pipeline import SCHEDULES, schedule_record, stage_ids
+from trainer.parallel.pipeline import SCHEDULES, SINGLE_STAGE, schedule_record, stage_ids
 from trainer.contract.presets import MODELS, local_cpu_cluster
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate.core import Planner
@@ -26,7 +26,7 @@ def _torch_order(kind: str, pp: int, microbatches: int, v: int) -> dict:
                                     is_first=i == 0, is_last=i == n_stages - 1, has_backward=True,
                                     submod=torch.nn.Linear(1, 1), stage_index_to_group_rank={}, scale_grads=True)
               for i in stage_ids(0, pp, v, kind)]
-    schedule = SCHEDULES[kind](stages, n_microbatches=microbatches)
+    schedule = SCHEDULES[kind](stages[0] if kind in SINGLE_STAGE else stages, n_microbatches=microbatches)
     return schedule_record(schedule, kind, pp, 0, v, microbatches)
 
 
@@ -74,3 +74,11 @@ def test_a_v_places_both_ends_of_the_model_on_the_first_rank():
     head = looped[1].params - v_shaped[1].params
     assert head > 0 and v_shaped[0].params == looped[0].params + head
     assert "logits_and_grad" in v_shaped[0].buffers and "logits_and_grad" not in v_shaped[1].buffers
+
+
+def test_the_recorded_order_of_a_single_stage_schedule_is_the_one_its_loop_runs():
+    """GPipe's and 1F1B's own loops, not their ``pipeline_order``, decide what runs: the record lays out cleanly."""
+    for kind in ("gpipe", "1f1b"):
+        record = _torch_order(kind, 2, 4, 1)
+        timelines = simulate(orders_from_json(record["order"])).ranks
+        assert [t.idle_share for t in timelines] == pytest.approx([1 / 5, 1 / 5])
