@@ -164,3 +164,18 @@ def test_it_predicts_real_cpu_runs_within_15_percent_held_out():
         assert after[key].time_error["mean"] < before[key].time_error["mean"]
         # milliseconds a tensor-parallel call through DTensor and gloo
         assert 1e-4 < after[key].options.tp_call_s < 2e-2
+
+
+def test_a_calibrated_estimate_explains_its_new_terms_with_formulas_that_give_their_values():
+    from tests.trainer.planner.test_figure_formulas import estimate_figures, evaluate
+    from trainer.planner.estimate import estimate
+    plans = [ParallelPlan(tp=2, pp=2, micro_batch=4, global_batch=16, sequence_parallel=True),
+             ParallelPlan(dp=4, micro_batch=2, global_batch=16, zero_stage=3, activation_checkpointing="full"),
+             ParallelPlan(dp=2, pp=2, micro_batch=2, global_batch=16, pipeline_schedule="interleaved",
+                          virtual_stages=2)]
+    for plan in plans:
+        est = estimate(MODELS["tiny"], plan, local_cpu_cluster(4), CPU_TRUTH)
+        assert est.time["step"].terms["host_overhead"].value > 0
+        for path, f in estimate_figures(est):
+            if f.formula and f.terms:
+                assert evaluate(f.formula, f.terms) == pytest.approx(f.value, rel=1e-9, abs=1e-15), path

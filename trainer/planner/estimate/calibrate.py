@@ -85,11 +85,13 @@ class ClusterCalibration:
     time_error: dict[str, float] = field(default_factory=dict)     # leave-one-out relative error: median, mean, max
     memory_error: dict[str, float] = field(default_factory=dict)
     time_errors: list[float] = field(default_factory=list)         # each run's held-out error, in record order
+    time_terms: tuple[str, ...] = ()                                # the free terms of the fit (the rest pinned)
 
     def to_dict(self) -> dict[str, Any]:
         return {"cluster": self.cluster, "runs": self.runs, "options": self.options.to_dict(),
                 "time_coefficients": self.time_coefficients, "memory_coefficients": self.memory_coefficients,
-                "time_error": self.time_error, "memory_error": self.memory_error, "time_errors": self.time_errors}
+                "time_error": self.time_error, "memory_error": self.memory_error, "time_errors": self.time_errors,
+                "time_terms": list(self.time_terms)}
 
 
 @dataclass
@@ -473,7 +475,8 @@ def _calibrate_cluster(key: str, runs: list[MeasuredRun], base: EstimateOptions,
     mem_runs = [r for r in runs if r.memory_bytes is not None]
     mf = [_memory_features(Planner(r.model, r.cluster, ideal), r.plan) for r in mem_runs]
     my = [r.memory_bytes for r in mem_runs]
-    time_fit = fit_chosen(tf, ty, base, terms)
+    chosen = terms if terms is not None else choose_terms(tf, ty, base)
+    time_fit = fit_time(tf, ty, chosen, base)
     memory_fit = _fit_memory_peak(mf, my) if mf else MemoryFit(base.overhead_for(runs[0].cluster.gpu.name),
                                                                1 + base.fragmentation)
     options = time_fit.options(base).replace(overhead_bytes=memory_fit.overhead_bytes,
@@ -491,4 +494,4 @@ def _calibrate_cluster(key: str, runs: list[MeasuredRun], base: EstimateOptions,
     return ClusterCalibration(key, len(runs), options, time_fit.to_dict(),
                               {"overhead_bytes": memory_fit.overhead_bytes, "dynamic": memory_fit.dynamic},
                               relative_errors(time_errors), relative_errors(_leave_one_out(len(mf), memory_error)),
-                              time_errors)
+                              time_errors, tuple(chosen))
