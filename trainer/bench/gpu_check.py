@@ -232,7 +232,8 @@ def print_decode(model: ModelSpec, table: list[dict]) -> None:
     print(f"\n2. KV-cache decode {model.name}, bf16, prompt {t['prompt_len']}, {t['new_tokens']} new tokens (median)")
     print(f"   {'batch':>5} {'ms/step':>9} {'tokens/s':>12} {'HBM bound':>12} {'fraction':>9} {'bound w/ copy':>14}")
     for r in table:
-        print(f"   {r['batch']:5d} {r['step_s'] * 1e3:9.3f} {r['tokens_per_s']:12,.0f} {r['bound_tokens_per_s']:12,.0f} "
+        print(f"   {r['batch']:5d} {r['step_s'] * 1e3:9.3f} {r['tokens_per_s']:12,.0f} "
+              f"{r['bound_tokens_per_s']:12,.0f} "
               f"{r['fraction_of_bound']:9.3f} {r['bound_with_cache_copy_tokens_per_s']:14,.0f}")
     print(f"   target fraction ≥ {G.DECODE_FRACTION_TARGET:.2f}", flush=True)
 
@@ -244,6 +245,68 @@ def environment(device: torch.device) -> dict:
             "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
 
 
+def train_what_fits(model: ModelSpec, clu: ClusterSpec, numbers: PlanNumbers, dataset: DatasetSpec, run_dir: Path,
+                    steps: int) -> tuple[PlanNumbers, list[dict], list[int]]:
+    """Train the chosen plan; should the planner have been wrong and it runs out of memory, the next smaller
+    micro-batch, so that one unattended run still ends with figures. Returns the plan's numbers, the metrics
+    records and the micro-batches that ran out of memory."""
+    failed: list[int] = []
+    while True:
+        try:
+            return numbers, train(model, numbers.plan, clu, dataset, run_dir, steps), failed
+        except torch.cuda.OutOfMemoryError:
+            failed.append(numbers.plan.micro_batch)
+        smaller = [b for b in MICRO_BATCHES if b < failed[-1]]
+        if not smaller:
+            raise SystemExit(f"{model.name} ran out of memory at every micro-batch down to {failed[-1]}")
+        gc.collect()  # outside the except block: the traceback's frames, and the tensors they hold, are gone
+        torch.cuda.empty_cache()
+        numbers = Planner(model, clu).evaluate(bf16_plan(smaller[0], numbers.plan.activation_checkpointing))
+        log(f"out of memory at micro-batch {failed[-1]} (planner: {numbers.peak_bytes / 1e9:.1f} GB would fit); "
+            f"again at micro-batch {smaller[0]}")
+
+
+def training_section(args: argparse.Namespace, out: Path, model: ModelSpec, clu: ClusterSpec,
+                     device: torch.device) -> tuple[dict, list[G.Row]]:
+    plan, numbers = choose_plan(model, clu, args.micro_batch, args.checkpointing)
+    log(f"plan: micro-batch {plan.micro_batch}, checkpointing {plan.activation_checkpointing}; planner peak "
+        f"{numbers.peak_bytes / 1e9:.1f} of {numbers.capacity_bytes / 1e9:.0f} GB (fits: {numbers.fits})")
+    dataset = prepared_dataset(out, model, args.text, args.prepared_dir)
+    log(f"data ready ({dataset.tokenizer_vocab}-token BPE); training {args.steps} steps")
+    numbers, records, failed = train_what_fits(model, clu, numbers, dataset, out / "train", args.steps)
+    measured = G.training_measurement(records, args.warmup)
+    measured["max_memory_allocated_bytes"] = allocator_peak(device)
+    training, rows = training_result(model, clu, numbers, measured)
+    training.update(plan=numbers.plan.to_dict(), out_of_memory_at_micro_batch=failed)
+    log("training done")
+    print_training(model, training)
+    return training, rows
+
+
+def decode_section(args: argparse.Namespace, model: ModelSpec, clu: ClusterSpec,
+                   device: torch.device) -> tuple[list[dict], list[G.Row]]:
+    gc.collect()  # the trainer's model and optimizer are gone: give their memory back before the decode model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    net = decode_model(model, device)
+    batches = [int(b) for b in args.decode_batches.split(",")]
+    log(f"decode model built; timing batches {batches}")
+    measured = []
+    for b in batches:
+        measured.append(time_decode(net, b, args.prompt_len, args.decode_tokens, args.decode_repeats))
+        log(f"batch {b}: {measured[-1]['tokens_per_s']:,.0f} tokens/s")
+    decode, rows = decode_result(model, clu, measured)
+    print_decode(model, decode)
+    return decode, rows
+
+
+def write_result(out: Path, result: dict) -> None:
+    """Written after each section, so that a crash later still leaves the figures measured before it."""
+    rows = result.get("rows", [])
+    result.update(all_passed=bool(rows) and all(r["passed"] for r in rows), wall_s=_Clock.elapsed())
+    (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     _Clock.start = time.perf_counter()
     args = parse_args(argv)
@@ -251,46 +314,27 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     device = resolve_device(args.device)
     model, clu = MODELS[args.model], check_cluster(device, args.gpu)
-    batches = [int(b) for b in args.decode_batches.split(",")]
     if args.prompt_len + args.decode_tokens > model.seq_len:
         raise SystemExit(f"prompt {args.prompt_len} + {args.decode_tokens} new tokens exceed seq_len {model.seq_len}")
     env = environment(device)
     log(f"{env['device_name']}, torch {env['torch']} (CUDA {env['cuda']}); {model.name}: "
         f"{count(model).total / 1e9:.3f} B parameters, seq {model.seq_len}, vocab {model.vocab_size}; "
         f"figures on {clu.gpu.name}")
+    result: dict = {"environment": env, "model": model.to_dict(), "cluster": clu.to_dict()}
 
-    plan, numbers = choose_plan(model, clu, args.micro_batch, args.checkpointing)
-    log(f"plan: micro-batch {plan.micro_batch}, checkpointing {plan.activation_checkpointing}; planner peak "
-        f"{numbers.peak_bytes / 1e9:.1f} of {numbers.capacity_bytes / 1e9:.0f} GB (fits: {numbers.fits})")
-    dataset = prepared_dataset(out, model, args.text, args.prepared_dir)
-    log(f"data ready ({dataset.tokenizer_vocab}-token BPE); training {args.steps} steps")
-    records = train(model, plan, clu, dataset, out / "train", args.steps)
-    measured = G.training_measurement(records, args.warmup)
-    measured["max_memory_allocated_bytes"] = allocator_peak(device)
-    training, rows = training_result(model, clu, numbers, measured)
-    log("training done")
-    print_training(model, training)
-
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    net = decode_model(model, device)
-    log(f"decode model built; timing batches {batches}")
-    measured_decode = []
-    for b in batches:
-        measured_decode.append(time_decode(net, b, args.prompt_len, args.decode_tokens, args.decode_repeats))
-        log(f"batch {b}: {measured_decode[-1]['tokens_per_s']:,.0f} tokens/s")
-    decode, decode_rows = decode_result(model, clu, measured_decode)
-    print_decode(model, decode)
+    training, rows = training_section(args, out, model, clu, device)
+    result.update(training=training, rows=[r.to_dict() for r in rows])
+    write_result(out, result)
+    decode, decode_rows = decode_section(args, model, clu, device)
     rows += decode_rows
+    result.update(decode=decode, rows=[r.to_dict() for r in rows])
 
     print("\n3. summary")
     for line in G.summary_lines(rows):
         print("   " + line)
-    result = {"environment": env, "model": model.to_dict(), "cluster": clu.to_dict(), "plan": plan.to_dict(),
-              "training": training, "decode": decode, "rows": [r.to_dict() for r in rows],
-              "all_passed": all(r.passed for r in rows), "wall_s": _Clock.elapsed()}
-    (out / RESULT).write_text(json.dumps(result, indent=2) + "\n")
+    if training["out_of_memory_at_micro_batch"]:
+        print(f"   the planner fitted micro-batch {training['out_of_memory_at_micro_batch']}, which ran out of memory")
+    write_result(out, result)
     log(f"wrote {out / RESULT}")
     if dist.is_initialized():  # the trainer joined a world of one; leave the process as it was found
         dist.destroy_process_group()

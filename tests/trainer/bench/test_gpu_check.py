@@ -5,7 +5,9 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 
+from trainer.bench import gpu_check
 from trainer.bench import gpu_figures as G
 from trainer.bench.gpu_check import HEADROOM, MICRO_BATCHES, bf16_plan, choose_plan, main
 from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
@@ -22,7 +24,9 @@ def test_targets_met_exactly_pass_and_a_hair_below_fails():
     assert G.mfu_row(0.45).passed and not G.mfu_row(0.4499).passed
     assert G.memory_row(100.0, 105.0).passed and G.memory_row(100.0, 95.0).passed
     assert not G.memory_row(100.0, 105.01).passed
-    assert G.decode_rows([{"batch": 1, "tokens_per_s": 600.0, "step_s": 1 / 600}], {1: 1000.0}, {1: 900.0}, 24)[0].passed
+    at_target = {"batch": 1, "tokens_per_s": 600.0, "step_s": 1 / 600}
+    assert G.decode_rows([at_target], {1: 1000.0}, {1: 900.0}, 24)[0].passed
+    assert not G.decode_rows([{**at_target, "tokens_per_s": 599.9}], {1: 1000.0}, {1: 900.0}, 24)[0].passed
 
 
 def test_the_memory_error_is_relative_to_the_measurement():
@@ -146,6 +150,24 @@ def test_the_plan_is_the_largest_micro_batch_the_planner_fits_with_headroom():
         choose_plan(GPT13, H200, micro_batch=64)
 
 
+def test_a_plan_that_runs_out_of_memory_is_retried_at_the_next_smaller_micro_batch(monkeypatch, tmp_path):
+    tried = []
+
+    def train(model, plan, clu, dataset, run_dir, steps):
+        tried.append(plan.micro_batch)
+        if plan.micro_batch > 8:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return [{"step": 1}]
+
+    monkeypatch.setattr(gpu_check, "train", train)
+    first = Planner(GPT13, H200).evaluate(bf16_plan(16, "none"))
+    numbers, records, failed = gpu_check.train_what_fits(GPT13, H200, first, None, tmp_path, 3)
+    assert (tried, failed, numbers.plan.micro_batch, records) == ([16, 12, 8], [16, 12], 8, [{"step": 1}])
+    monkeypatch.setattr(gpu_check, "MICRO_BATCHES", (16, 12))
+    with pytest.raises(SystemExit, match="every micro-batch down to 12"):
+        gpu_check.train_what_fits(GPT13, H200, first, None, tmp_path, 3)
+
+
 # ---- the whole script on the CPU -----------------------------------------------------------------------------------
 
 def _numbers(value):
@@ -172,7 +194,8 @@ def test_a_tiny_cpu_run_writes_every_figure(tmp_path, dataset, capsys):
                 "planned_peak_bytes", "planned_full_peak_bytes", "capacity_bytes", "states_bytes",
                 "activations_bytes", "memory_floor_share", "loss_first", "loss_last"):
         assert math.isfinite(t[key]) and t[key] > 0, key
-    assert (t["steps"], t["timed_steps"], t["max_allocated_bytes"], t["max_memory_allocated_bytes"]) == (2, 1, None, None)
+    assert (t["steps"], t["timed_steps"]) == (2, 1)
+    assert t["max_allocated_bytes"] is None and t["max_memory_allocated_bytes"] is None  # no allocator peak on CPU
     assert set(t["measured_parts"]) == {"states", "activations"}  # no allocator on the CPU
     assert t["peak_bytes"] == t["states_bytes"] + t["activations_bytes"]
     assert [d["batch"] for d in result["decode"]] == [1, 2]
@@ -187,7 +210,8 @@ def test_a_tiny_cpu_run_writes_every_figure(tmp_path, dataset, capsys):
                      "decode tokens/s, batch 2"]
     assert all(isinstance(r["passed"], bool) and (r["passed"] or r["limit"]) for r in result["rows"])
     assert result["all_passed"] == all(r["passed"] for r in result["rows"])
-    assert result["plan"]["micro_batch"] == 4 and result["environment"]["device"] == "cpu"
+    assert t["plan"]["micro_batch"] == 4 and t["out_of_memory_at_micro_batch"] == []
+    assert result["environment"]["device"] == "cpu"
     assert all(math.isfinite(x) for x in _numbers(result))
 
 
