@@ -3,7 +3,8 @@
 The step-time model (``Planner.step_time``) is linear in its per-cluster coefficients once the plan is fixed, so
 each measured run gives one linear equation. Its terms, by what they physically are:
 
-    step ≈ x_c · C + x_s · S + x_n · N + α · K + h_l · L + h_m · M + c_tp · Q_tp + c_dp · Q_dp + c_pp · Q_pp + x_0 + R
+    step ≈ x_c · C + x_s · S + x_n · N + α · K + h_l · L + h_m · M + h_e · X + c_tp · Q_tp + c_dp · Q_dp + c_pp · Q_pp
+           + x_0 + R
 
     C      compute seconds at the device's peak (hardware FLOPs of the slowest stage / peak), with the bubble's share
     S      C / w: the GEMM-shape term. A layer's matmuls are (b·s tokens) × (h/t or f/t columns), w = b·s·h/t; each
@@ -14,6 +15,9 @@ each measured run gives one linear equation. Its terms, by what they physically 
     L      layer passes a rank dispatches: micro-batches × layers per stage (× 1.5 with full recompute); h_l is the
            host's fixed cost of a layer's forward and backward (Python, autograd, operator launches)
     M      micro-batches; h_m the host cost of one outside the layers (embedding, head, loss, schedule)
+    X      expert passes: micro-batches × MoE layers per stage × experts a rank holds (× 1.5 with full recompute);
+           h_e the host cost of one expert's forward and backward (the layer runs its experts one by one, each its
+           own small GEMMs on its capacity rows); 0 for dense runs, so only records with experts fit it
     Q_*    collective calls by kind — tensor-parallel all-reduces (DTensor), data-parallel collectives (FSDP2
            all-gathers / reduce-scatters with their hooks, DDP buckets), pipeline messages (gloo point-to-point);
            c_* each call's fixed host cost on top of α per ring step
@@ -21,11 +25,11 @@ each measured run gives one linear equation. Its terms, by what they physically 
     R      what no coefficient scales (CPU offload over PCIe and the host optimizer, at their own rates)
 
 Whatever stretches a micro-batch's work (the pipeline bubble of each schedule, in the schedule's own terms) stretches
-C, S, L, M, Q_tp and the tp/all-to-all part of N and K too, because every feature is read off the planner itself:
+C, S, L, M, X, Q_tp and the tp/all-to-all part of N and K too, because every feature is read off the planner itself:
 the step at ideal options (no overhead, no latency, efficiencies 1, w½ = 0) and its change when one coefficient is
 set to 1 (``step_terms``). A fit therefore means the same thing as the options it gives back:
 compute_efficiency = 1/x_c, efficiency_half_work = x_s/x_c, comm_efficiency = 1/x_n, collective_latency_s = α,
-layer_overhead_s = h_l, microbatch_overhead_s = h_m, tp/dp/pp_call_s = c_*, step_overhead_s = x_0, and
+layer_overhead_s = h_l, microbatch_overhead_s = h_m, expert_overhead_s = h_e, tp/dp/pp_call_s = c_*, step_overhead_s = x_0, and
 ``Planner(model, cluster, options).evaluate(plan).step_s`` is the fit's prediction.
 
 Fitting is non-negative least squares (Lawson–Hanson active set; pure Python) on relative residuals — each run's
@@ -57,12 +61,12 @@ _COMM = ("tensor_parallel", "expert_all_to_all", "pipeline_p2p", "data_parallel"
 
 # The fitted coefficients: (name, lower bound, the option a unit of it is, how the option follows from the fit).
 # "compute" and "communication" are reciprocals of efficiencies (x = 1/efficiency ≥ 1); the rest are seconds.
-TERMS = ("compute", "compute_shape", "communication", "latency", "layer", "microbatch", "tp_call", "dp_call",
-         "pp_call", "fixed")
+TERMS = ("compute", "compute_shape", "communication", "latency", "layer", "microbatch", "expert", "tp_call",
+         "dp_call", "pp_call", "fixed")
 TODAY_TERMS = ("compute", "communication", "latency", "fixed")
 _LOWER = {"compute": 1.0, "communication": 1.0}
 _SECONDS_OPTION = {"latency": "collective_latency_s", "layer": "layer_overhead_s",
-                   "microbatch": "microbatch_overhead_s", "tp_call": "tp_call_s", "dp_call": "dp_call_s",
+                   "microbatch": "microbatch_overhead_s", "expert": "expert_overhead_s", "tp_call": "tp_call_s", "dp_call": "dp_call_s",
                    "pp_call": "pp_call_s", "fixed": "step_overhead_s"}
 
 
@@ -98,8 +102,8 @@ class ClusterCalibration:
 class Calibration:
     clusters: dict[str, ClusterCalibration]
     note: str = ("Non-negative least squares per cluster on step = C·(1 + w½/w)/compute_efficiency + "
-                 "N/comm_efficiency + α·hops + per-call costs by kind + host overhead per layer and micro-batch + "
-                 "step_overhead, and memory = states + overhead_bytes + (1 + fragmentation)·dynamic; errors are "
+                 "N/comm_efficiency + α·hops + per-call costs by kind + host overhead per layer, micro-batch and "
+                 "expert + step_overhead, and memory = states + overhead_bytes + (1 + fragmentation)·dynamic; errors are "
                  "leave-one-out.")
 
     def options_for(self, cluster: ClusterSpec) -> EstimateOptions:
@@ -184,7 +188,8 @@ def ideal_options(base: EstimateOptions) -> EstimateOptions:
     """``base`` at ideal efficiency and without overheads: the planner's raw compute and communication split."""
     return base.replace(compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0, dp_overlap=0.0,
                         overhead_bytes=0.0, fragmentation=0.0, collective_latency_s=0.0, tp_call_s=0.0,
-                        dp_call_s=0.0, pp_call_s=0.0, layer_overhead_s=0.0, microbatch_overhead_s=0.0)
+                        dp_call_s=0.0, pp_call_s=0.0, layer_overhead_s=0.0, microbatch_overhead_s=0.0,
+                        expert_overhead_s=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +218,7 @@ class TimeFit:
     compute_shape: float = 0.0    # x_s = efficiency_half_work / compute_efficiency
     layer_s: float = 0.0          # h_l, host seconds per layer pass
     microbatch_s: float = 0.0     # h_m, host seconds per micro-batch
+    expert_s: float = 0.0         # h_e, host seconds per expert pass (an expert of an MoE layer, a micro-batch)
     tp_call_s: float = 0.0        # c_tp, c_dp, c_pp: seconds per collective call
     dp_call_s: float = 0.0
     pp_call_s: float = 0.0
@@ -237,8 +243,8 @@ class TimeFit:
 
 
 _FIT_FIELD = {"compute": "compute", "compute_shape": "compute_shape", "communication": "communication",
-              "latency": "latency_s", "layer": "layer_s", "microbatch": "microbatch_s", "tp_call": "tp_call_s",
-              "dp_call": "dp_call_s", "pp_call": "pp_call_s", "fixed": "fixed_s"}
+              "latency": "latency_s", "layer": "layer_s", "microbatch": "microbatch_s", "expert": "expert_s",
+              "tp_call": "tp_call_s", "dp_call": "dp_call_s", "pp_call": "pp_call_s", "fixed": "fixed_s"}
 
 
 @dataclass(frozen=True)
@@ -333,12 +339,13 @@ def fit_time(features: Sequence[StepTerms], y: Sequence[float], terms: Sequence[
 
 
 # The models a fit chooses from, fewest terms first: what a step costs at all (compute and a fixed part); the
-# per-call costs by kind and the GEMM shape; ring-step latency and host overhead per layer and micro-batch; and
-# every term. Each adds what the one before cannot express; few records cannot carry the last ones.
+# per-call costs by kind and the GEMM shape; ring-step latency and host overhead per layer, micro-batch and expert;
+# and every term. Each adds what the one before cannot express; few records cannot carry the last ones.
 MODELS: tuple[tuple[str, ...], ...] = (
     ("compute", "fixed"),
     ("compute", "compute_shape", "tp_call", "dp_call", "pp_call", "fixed"),
-    ("compute", "compute_shape", "latency", "tp_call", "dp_call", "pp_call", "layer", "microbatch", "fixed"),
+    ("compute", "compute_shape", "latency", "tp_call", "dp_call", "pp_call", "layer", "microbatch", "expert",
+     "fixed"),
     TERMS,
 )
 

@@ -209,6 +209,12 @@ class Planner:
             # recompute runs the forward again, half as much again) and per micro-batch outside the layers
             passes = 1.5 if ckpt == "full" else 1.0
             t["host_overhead"] = mb * (layers * passes * o.layer_overhead_s + o.microbatch_overhead_s)
+        moe_here = m.moe_layers_among(layers)
+        if o.expert_overhead_s and moe_here:
+            # an MoE layer runs the experts a rank holds one by one, each its own small-GEMM calls and autograd
+            # nodes: a host cost per expert, per MoE layer and micro-batch (a full recompute: half again)
+            passes = 1.5 if ckpt == "full" else 1.0
+            t["expert_overhead"] = mb * moe_here * passes * (m.n_experts // plan.ep) * o.expert_overhead_s
         if tp > 1:
             n_ar = 6 if ckpt == "full" else 4
             t["tensor_parallel"] = (mb * layers * n_ar * ring_all_reduce_s(T * m.d_model * e, tp, bw["tp"])

@@ -91,11 +91,14 @@ TIME_FORMULAS = {
     "step_overhead": "step_overhead_s  (options.step_overhead_s)",
     "host_overhead": "m · (layers_per_stage · passes · layer_overhead_s + microbatch_overhead_s)  (host dispatch "
                      "per layer and per micro-batch, whatever their size; passes = 1.5 with full recompute)",
+    "expert_overhead": "m · moe_layers_per_stage · passes · experts_per_rank · expert_overhead_s  (host dispatch "
+                       "of each expert a rank holds, one after another in every MoE layer: its small GEMMs on "
+                       "T·k·c/E capacity rows, forward and backward; experts_per_rank = E/ep)",
 }
 
 
 # a micro-batch's work, in the order step_time adds it: what a pipeline's bubble stretches
-IN_STAGE = ("compute", "host_overhead", "tensor_parallel", "expert_all_to_all")
+IN_STAGE = ("compute", "host_overhead", "expert_overhead", "tensor_parallel", "expert_all_to_all")
 
 
 def _outer_sum(expr: str) -> bool:
@@ -399,7 +402,8 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         pcie_bandwidth_bytes_per_s=o.pcie_bandwidth_gbs * GB,
         host_memory_bandwidth_bytes_per_s=o.host_memory_bandwidth_gbs * GB, step_overhead_s=o.step_overhead_s,
         passes=1.5 if plan.activation_checkpointing == "full" else 1.0, layer_overhead_s=o.layer_overhead_s,
-        microbatch_overhead_s=o.microbatch_overhead_s,
+        microbatch_overhead_s=o.microbatch_overhead_s, expert_overhead_s=o.expert_overhead_s,
+        moe_layers_per_stage=m.moe_layers_among(layers), experts_per_rank=m.n_experts // plan.ep,
         F_blocks=planner.block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
         peak_flops=planner.peak_flops, **{n: time[n] for n in IN_STAGE if n in time})
     symbols["efficiency"] = fig(numbers.efficiency, "fraction", "compute_efficiency · w / (w + w_half)  "

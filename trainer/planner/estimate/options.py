@@ -38,7 +38,14 @@ class EstimateOptions:
         What dominates tiny models on CPUs; 0 by default (hidden behind the device's queue on GPUs).
     microbatch_overhead_s: host seconds each micro-batch costs outside the layers (embedding, head, loss, the
         schedule's bookkeeping); 0 by default.
-    Both host terms are work of a micro-batch, so a pipeline's bubble stretches them as it stretches compute.
+    expert_overhead_s: host seconds each expert a rank holds costs per MoE layer and micro-batch, forward and
+        backward: the layer runs its experts one after another (``trainer.model.moe.Experts``), each a separate
+        small-GEMM call on its capacity rows (T·k·c/E of them) with its own dispatch and autograd nodes. Under the
+        planner's shape model a GEMM's cost beyond its FLOPs is w½/w of its FLOP time, a fixed cost per call for
+        given widths, so this term also carries the experts' small-GEMM penalty (the compute term keeps the
+        model's one w = b·s·h/t). 0 by default (GPU kernels queue ahead of the host); ``calibrate`` fits it from
+        runs with experts.
+    The host terms are work of a micro-batch, so a pipeline's bubble stretches them as it stretches compute.
     dp_overlap: fraction of data-parallel gradient communication hidden behind the backward pass.
     step_overhead_s: fixed seconds per step (optimizer launch, host work, synchronisation).
     overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
@@ -67,6 +74,7 @@ class EstimateOptions:
     pp_call_s: float = 0.0
     layer_overhead_s: float = 0.0
     microbatch_overhead_s: float = 0.0
+    expert_overhead_s: float = 0.0
     dp_overlap: float = 0.0
     step_overhead_s: float = 0.0
     overhead_bytes: float | None = None
@@ -88,7 +96,8 @@ class EstimateOptions:
         if not 0.0 <= self.dp_overlap <= 1.0:
             p["dp_overlap"] = [f"dp_overlap={self.dp_overlap} must be in [0, 1]"]
         for name in ("efficiency_half_work", "step_overhead_s", "fragmentation", "collective_latency_s",
-                     "tp_call_s", "dp_call_s", "pp_call_s", "layer_overhead_s", "microbatch_overhead_s"):
+                     "tp_call_s", "dp_call_s", "pp_call_s", "layer_overhead_s", "microbatch_overhead_s",
+                     "expert_overhead_s"):
             if getattr(self, name) < 0:
                 p[name] = [f"{name}={getattr(self, name)} must not be negative"]
         if self.overhead_bytes is not None and self.overhead_bytes < 0:
