@@ -24,18 +24,19 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                          ScheduleZBVZeroBubble)
+from torch.distributed import pipelining
+from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
 from trainer.contract.rules import V_SCHEDULES
 from trainer.model import GPT
 from trainer.planner.schedule import schedule_orders
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B,
-             "zb-interleaved": ScheduleInterleavedZeroBubble, "zbv": ScheduleZBVZeroBubble,
-             "dualpipev": ScheduleDualPipeV}
+# By name, so that a torch without the newer schedules still runs the others (and says which one it lacks).
+SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
+                    "zb-interleaved": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+                    "dualpipev": "ScheduleDualPipeV"}
+SCHEDULES = {kind: getattr(pipelining, name, None) for kind, name in SCHEDULE_CLASSES.items()}
 SINGLE_STAGE = ("gpipe", "1f1b")  # schedules that take a rank's one stage, not a list of its stages
 
 
@@ -67,6 +68,10 @@ def build_schedule(kind: str, stage_modules: list[nn.Module], ids: list[int], n_
     stages = [PipelineStage(module, stage_index=i, num_stages=n_stages, device=device, group=pp_group)
               for module, i in zip(stage_modules, ids)]
     cls = SCHEDULES[kind]
+    if cls is None:
+        raise RuntimeError(f"the {kind!r} pipeline schedule needs torch.distributed.pipelining."
+                           f"{SCHEDULE_CLASSES[kind]}, which torch {torch.__version__} does not have; choose another "
+                           f"pipeline_schedule or a newer torch")
     return cls(stages[0] if kind in SINGLE_STAGE else stages, n_microbatches=n_microbatches, loss_fn=loss_fn,
                scale_grads=True)
 

@@ -333,7 +333,7 @@ def in_flight(plan: ParallelPlan, stage: int) -> float:
     1F1B: stage i holds min(m, p − i). Interleaved: stage 0 holds p·(1 + (p−1)/(p·v)) = p + (p−1)/v
     (Korthikanti 2022); stage i is taken as (p − i) + (p − 1)/v. The zero-bubble schedules free a micro-batch's
     activations only after its weight backward, which they defer: every rank holds p (zb-interleaved, zbv) or
-    p + 1/2 (dualpipev), the counts of torch's own orders (tests/trainer/planner/test_pipeline_schedules.py).
+    p + 1/2 (dualpipev), the counts of torch's own orders (tests/trainer/parallel/test_zero_bubble_schedules.py).
     """
     pp = plan.pp
     if pp <= 1:
