@@ -218,8 +218,8 @@ def calibration_report(runs: list[Variant], records: list[MeasuredRun], fitted: 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.bench.advice", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "trainer-bench-advice"))
-    parser.add_argument("--steps", type=int, default=15)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     if args.steps <= WARMUP + 2:
         parser.error(f"--steps must exceed the {WARMUP} warm-up steps by at least 3")
