@@ -9,10 +9,10 @@ norm and LM head. Rank r of the pp group holds stage r (v = 1) or stages r, r+pp
 - Interleaved 1F1B: v smaller chunks per rank cut the bubble to (p−1)/(v·m) for more point-to-point messages.
 - Zero bubble (Qi et al. 2023, "Zero Bubble Pipeline Parallelism"): backward splits into the gradient of the
   inputs (I), which the previous stage waits for, and that of the weights (W), which nobody waits for and so fills
-  what would be idle. zb-interleaved (ZB-1P, looped placement, any v) keeps 1F1B's memory at about a third of its
-  bubble; zbv (ZB-V) and dualpipev (DeepSeek-V3's DualPipe folded onto p ranks) place two chunks per rank in a V —
-  rank r holds stages r and 2p−1−r — so that the first rank also runs the last stage, and come near no bubble when
-  forward, input-backward and weight-backward take alike.
+  what would be idle. With forward, input-backward and weight-backward alike, zb-interleaved (ZB-1P, looped
+  placement, any v) idles a third of what interleaved 1F1B does, (p−1)/(3·v·m), holding p micro-batches on every
+  rank; zbv (ZB-V) and dualpipev (DeepSeek-V3's DualPipe folded onto p ranks) place two chunks per rank in a V —
+  rank r holds stages r and 2p−1−r, so the first rank also runs the last stage — for (p−1)/(6·m).
 The schedule averages gradients over the m micro-batches (scale_grads) so that the loss function returns a
 micro-batch mean, as without pipelining.
 """
