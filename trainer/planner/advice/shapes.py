@@ -22,7 +22,7 @@ def _round_up(x: int, multiple: int) -> int:
 
 
 def padded_vocab(model: ModelSpec, tp: int) -> int:
-    """The vocabulary padded up to a multiple of 128·tp (50,257 → 50,304 at tp 1 or 2 … 51,200 at tp 8)."""
+    """The vocabulary padded up to a multiple of 128·tp (50,257 → 50,304 at tp 1, 50,432 at tp 2, 51,200 at tp 8)."""
     return _round_up(model.vocab_size, VOCAB_MULTIPLE * tp)
 
 
