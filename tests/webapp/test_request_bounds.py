@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from trainer.contract import presets
 from webapp import models
-from webapp.api import planner
+from webapp.services import calibration
 from webapp.api.planner_requests import planner_number_problems
 from webapp.services.ingest import run_ingest
 
@@ -111,14 +111,14 @@ def test_it_answers_what_the_estimate_can_compute_inside_the_bounds(alice, api):
 def test_it_turns_an_overflow_computing_on_the_clients_numbers_into_400(alice, api, monkeypatch):
     def overflowing(payload):
         raise OverflowError("int too large to convert to float")
-    monkeypatch.setattr(planner, "estimate_json", overflowing)
+    monkeypatch.setattr(calibration, "estimate_json", overflowing)
     answer = api(alice).post("/api/estimate/", TINY, format="json")
     assert answer.status_code == 400
     assert "the estimate could not be computed from these numbers (OverflowError" in answer.data["detail"]
 
 
 def test_it_never_answers_a_figure_that_overflowed(alice, api, monkeypatch):
-    monkeypatch.setattr(planner, "estimate_json", lambda payload: {"cost": {"total": {"value": float("inf")}}})
+    monkeypatch.setattr(calibration, "estimate_json", lambda payload: {"cost": {"total": {"value": float("inf")}}})
     answer = api(alice).post("/api/estimate/", TINY, format="json")
     assert answer.status_code == 400 and "the estimate overflowed at cost.total.value" in answer.data["detail"]
 
