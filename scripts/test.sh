@@ -23,7 +23,8 @@ if [ -n "${DATABASE_URL:-}" ]; then
   "$PY" -m pytest "$@" || status=$?
   if [ $# -eq 0 ]; then
     echo "== database tests again on SQLite"
-    env -u DATABASE_URL "$PY" -m pytest -q -m "not once" tests/webapp tests/workers tests/test_migrations.py \
+    env -u DATABASE_URL "$PY" -m pytest -q -m "not once" --database-tests-only tests/webapp tests/workers \
+      tests/test_migrations.py \
       || status=$?
   fi
 else

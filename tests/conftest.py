@@ -13,6 +13,28 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
+# What marks a test as one that reads or writes the database, directly or through a fixture that does.
+_DATABASE_FIXTURES = {"db", "transactional_db", "django_db_setup", "live_server"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--database-tests-only", action="store_true",
+                     help="run only the tests that use the database (the test command's pass on SQLite)")
+
+
+def pytest_collection_modifyitems(config, items):
+    """With --database-tests-only, leave out the tests no database reaches: a second backend changes nothing there."""
+    if not config.getoption("--database-tests-only"):
+        return
+    keep, drop = [], []
+    for item in items:
+        uses = item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        (keep if uses else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.fixture(scope="session")
 def redis_url() -> str:
     import redis
