@@ -11,6 +11,8 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 
+from webapp.services.tasks import TaskName  # noqa: E402
+
 app = Celery("workbench")
 app.conf.update(
     broker_url=settings.CELERY_BROKER_URL,
@@ -32,8 +34,8 @@ app.conf.update(
     result_expires=3600,
     timezone="UTC",
     beat_schedule={
-        "health-every-minute": {"task": "workbench.health", "schedule": 60.0},
-        "reconcile-runs": {"task": "workbench.runs.reconcile", "schedule": 5.0},
+        "health-every-minute": {"task": TaskName.HEALTH.value, "schedule": 60.0},
+        "reconcile-runs": {"task": TaskName.RUNS_RECONCILE.value, "schedule": 5.0},
     },
 )
 app.autodiscover_tasks(["workers"], related_name="tasks", force=True)

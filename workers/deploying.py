@@ -1,4 +1,5 @@
-"""Deploying a checkpoint on a Triton server and unloading it (the tasks workers.deploy and workers.undeploy).
+"""Deploying a checkpoint on a Triton server and unloading it (the tasks workbench.deployments.deploy and
+workbench.deployments.undeploy).
 
     pending → exporting   ``python -m deploy export`` writes the model into the server's model repository. It is a
                           subprocess: the export needs torch, which the workers never import. Its one-line JSON
@@ -8,10 +9,10 @@
                           checkpoint's own (``report["smoke"]["token_ids"]``), so the export changed nothing.
     any failure → failed, with a message that says what to change.
 
-Each delivery of workers.deploy claims the deployment (``claimed_at``) and writes it only while the claim is its
-own. A redelivered task (its worker died) finds the deployment exporting or loading and starts over from the
-export, which builds its entry beside the repository and renames it into place, so a half-written one is never
-served. A deployment ready, failed or unloaded is left as it is. An undeploy takes the claim away: a deploy still
+Each delivery of workbench.deployments.deploy claims the deployment (``claimed_at``) and writes it only while the
+claim is its own. A redelivered task (its worker died) finds the deployment exporting or loading and starts over
+from the export, which builds its entry beside the repository and renames it into place, so a half-written one is
+never served. A deployment ready, failed or unloaded is left as it is. An undeploy takes the claim away: a deploy still
 going stops at its next step and unloads what it loaded.
 """
 import json

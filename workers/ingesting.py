@@ -12,10 +12,9 @@ from functools import lru_cache
 import redis
 from django.conf import settings
 
-from webapp.services import enqueue
+from webapp.services.tasks import TaskName, enqueue
 from webapp.services.ingest import run_ingest
 
-INGEST_TASK = "workbench.runs.ingest"
 RUNS_PER_TASK = 25
 PENDING_TTL_S = 120  # a mark left by a worker that died mid-ingest lapses, and the run is asked for again
 
@@ -44,7 +43,7 @@ def request_ingest(run_ids: list[int]) -> int:
         log.warning("ingest marks unavailable (%s): asking for every grown folder", exc)
         fresh = list(run_ids)
     for start in range(0, len(fresh), RUNS_PER_TASK):
-        enqueue(INGEST_TASK, fresh[start:start + RUNS_PER_TASK])
+        enqueue(TaskName.RUNS_INGEST, fresh[start:start + RUNS_PER_TASK])
     return len(fresh)
 
 

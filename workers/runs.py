@@ -24,7 +24,7 @@ from webapp import services
 from webapp.models import Run, RunStatus
 from webapp.services.history import Source, attempt_ended, record_event
 from webapp.services.ingest import run_ingest
-from webapp.services.runs import LAUNCH_TASK
+from webapp.services.tasks import TaskName
 
 from .launchers import Job, JobState, JobStates, LaunchError, launcher_for
 from .ingesting import request_ingest
@@ -97,7 +97,7 @@ def reconcile_pass() -> PassReport:
                 report.settled[run.pk] = status
     report.ingest_requested = request_ingest([run_id for run_id in grown if run_id not in report.settled])
     for run_id in launchable_run_ids():
-        services.enqueue(LAUNCH_TASK, run_id)
+        services.enqueue(TaskName.RUN_LAUNCH, run_id)
     return report
 
 
@@ -162,7 +162,7 @@ def _settle(run_id: int, job: JobState) -> Run:
         if run.status != was:
             record_event(run, Source.WORKBENCH, run.status, run.status_message)
     if run.status == RunStatus.QUEUED:
-        services.enqueue(LAUNCH_TASK, run.pk)
+        services.enqueue(TaskName.RUN_LAUNCH, run.pk)
     elif run.status == RunStatus.FAILED and counts_as_restart and run.restarts < run.max_restarts:
         run = _restart(run, job)
     return run

@@ -1,4 +1,5 @@
-"""Tasks, by explicit name. Each takes ids, not objects, and is safe to run twice."""
+"""Tasks, each by its name in the registry (webapp.services.tasks.TaskName). Each takes ids, not objects, and is
+safe to run twice."""
 import platform
 import time
 
@@ -6,10 +7,12 @@ from celery import shared_task
 from django.db import connection
 from django.utils import timezone
 
+from webapp.services.tasks import TaskName
+
 from . import calibrating, deploying, ingesting, launching, runs, tuning
 
 
-@shared_task(name="workbench.health")
+@shared_task(name=TaskName.HEALTH.value)
 def health() -> dict:
     """Proves a worker is consuming from the broker and can reach the database."""
     with connection.cursor() as cursor:
@@ -20,17 +23,17 @@ def health() -> dict:
             "monotonic": time.monotonic()}
 
 
-@shared_task(name="workbench.runs.launch")
+@shared_task(name=TaskName.RUN_LAUNCH.value)
 def launch(run_id: int) -> str:
     return launching.run_launch(run_id)
 
 
-@shared_task(name="workbench.runs.stop")
+@shared_task(name=TaskName.RUN_STOP.value)
 def stop(run_id: int) -> None:
     runs.run_stop(run_id)
 
 
-@shared_task(name="workbench.runs.reconcile")
+@shared_task(name=TaskName.RUNS_RECONCILE.value)
 def reconcile() -> dict:
     """Every few seconds (beat): one pass over the active runs (one scheduler call per cluster), launches that wait.
     The one writer of a run's status from what its job and its folder say."""
@@ -39,30 +42,30 @@ def reconcile() -> dict:
             "settled": {str(k): v for k, v in report.settled.items()}, "ingest_requested": report.ingest_requested}
 
 
-@shared_task(name="workbench.runs.ingest")
+@shared_task(name=TaskName.RUNS_INGEST.value)
 def ingest(run_ids: list[int]) -> int:
     """Read these runs' folders in (metrics, events, checkpoints, profiles); sent by reconcile for grown folders."""
     return ingesting.ingest_runs(run_ids)
 
 
-@shared_task(name="workbench.calibration.refit")
+@shared_task(name=TaskName.CALIBRATION_REFIT.value)
 def calibration_refit(cluster_id: int) -> dict:
     """Refit a cluster's step-time terms to its completed runs' records; sent when one of its runs completes."""
     return calibrating.calibration_refit(cluster_id)
 
 
-@shared_task(name="workbench.tune.run")
+@shared_task(name=TaskName.TUNE_RUN.value)
 def tune_run(job_id: int) -> str:
     return tuning.tune_job_run(job_id)
 
 
-@shared_task(name="workers.deploy")
+@shared_task(name=TaskName.DEPLOYMENT_DEPLOY.value)
 def deploy(deployment_id: int) -> str:
     """Export a pending deployment's checkpoint, load it on its Triton server and smoke-check it."""
     return deploying.deployment_deploy(deployment_id)
 
 
-@shared_task(name="workers.undeploy")
+@shared_task(name=TaskName.DEPLOYMENT_UNDEPLOY.value)
 def undeploy(deployment_id: int) -> str:
     """Unload a deployment's model from its Triton server."""
     return deploying.deployment_undeploy(deployment_id)

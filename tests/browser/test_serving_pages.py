@@ -55,14 +55,14 @@ def test_the_deploy_page_refuses_beside_the_field_then_deploys_and_shows_the_sta
     # the same again, refused: the name is held; the Deploy button is still the only one named so
     page.get_by_role("button", name="Deploy").click()
     expect(page.get_by_text("already serves a model named 'small-step-7'")).to_be_visible()
-    assert sent == [("workers.deploy", deployment.pk)]
+    assert sent == [("workbench.deployments.deploy", deployment.pk)]
     models.Deployment.objects.filter(pk=deployment.pk).update(status="ready", smoke_ok=True)
     expect(status).to_have_text("ready", timeout=10_000)  # the list polls while one is on its way
     expect(page.get_by_test_id(f"deployment-smoke-{deployment.pk}")).to_have_text("passed")
     check_page(page, "deploy-list", phone=True)
     page.get_by_role("button", name="Unload small-step-7").click()
     expect(page.get_by_text("Undeploying small-step-7")).to_be_visible()
-    assert sent[-1] == ("workers.undeploy", deployment.pk)
+    assert sent[-1] == ("workbench.deployments.undeploy", deployment.pk)
 
 
 def test_the_playground_fills_saves_answers_keeps_and_replays(signed_in_page, parts):

@@ -14,8 +14,9 @@ from trainer.contract.runfolder import EVENTS, METRICS, append_jsonl
 from trainer.planner.estimate import calibrate
 from trainer.planner.estimate.api import estimate_json
 from webapp import models
-from webapp.services.calibration import (MIN_RUNS, REFIT_TASK, calibrated_estimate, cluster_calibration_refit)
+from webapp.services.calibration import MIN_RUNS, calibrated_estimate, cluster_calibration_refit
 from webapp.services.ingest import run_ingest
+from webapp.services.tasks import TaskName
 
 pytestmark = pytest.mark.django_db
 
@@ -66,11 +67,12 @@ def test_a_completed_run_becomes_a_record_of_its_cluster_and_asks_for_a_refit(
     record = run.calibration_record
     assert (record.cluster, record.step_time_s, record.steps) == (tiny_plan.cluster, 0.06, 5)
     assert record.plan == run.spec["plan"] and record.model == run.spec["model"]
-    assert (REFIT_TASK, tiny_plan.cluster.pk) in sent
+    assert (TaskName.CALIBRATION_REFIT, tiny_plan.cluster.pk) in sent
     # ingesting the folder again adds nothing
     with django_capture_on_commit_callbacks(execute=True):
         run_ingest(run.pk)
-    assert models.CalibrationRecord.objects.count() == 1 and sent.count((REFIT_TASK, tiny_plan.cluster.pk)) == 1
+    assert models.CalibrationRecord.objects.count() == 1
+    assert sent.count((TaskName.CALIBRATION_REFIT, tiny_plan.cluster.pk)) == 1
 
 
 def test_a_refit_stores_the_planners_fit_of_the_records_with_its_held_out_error(calibrated, local2):
@@ -126,7 +128,7 @@ def test_the_api_shows_a_clusters_calibration_and_staff_ask_for_a_refit(
     assert sent == []
     with django_capture_on_commit_callbacks(execute=True):
         response = api(staff).post(f"/api/clusters/{local2.pk}/calibrate/")
-    assert response.status_code == 202 and sent == [(REFIT_TASK, local2.pk)]
+    assert response.status_code == 202 and sent == [(TaskName.CALIBRATION_REFIT, local2.pk)]
 
     _records(local2, cpu_runs(2))
     cluster_calibration_refit(local2.pk)

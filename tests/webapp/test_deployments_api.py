@@ -119,7 +119,7 @@ def test_it_creates_a_pending_deployment_and_sends_the_deploy_task_once_committe
     body = answer.json()
     assert body["status"] == "pending" and body["owner"] == "alice" and body["smoke_ok"] is None
     assert (body["reduction"], body["tensor_parallel"], body["instances"], body["streaming"]) == ("int8", 2, 2, False)
-    assert sent == [("workers.deploy", body["id"])]
+    assert sent == [("workbench.deployments.deploy", body["id"])]
 
 
 @pytest.mark.parametrize("fields, field", [
@@ -168,7 +168,7 @@ def test_it_lets_the_owner_and_staff_undeploy_and_others_at_most_see(api, alice,
     with django_capture_on_commit_callbacks(execute=True):
         assert api(alice).post(path).status_code == 200
         assert api(staff).post(path).status_code == 200
-    assert sent == [("workers.undeploy", mine.pk)] * 2
+    assert sent == [("workbench.deployments.undeploy", mine.pk)] * 2
 
 
 GENERATE = {"prompt": "ROMEO:", "max_tokens": 8}

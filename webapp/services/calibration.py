@@ -24,11 +24,10 @@ from trainer.planner.estimate.calibrate import MeasuredRun, calibrate
 from trainer.planner.estimate.options import EstimateOptions
 
 from ..models import CalibrationRecord, Cluster, ClusterCalibration, Run, RunStatus, SeriesStep
-from .tasks import enqueue
+from .tasks import TaskName, enqueue
 
 log = logging.getLogger(__name__)
 
-REFIT_TASK = "workbench.calibration.refit"
 # Below this many records a fit of ten terms says little; estimates keep the planner's defaults until then.
 MIN_RUNS = 3
 # The first steps of a run compile, allocate and fill caches: their times are not the plan's.
@@ -57,7 +56,7 @@ def calibration_record_add(run: Run) -> CalibrationRecord | None:
     record, _ = CalibrationRecord.objects.update_or_create(
         run=run, defaults=dict(cluster_id=run.cluster_id, model=run.spec["model"], plan=run.spec["plan"],
                                step_time_s=seconds, steps=steps))
-    enqueue(REFIT_TASK, run.cluster_id)
+    enqueue(TaskName.CALIBRATION_REFIT, run.cluster_id)
     return record
 
 
@@ -163,4 +162,4 @@ def calibration_report(cluster: Cluster) -> dict:
 
 def cluster_calibration_request(cluster: Cluster) -> None:
     """Ask a worker to refit the cluster (after the surrounding transaction commits)."""
-    enqueue(REFIT_TASK, cluster.pk)
+    enqueue(TaskName.CALIBRATION_REFIT, cluster.pk)

@@ -15,11 +15,9 @@ from deploy.client import Chunk, Completion, GenerateParams
 from trainer.contract import ModelSpec, SpecError
 
 from ..models import Checkpoint, Deployment, PromptTemplate, TritonServer, data_roots_for
-from .tasks import enqueue
+from .tasks import TaskName, enqueue
 from .triton import ServingError, ServingRejected, ServingUnavailable, client_for, triton_errors
 
-DEPLOY_TASK = "workers.deploy"
-UNDEPLOY_TASK = "workers.undeploy"
 MAX_TENSOR_PARALLEL = MAX_INSTANCES = 64
 PROTOCOLS = ("http", "grpc")
 _MODEL_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -89,13 +87,13 @@ def deployment_create(*, owner, checkpoint: Checkpoint, server: TritonServer, mo
         raise ValidationError(errors)
     deployment.status_message = f"waiting for a worker to export it to {server.name}"
     deployment.save()
-    enqueue(DEPLOY_TASK, deployment.pk)
+    enqueue(TaskName.DEPLOYMENT_DEPLOY, deployment.pk)
     return deployment
 
 
 def deployment_undeploy(deployment: Deployment) -> Deployment:
     """Ask a worker to unload the model from its server (the deployment becomes unloaded once it has)."""
-    enqueue(UNDEPLOY_TASK, deployment.pk)
+    enqueue(TaskName.DEPLOYMENT_UNDEPLOY, deployment.pk)
     return deployment
 
 

@@ -11,10 +11,7 @@ from ..models import Run, RunStatus, data_roots_for
 from ..spec_errors import spec_field_errors
 from .history import Source, record_event
 from .run_estimates import spec_estimate
-from .tasks import enqueue
-
-LAUNCH_TASK = "workbench.runs.launch"
-STOP_TASK = "workbench.runs.stop"
+from .tasks import TaskName, enqueue
 
 
 def runs_root(cluster) -> Path:
@@ -144,10 +141,11 @@ def run_queue(run: Run) -> Run:
         raise ValidationError(problems)
     if was == RunStatus.FAILED:
         run.restarts += 1
-    run.transition(RunStatus.QUEUED)
+    why = _queued_why(run, was)
+    run.transition(RunStatus.QUEUED, why)
     run.save()
-    record_event(run, Source.WORKBENCH, "queued", _queued_why(run, was))
-    enqueue(LAUNCH_TASK, run.pk)
+    record_event(run, Source.WORKBENCH, "queued", why)
+    enqueue(TaskName.RUN_LAUNCH, run.pk)
     return run
 
 
@@ -162,5 +160,5 @@ def run_cancel(run: Run, reason: str = "cancelled by user") -> Run:
     run.save()
     record_event(run, Source.WORKBENCH, "cancelled", reason)
     if had_job:
-        enqueue(STOP_TASK, run.pk)
+        enqueue(TaskName.RUN_STOP, run.pk)
     return run

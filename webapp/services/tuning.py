@@ -7,9 +7,8 @@ from trainer.planner.tune.api import parse_tune_request
 
 from ..finite import finite
 from ..models import TuneJob, data_roots_for
-from .tasks import enqueue
+from .tasks import TaskName, enqueue
 
-TUNE_TASK = "workbench.tune.run"
 TRIAL_GPU = "cpu"
 
 
@@ -30,7 +29,7 @@ def tune_job_create(*, owner, request: dict, dataset, trial_steps: int = 8) -> T
     if problem:
         raise ValidationError({"dataset": [problem]})
     job = TuneJob.objects.create(owner=owner, request=request, dataset=dataset, trial_steps=trial_steps)
-    enqueue(TUNE_TASK, job.pk)
+    enqueue(TaskName.TUNE_RUN, job.pk)
     return job
 
 

@@ -78,7 +78,7 @@ def test_it_creates_a_pending_deployment_and_sends_the_deploy_task_once_committe
     assert (deployment.owner, deployment.checkpoint, deployment.server) == (alice, trained, nowhere)
     assert (deployment.status, deployment.model_name, deployment.reduction, deployment.tensor_parallel) == (
         Status.PENDING, "shakes-run-step-200", "int8", 2)
-    assert sent == [("workers.deploy", deployment.pk)]
+    assert sent == [("workbench.deployments.deploy", deployment.pk)]
     page = client.get(answer["Location"]).content.decode()
     assert f"Deployment {deployment.pk} (shakes-run-step-200) is queued" in page
     assert f'data-testid="deployment-status-{deployment.pk}">pending<' in page
@@ -152,7 +152,7 @@ def test_it_undeploys_through_the_service_and_watches_until_unloaded(client, ali
     client.force_login(alice)
     with django_capture_on_commit_callbacks(execute=True):
         answer = client.post(f"/deploy/{mine.pk}/undeploy/", HTTP_HX_REQUEST="true")
-    assert answer.status_code == 200 and sent == [("workers.undeploy", mine.pk)]
+    assert answer.status_code == 200 and sent == [("workbench.deployments.undeploy", mine.pk)]
     rows = answer.content.decode()
     assert "Undeploying small" in rows and f"watch={mine.pk}" in rows and 'hx-trigger="every 2s"' in rows
     mine.status = Status.UNLOADED
