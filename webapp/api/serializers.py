@@ -210,7 +210,9 @@ class RunSerializer(OwnedSerializer):
                             "queued_at", "started_at", "finished_at"]
         extra_kwargs = {"steps": {"min_value": 1, "max_value": 10_000_000},
                         "seed": {"max_value": 2**31 - 1},
-                        "checkpoint_every": {"max_value": 10_000_000},
+                        "checkpoint_every": {"max_value": 10_000_000, "help_text": (
+                            "Steps between checkpoints, and one at the end; 0: none. Not given: the run's steps, so "
+                            "that the run leaves one checkpoint, at its end, to generate from, export and deploy")},
                         "eval_every": {"max_value": 10_000_000},
                         "max_restarts": {"min_value": 0, "max_value": 100}}
 
@@ -221,6 +223,7 @@ class RunSerializer(OwnedSerializer):
 
     def validate(self, attrs):
         attrs.setdefault("optimizer", OptimizerSpec().to_dict())
+        attrs.setdefault("checkpoint_every", attrs.get("steps", models.Run._meta.get_field("steps").default))
         return attrs
 
     def create(self, validated_data):
