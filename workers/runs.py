@@ -4,7 +4,8 @@ hold all state; any worker can pick up where another stopped, and every step is 
 One reconcile pass: every active run's job is polled with one scheduler call per cluster (not one per run), the
 folders that have grown are handed to ingest tasks (workers.ingesting), and a job seen to end settles its run: completed, requeued (it
 stopped itself with a checkpoint: a time limit near, a preemption), restarted from its newest checkpoint while
-restarts remain, or failed with the scheduler's reason.
+restarts remain, or failed with the scheduler's reason. The same pass asks each Triton server whether it is ready,
+so that what the pages say of a server is at most one pass old.
 """
 import logging
 import os
@@ -25,6 +26,7 @@ from webapp.models import Run, RunStatus
 from webapp.services.history import Source, attempt_ended, record_event
 from webapp.services.ingest import run_ingest
 from webapp.services.tasks import TaskName
+from webapp.services.triton import triton_readiness_refresh
 
 from .launchers import Job, JobState, JobStates, LaunchError, launcher_for
 from .ingesting import request_ingest
@@ -66,6 +68,7 @@ class PassReport:
     scheduler_calls: dict[str, int] = field(default_factory=dict)
     settled: dict[int, str] = field(default_factory=dict)
     ingest_requested: int = 0
+    triton_ready: dict[str, bool] = field(default_factory=dict)
 
 
 def reconcile_pass() -> PassReport:
@@ -98,6 +101,7 @@ def reconcile_pass() -> PassReport:
     report.ingest_requested = request_ingest([run_id for run_id in grown if run_id not in report.settled])
     for run_id in launchable_run_ids():
         services.enqueue(TaskName.RUN_LAUNCH, run_id)
+    report.triton_ready = triton_readiness_refresh()
     return report
 
 

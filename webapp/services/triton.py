@@ -19,6 +19,7 @@ from ..models import TritonServer
 log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT_S = 5.0       # a status page answers quickly, even when the server hangs
+READY_TIMEOUT_S = 2.0        # asked on every reconcile pass: a server that hangs holds the pass up for no longer
 GENERATE_TIMEOUT_S = 300.0   # the longest wait for a token: a long prompt on a CPU server
 
 
@@ -86,3 +87,19 @@ def triton_server_status(server: TritonServer) -> dict:
         raise
     TritonServer.objects.filter(pk=server.pk).update(is_ready=ready, last_seen_at=timezone.now())
     return {"ready": ready, "metadata": metadata, "models": models}
+
+
+def triton_readiness_refresh() -> dict[str, bool]:
+    """Ask every Triton server whether it is ready and record the answers, by server name. The reconcile pass calls
+    it, so that the deploy form and the admin show what is true now, not what the last status request saw."""
+    answers = {}
+    for server in TritonServer.objects.all():
+        try:
+            with client_for(server, READY_TIMEOUT_S) as client:
+                ready = client.server_ready()  # unreachable, refused or still starting: False
+        except ServingError:  # URLs the client cannot even use
+            ready = False
+        seen = {"last_seen_at": timezone.now()} if ready else {}
+        TritonServer.objects.filter(pk=server.pk).update(is_ready=ready, **seen)
+        answers[server.name] = ready
+    return answers
