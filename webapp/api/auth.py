@@ -18,6 +18,8 @@ from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
+from ..services.demo import demo_ready
+
 
 class LoginAddressThrottle(SimpleRateThrottle):
     scope = "login"
@@ -60,7 +62,8 @@ def throttle_logins(view):
 
 class TokenView(APIView):
     """Exchange a username and password for the user's API token (created on first use); send it as
-    ``Authorization: Token <key>``. Sign-in attempts are limited (429 past the limit)."""
+    ``Authorization: Token <key>``. Sign-in attempts are limited (429 past the limit). Like a first sign-in to the
+    pages, it makes the local cluster and the user's demo dataset if they are not there yet."""
 
     authentication_classes = []  # the credentials are in the body; a stale token in a header must not get in the way
     permission_classes = []
@@ -73,4 +76,5 @@ class TokenView(APIView):
         body = AuthTokenSerializer(data=request.data, context={"request": request})
         body.is_valid(raise_exception=True)
         token, _ = Token.objects.get_or_create(user=body.validated_data["user"])
+        demo_ready(token.user)
         return Response({"token": token.key})

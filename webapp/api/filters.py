@@ -36,6 +36,14 @@ class RunFilter(django_filters.FilterSet):
         fields = ["status", "model_config", "plan", "cluster", "dataset", "shared"]
 
 
+class DatasetFilter(django_filters.FilterSet):
+    owner = django_filters.CharFilter(field_name="owner__username")
+
+    class Meta:
+        model = models.Dataset
+        fields = ["name", "shared"]
+
+
 class MetricFilter(django_filters.FilterSet):
     since_step = django_filters.NumberFilter(field_name="step", lookup_expr="gte")
 

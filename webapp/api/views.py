@@ -52,7 +52,7 @@ class DatasetViewSet(OwnedViewSet):
 
     queryset = models.Dataset.objects.all()
     serializer_class = DatasetSerializer
-    filterset_fields = ["shared"]
+    filterset_class = filters.DatasetFilter
 
     @extend_schema(request={"multipart/form-data": DatasetUploadSerializer}, responses={201: DatasetSerializer})
     @action(detail=False, methods=["post"], parser_classes=[MultiPartParser])
@@ -82,7 +82,7 @@ class ClusterViewSet(ClusterCalibrationActions, viewsets.ModelViewSet):
     queryset = models.Cluster.objects.all()
     serializer_class = ClusterSerializer
     permission_classes = [IsAuthenticated, IsStaffOrReadOnly]
-    filterset_fields = ["kind"]
+    filterset_fields = ["kind", "name"]
     ordering_fields = ["name", "created_at"]
 
 

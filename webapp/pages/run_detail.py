@@ -20,7 +20,7 @@ from ..models import Run, RunStatus, SeriesStep
 from ..services import run_cancel, run_queue
 from ..services.run_estimates import run_estimate_report
 from ..services.run_logs import log_files
-from ..services.timeline import timeline_missing
+from ..selectors.timeline import timeline_missing
 
 EVENTS_SHOWN = 50
 RANK_OPTIONS = 256  # ranks offered in the log selector before any log file exists
