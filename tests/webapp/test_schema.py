@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from openapi_spec_validator import validate
 
 from trainer.contract import presets
-from trainer.contract.specs import Schedule
+from trainer.contract.schedules import Schedule
 from webapp import models
 from webapp.services import run_updates
 from webapp.services.series.store import series_write

@@ -1,7 +1,9 @@
 """The contract between the web app, the workers, the planner, the trainer and deployment. Standard library only.
 
     specs      ModelSpec, ParallelPlan, GPUSpec, ClusterSpec, DatasetSpec, OptimizerSpec, ProfileSpec, RunSpec
-    rules      a plan against its model and cluster, and what each engine refuses (the only place that decides)
+    rules      every rule a plan follows: alone, against its model and cluster, what each engine refuses; the
+               limit on every number (the only place that decides whether a plan runs)
+    schedules  the pipeline schedules and their families (looped, V-shaped, zero-bubble), micro-batches each needs
     specjson   strict JSON in and out, SpecError with dotted field paths
     presets    published model shapes and GPUs
     runfolder  the run folder's files and their write discipline (whole lines, whole files)

@@ -1,24 +1,23 @@
-"""The rules a plan must follow: against its model and cluster, and what each engine cannot do.
+"""Every rule a plan must follow: alone, against its model and cluster, and what each engine and device cannot do;
+and the limit on every number of the contract.
 
-Standard library only, and free of the spec classes (``specs`` imports this module): the functions read fields of
-the specs they are given. These are the only engine refusals in the project; the web app, the planner and the
-trainer all ask here, so a plan the contract accepts is a plan the trainer runs.
+This is the only place that decides whether a plan runs: ``ParallelPlan.problems()`` and a RunSpec's validation call
+the functions here, and the web app, the planner's tuner and the trainer ask the same ones, so a plan the contract
+accepts is a plan the trainer runs. The specs check their other fields themselves (a model's heads divide its width).
+
+Standard library only. ``specs`` imports this module and this one imports no spec class, so the two never import each
+other: the rules read the fields of the specs they are given (``Model``, ``Plan`` and ``Cluster`` say which).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # annotations only: specs.py imports this module
-    from trainer.contract.specs import ClusterSpec, ModelSpec, ParallelPlan
+from trainer.contract.schedules import LOOPED_SCHEDULES, MULTI_CHUNK_SCHEDULES, V_SCHEDULES, least_micro_batches
 
 Problems = dict[str, list[str]]
-
-# Pipeline schedules that place several model chunks on a rank: looped (rank r holds stages r, r+p, …) or, for the
-# V-shaped ones, exactly two (rank r holds stages r and 2p−1−r, so rank 0 holds both ends of the model).
-LOOPED_SCHEDULES = ("interleaved", "zb-interleaved")
-V_SCHEDULES = ("zbv", "dualpipev")
-# Those that split backward into the input gradient and the deferred weight gradient (Qi et al. 2023).
-ZERO_BUBBLE = ("zb-interleaved", "zbv", "dualpipev")
+Model = Any    # a specs.ModelSpec
+Plan = Any     # a specs.ParallelPlan
+Cluster = Any  # a specs.ClusterSpec
 
 
 def add_problem(problems: Problems, key: str, message: str) -> None:
@@ -103,19 +102,53 @@ def within_world_limit(problems: Problems, key: str, what: str, size: int) -> No
         add_problem(problems, key, f"{what}={size:,} is above the limit of {MAX_WORLD:,} ({CLUSTERS})")
 
 
-def pipeline_problems(plan: ParallelPlan) -> Problems:
-    """What torch's pipeline schedules need of the number of micro-batches m (the native engine with pp > 1).
+def plan_alone_problems(plan: Plan) -> Problems:
+    """How ``plan`` fails on its own (``ParallelPlan.problems()``): degrees positive and within their limits, the
+    global batch divisible by micro-batch × dp, ep dividing dp, the schedule and its virtual stages consistent, then
+    what the schedule needs of the micro-batches and what the engine refuses."""
+    p: Problems = {}
+    within_limits(p, plan)
+    positive(p, plan, "dp", "tp", "pp", "micro_batch", "global_batch", "ep", "virtual_stages")
+    if p:
+        return p
+    within_world_limit(p, "", "dp×tp×pp ranks", plan.world_size)
+    if plan.global_batch % (plan.micro_batch * plan.dp):
+        add_problem(p, "global_batch", f"global_batch={plan.global_batch} is not divisible by "
+                                       f"micro_batch×dp={plan.micro_batch}×{plan.dp}={plan.micro_batch * plan.dp}")
+    if plan.sequence_parallel and plan.tp == 1:
+        add_problem(p, "sequence_parallel", "sequence parallel splits activations over the tensor-parallel group: "
+                                            "it needs tp > 1, got tp=1")
+    if plan.dp % plan.ep:
+        add_problem(p, "ep", f"ep={plan.ep} does not divide dp={plan.dp} (experts are spread over data-parallel ranks)")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        add_problem(p, "zero_stage", f"zero_stage={plan.zero_stage} must be 0, 1, 2 or 3")
+    if plan.virtual_stages > 1 and plan.pipeline_schedule not in MULTI_CHUNK_SCHEDULES:
+        add_problem(p, "virtual_stages", f"virtual_stages={plan.virtual_stages} needs a schedule that runs several "
+                                         f"chunks a rank: one of {', '.join(MULTI_CHUNK_SCHEDULES)}")
+    elif plan.virtual_stages > 1 and plan.pp == 1:
+        add_problem(p, "virtual_stages", f"virtual_stages={plan.virtual_stages} cuts each pipeline rank's layers "
+                                         f"into chunks: it needs pp > 1")
+    if plan.pipeline_schedule == "interleaved" and plan.pp > 1 and plan.virtual_stages < 2:
+        add_problem(p, "virtual_stages", "the interleaved schedule needs virtual_stages ≥ 2")
+    if plan.pipeline_schedule in V_SCHEDULES and plan.pp > 1 and plan.virtual_stages != 2:
+        add_problem(p, "virtual_stages", f"the {plan.pipeline_schedule} schedule places exactly two model chunks "
+                                         f"on each pipeline rank, in a V: set virtual_stages=2, got "
+                                         f"{plan.virtual_stages}")
+    if not p:
+        p.update(pipeline_problems(plan))
+    p.update(engine_problems(plan))
+    return p
 
-    1F1B fills the pipeline before its first backward, so it needs m ≥ pp; the interleaved schedules run m in
-    ⌊m/pp⌋ equal rounds, so they need m ≥ pp and m a multiple of ⌊m/pp⌋. The V-shaped ones send each micro-batch
-    down and back up the ranks before its backward: zbv's warm-up takes 2·pp − 1 micro-batches, dualpipev one per
-    stage (2·pp). GPipe takes any m. DeepSpeed's pipeline engine schedules any m itself.
-    """
+
+def pipeline_problems(plan: Plan) -> Problems:
+    """What torch's pipeline schedules need of the number of micro-batches m (the native engine with pp > 1): at
+    least ``schedules.least_micro_batches``, and for the looped ones ⌊m/pp⌋ equal rounds. GPipe takes any m, and
+    DeepSpeed's pipeline engine schedules any m itself."""
     p: Problems = {}
     m, pp, schedule = plan.grad_accum, plan.pp, plan.pipeline_schedule
     if plan.engine != "native" or pp == 1 or schedule == "gpipe":
         return p
-    least = {"zbv": 2 * pp - 1, "dualpipev": 2 * pp}.get(schedule, pp)
+    least = least_micro_batches(schedule, pp)
     if m < least:
         what = f"pp={pp}" if least == pp else f"{least} (for pp={pp})"
         add_problem(p, "global_batch", f"the {schedule} schedule needs at least {what} micro-batches per step, "
@@ -128,7 +161,7 @@ def pipeline_problems(plan: ParallelPlan) -> Problems:
     return p
 
 
-def engine_problems(plan: ParallelPlan) -> Problems:
+def engine_problems(plan: Plan) -> Problems:
     """What each engine cannot do, refused before any work."""
     p: Problems = {}
     if plan.engine == "native":
@@ -159,7 +192,7 @@ def engine_problems(plan: ParallelPlan) -> Problems:
     return p
 
 
-def device_problems(plan: ParallelPlan, cluster: ClusterSpec) -> Problems:
+def device_problems(plan: Plan, cluster: Cluster) -> Problems:
     """What the cluster's devices cannot do. CPU ranks: DeepSpeed's CPU accelerator has no fp16 (it refuses it at
     initialisation); torch's own fp16 autocast on the CPU works."""
     p: Problems = {}
@@ -168,7 +201,7 @@ def device_problems(plan: ParallelPlan, cluster: ClusterSpec) -> Problems:
     return p
 
 
-def check_plan(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec | None = None) -> Problems:
+def check_plan(model: Model, plan: Plan, cluster: Cluster | None = None) -> Problems:
     """How ``plan`` does not fit ``model`` (and ``cluster``, if given). Keys are plan fields; empty when it fits."""
     p: Problems = {}
     if plan.tp > 1:

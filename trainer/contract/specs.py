@@ -1,8 +1,9 @@
 """The specs: what a model, a plan, a cluster, a dataset and a whole run are.
 
 Each spec is a frozen dataclass that validates itself with messages naming the numbers, converts to and from JSON
-with a ``schema_version`` and round-trips exactly. The rules that check the parts against each other (a plan against
-its model and cluster, what each engine refuses) are in ``rules``.
+with a ``schema_version`` and round-trips exactly. Every rule about a plan (alone, against its model and cluster, what
+each engine refuses) is in ``rules``, which ``ParallelPlan`` and ``RunSpec`` call; the pipeline schedules and their
+families are in ``schedules``.
 """
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ from typing import Any, Literal, Optional
 
 from trainer.contract.gpus import GPU_FIGURES, PRESET_INTER_NODE_GBS, gpu_fields
 from trainer.contract.rules import add_problem as _add
-from trainer.contract.rules import (LOOPED_SCHEDULES, V_SCHEDULES, check_plan, engine_problems, pipeline_problems,
-                                    within_limits, within_world_limit)
+from trainer.contract.rules import check_plan, plan_alone_problems, within_limits, within_world_limit
 from trainer.contract.rules import positive as _positive
+from trainer.contract.schedules import MULTI_CHUNK_SCHEDULES, Schedule
 from trainer.contract.specjson import SCHEMA_VERSION, SpecError, from_dict, to_dict
 
 Engine = Literal["native", "deepspeed"]
 Checkpointing = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
-Schedule = Literal["gpipe", "1f1b", "interleaved", "zb-interleaved", "zbv", "dualpipev"]
 Positions = Literal["learned", "rope"]
 Activation = Literal["gelu", "gelu_tanh"]
 LRSchedule = Literal["cosine", "linear", "constant"]
@@ -202,7 +202,7 @@ class ParallelPlan(_Spec):
     @property
     def model_chunks(self) -> int:
         """Model chunks each pipeline rank holds: v under the multi-chunk schedules, one otherwise."""
-        return self.virtual_stages if self.pipeline_schedule in LOOPED_SCHEDULES + V_SCHEDULES else 1
+        return self.virtual_stages if self.pipeline_schedule in MULTI_CHUNK_SCHEDULES else 1
 
     @property
     def grad_accum(self) -> int:
@@ -210,38 +210,7 @@ class ParallelPlan(_Spec):
         return self.global_batch // (self.micro_batch * self.dp) if self.micro_batch * self.dp else 0
 
     def problems(self) -> dict[str, list[str]]:
-        p: dict[str, list[str]] = {}
-        within_limits(p, self)
-        _positive(p, self, "dp", "tp", "pp", "micro_batch", "global_batch", "ep", "virtual_stages")
-        if p:
-            return p
-        within_world_limit(p, "", "dp×tp×pp ranks", self.world_size)
-        if self.global_batch % (self.micro_batch * self.dp):
-            _add(p, "global_batch", f"global_batch={self.global_batch} is not divisible by "
-                                    f"micro_batch×dp={self.micro_batch}×{self.dp}={self.micro_batch * self.dp}")
-        if self.sequence_parallel and self.tp == 1:
-            _add(p, "sequence_parallel", "sequence parallel splits activations over the tensor-parallel group: "
-                                         "it needs tp > 1, got tp=1")
-        if self.dp % self.ep:
-            _add(p, "ep", f"ep={self.ep} does not divide dp={self.dp} (experts are spread over data-parallel ranks)")
-        if self.zero_stage not in (0, 1, 2, 3):
-            _add(p, "zero_stage", f"zero_stage={self.zero_stage} must be 0, 1, 2 or 3")
-        multi_chunk = LOOPED_SCHEDULES + V_SCHEDULES
-        if self.virtual_stages > 1 and self.pipeline_schedule not in multi_chunk:
-            _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} needs a schedule that runs several "
-                                      f"chunks a rank: one of {', '.join(multi_chunk)}")
-        elif self.virtual_stages > 1 and self.pp == 1:
-            _add(p, "virtual_stages", f"virtual_stages={self.virtual_stages} cuts each pipeline rank's layers into "
-                                      f"chunks: it needs pp > 1")
-        if self.pipeline_schedule == "interleaved" and self.pp > 1 and self.virtual_stages < 2:
-            _add(p, "virtual_stages", "the interleaved schedule needs virtual_stages ≥ 2")
-        if self.pipeline_schedule in V_SCHEDULES and self.pp > 1 and self.virtual_stages != 2:
-            _add(p, "virtual_stages", f"the {self.pipeline_schedule} schedule places exactly two model chunks on "
-                                      f"each pipeline rank, in a V: set virtual_stages=2, got {self.virtual_stages}")
-        if not p:
-            p.update(pipeline_problems(self))
-        p.update(engine_problems(self))
-        return p
+        return plan_alone_problems(self)
 
 
 @dataclass(frozen=True)

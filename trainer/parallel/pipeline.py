@@ -28,7 +28,7 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
-from trainer.contract.rules import V_SCHEDULES
+from trainer.contract.schedules import V_SCHEDULES
 from trainer.model import GPT
 from trainer.planner.schedule import schedule_orders
 

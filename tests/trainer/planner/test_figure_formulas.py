@@ -25,7 +25,7 @@ import pytest
 
 from trainer.contract import ParallelPlan, check_plan
 from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
-from trainer.contract.specs import Schedule
+from trainer.contract.schedules import Schedule
 from trainer.planner.estimate import estimate, inference_estimate
 from trainer.planner.estimate.figure import Figure, fig, total, walk
 from trainer.planner.estimate.options import EstimateOptions

@@ -6,7 +6,7 @@ import pytest
 
 from trainer.contract.presets import MODELS, cluster
 from trainer.contract import ModelSpec, ParallelPlan, check_plan
-from trainer.contract.specs import Schedule
+from trainer.contract.schedules import Schedule
 from trainer.planner.tune.space import SearchSpace, divisors, enumerate_plans
 
 SPACE = SearchSpace(precisions=("fp32", "bf16", "fp16"), checkpointing=("none", "full"), max_micro_batch=1 << 20,

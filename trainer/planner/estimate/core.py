@@ -16,7 +16,7 @@ from trainer.planner.estimate.numbers import PlanNumbers, PlanSummary, StageMemo
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import count, rank_expert_params, rank_params
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
-from trainer.contract.rules import V_SCHEDULES
+from trainer.contract.schedules import V_SCHEDULES
 
 GB = 1e9
 

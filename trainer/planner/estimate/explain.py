@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.contract.rules import ZERO_BUBBLE
+from trainer.contract.schedules import ZERO_BUBBLE
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate import params as P

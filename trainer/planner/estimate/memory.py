@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from trainer.contract import ModelSpec, ParallelPlan
-from trainer.contract.rules import V_SCHEDULES, ZERO_BUBBLE
+from trainer.contract.schedules import V_SCHEDULES, ZERO_BUBBLE
 
 LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32 (in the input's dtype on the CPU)
 # Under autocast the fp32 LayerNorm output is cast to 16 bits once per consuming matmul: q, k, v and the MLP's up.

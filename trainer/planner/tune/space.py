@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Iterator, get_args
 
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-from trainer.contract.rules import (LOOPED_SCHEDULES, V_SCHEDULES, check_plan, device_problems, engine_problems,
-                                    pipeline_problems)
+from trainer.contract.rules import check_plan, device_problems, engine_problems, pipeline_problems
+from trainer.contract.schedules import LOOPED_SCHEDULES, V_SCHEDULES, Schedule
 from trainer.contract.specjson import from_dict
-from trainer.contract.specs import Checkpointing, Engine, Precision, Schedule
+from trainer.contract.specs import Checkpointing, Engine, Precision
 
 
 # The most values a space or a tune may list (micro-batch sizes, global batches): each multiplies the search.
