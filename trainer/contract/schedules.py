@@ -3,9 +3,9 @@
     schedule         model chunks a rank (virtual_stages)        micro-batches m a step needs (pp > 1)   backward
     gpipe            1                                           any                                     whole
     1f1b             1                                           m ≥ pp                                  whole
-    interleaved      v ≥ 2, looped: rank r holds r, r+p, …        m ≥ pp, in ⌊m/pp⌋ equal rounds          whole
+    interleaved      v ≥ 2, looped: rank r holds r, r+p, …       m ≥ pp, in ⌊m/pp⌋ equal rounds          whole
     zb-interleaved   any v, looped                               m ≥ pp, in ⌊m/pp⌋ equal rounds          split
-    zbv              exactly 2, in a V: rank r holds r, 2p−1−r    m ≥ 2·pp − 1                            split
+    zbv              exactly 2, in a V: rank r holds r, 2p−1−r   m ≥ 2·pp − 1                            split
     dualpipev        exactly 2, in a V                           m ≥ 2·pp                                split
 
 1F1B fills the pipeline before its first backward; the looped schedules run their micro-batches in rounds of pp; the
