@@ -3,13 +3,13 @@
     python -m deploy export --checkpoint runs/<id>/checkpoints/step-<n> --repository <models> --name tiny \
         [--reduction int8] [--tensor-parallel 2] [--instances 1] [--kind cpu|gpu] [--no-stream]
 
-The checkpoint's weights are read whole (any engine, any plan: trainer.checkpoint.consolidated), reduced
-(deploy.reduce), split into the serving layout (deploy.reshard), and written with what serves them: config.pbtxt,
-``1/model.py`` and the ``workbench_serving`` package beside it, the tokenizer and the model spec (the files:
-``deploy.serving.layout``). The entry is built in a folder beside the repository and renamed into place, so a
-server never sees half of it. The export measures what the reduction cost (size; validation perplexity when the
-dataset is still there) and records the checkpoint's own greedy generation for a prompt, which the deployment's
-smoke check compares with what the server answers. Its report is printed as one JSON line and kept in serving.json.
+Two steps: ``deploy.prepare`` reads the checkpoint once, reduces its weights once, measures what the reduction cost
+and the checkpoint's own greedy generation for a prompt, and splits the weights into the serving layout; then
+``write_entry`` writes that prepared export with what serves it: config.pbtxt, ``1/model.py`` and the
+``workbench_serving`` package beside it, the tokenizer and the model spec (the files: ``deploy.serving.layout``).
+The entry is built in a folder beside the repository and renamed into place (``deploy.staging``), so a server never
+sees half of it. The deployment's smoke check compares what the server answers with the recorded generation. The
+report is printed as one JSON line and kept in serving.json.
 """
 from __future__ import annotations
 
@@ -17,35 +17,29 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from safetensors.torch import save_file
 
-from deploy.quality import model_with, reduction_report, validation_tokens_for
-from deploy.reduce import REDUCTIONS, dequantize_state, reduce_state
-from deploy.reshard import shard_problems, shard_state
+from deploy.prepare import ExportError, PreparedExport, PrepareOptions, prepare
+from deploy.reduce import REDUCTIONS
 from deploy.serving import layout
-from trainer.checkpoint.consolidated import checkpoint_state
-from trainer.contract.manifest import read_manifest
-from trainer.generate import generate
+from deploy.staging import staged
 
 SERVING_PACKAGE = Path(__file__).parent / "serving"
 PACKAGE_NAME = "workbench_serving"
-SMOKE_PROMPT, SMOKE_TOKENS = "\n", 16
 # Compute precision by reduction: the GPU computes in the stored half precision (int8 dequantises to fp16);
 # the CPU computes in fp32 whatever is stored, which is also what the smoke check's reference does.
 GPU_DTYPE = {"none": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "float16"}
 
 
-class ExportError(ValueError):
-    """The export was refused; the message says what to change."""
-
-
 @dataclass(frozen=True)
 class ExportOptions:
+    """What ``prepare`` is asked (reduction, tensor_parallel, measure) and how the Triton entry serves it."""
+
     name: str
     reduction: str = "none"
     tensor_parallel: int = 1
@@ -55,12 +49,14 @@ class ExportOptions:
     streaming: bool = True       # decoupled: one response per token; otherwise one response per request
     measure: bool = True         # validation perplexity of the reduced weights against fp32
 
+    def preparation(self) -> PrepareOptions:
+        return PrepareOptions(reduction=self.reduction, tensor_parallel=self.tensor_parallel, measure=self.measure)
+
     def problems(self) -> list[str]:
         found = []
         if not self.name or not all(c.isalnum() or c in "-_" for c in self.name):
             found.append(f"name {self.name!r}: use letters, digits, '-' and '_'")
-        if self.reduction not in REDUCTIONS:
-            found.append(f"reduction {self.reduction!r}: choose one of {', '.join(REDUCTIONS)}")
+        found += self.preparation().problems()
         if self.instances < 1 or self.max_sequences < 1:
             found.append(f"instances={self.instances} and max_sequences={self.max_sequences} must be at least 1")
         if self.kind not in ("cpu", "gpu"):
@@ -107,67 +103,49 @@ def _copy_serving_code(version: Path) -> None:
             shutil.copyfile(source, package / source.name)
 
 
-def export(checkpoint: str | Path, repository: str | Path, options: ExportOptions) -> dict:
-    """Write ``<repository>/<options.name>`` from ``checkpoint``; return the report (also in serving.json)."""
-    checkpoint, repository = Path(checkpoint), Path(repository)
+def serving_report(prepared: PreparedExport, options: ExportOptions, entry: Path, seconds: float) -> dict[str, Any]:
+    """serving.json: what the export measured, where the entry and its checkpoint are, how it serves."""
+    spec = prepared.spec
+    return {**prepared.quality,
+            "name": options.name, "path": str(entry.resolve()), "checkpoint": str(prepared.checkpoint.resolve()),
+            "step": prepared.manifest.step, "tensor_parallel": options.tensor_parallel,
+            "instances": options.instances, "kind": options.kind, "streaming": options.streaming,
+            "seq_len": spec.seq_len, "compute_dtype_cpu": "float32",
+            "compute_dtype_gpu": GPU_DTYPE[options.reduction], "smoke": prepared.smoke,
+            "export_seconds": round(seconds, 3)}
+
+
+def write_entry(prepared: PreparedExport, repository: str | Path, options: ExportOptions) -> dict:
+    """Write ``<repository>/<options.name>`` from ``prepared``; return the report (also in serving.json)."""
     problems = options.problems()
-    manifest = read_manifest(checkpoint)
-    if manifest is None:
-        problems.append(f"{checkpoint} has no manifest.json: not a complete checkpoint")
-    elif not manifest.tokenizer or not Path(manifest.tokenizer).is_file():
-        problems.append(f"the checkpoint's tokenizer ({manifest.tokenizer or 'none recorded'}) is missing: a served "
-                        "model takes and returns text; import or prepare the dataset's tokenizer again")
-    else:
-        problems += shard_problems(manifest.model_spec(), options.tensor_parallel)
+    if options.preparation() != prepared.options:
+        problems.append(f"the export was prepared with {prepared.options}, the entry asks {options.preparation()}: "
+                        f"prepare it again with the entry's options")
     if problems:
         raise ExportError("; ".join(problems))
-    spec = manifest.model_spec()
     started = time.perf_counter()
-    state = checkpoint_state(checkpoint)
-    reduced = reduce_state(state, options.reduction)
-    val_tokens = validation_tokens_for(checkpoint) if options.measure else None
-    report = reduction_report(state, spec, options.reduction, val_tokens)
-    reference = model_with(dequantize_state(reduced), spec)
-    codec = layout.Codec(Path(manifest.tokenizer))
-    prompt_ids = codec.encode(SMOKE_PROMPT)
-    smoke_ids = generate(reference, prompt_ids, SMOKE_TOKENS, temperature=0)[len(prompt_ids):]
-    report.update(
-        name=options.name, path=str((repository / options.name).resolve()), checkpoint=str(checkpoint.resolve()),
-        step=manifest.step, tensor_parallel=options.tensor_parallel, instances=options.instances,
-        kind=options.kind, streaming=options.streaming, seq_len=spec.seq_len,
-        compute_dtype_cpu="float32", compute_dtype_gpu=GPU_DTYPE[options.reduction],
-        smoke={"prompt": SMOKE_PROMPT, "max_tokens": SMOKE_TOKENS, "token_ids": smoke_ids,
-               "text": codec.decode(smoke_ids)})
-
-    repository.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{options.name}-", dir=repository.parent))
-    try:
+    entry = Path(repository) / options.name
+    with staged(entry) as staging:
         version = staging / "1"
         (version / layout.WEIGHTS).mkdir(parents=True)
-        for rank, shard in enumerate(shard_state(reduced, spec, options.tensor_parallel)):
+        for rank, shard in enumerate(prepared.shards):
             save_file(shard, str(layout.shard_file(version, rank)))
         _copy_serving_code(version)
-        shutil.copyfile(manifest.tokenizer, version / layout.TOKENIZER)
-        (version / layout.MODEL_SPEC).write_text(json.dumps(spec.to_dict(), indent=2))
-        report["export_seconds"] = round(time.perf_counter() - started, 3)
+        shutil.copyfile(prepared.tokenizer, version / layout.TOKENIZER)
+        (version / layout.MODEL_SPEC).write_text(json.dumps(prepared.spec.to_dict(), indent=2))
+        report = serving_report(prepared, options, entry, prepared.seconds + time.perf_counter() - started)
         (version / layout.SERVING).write_text(json.dumps(report, indent=2))
         (staging / "config.pbtxt").write_text(config_pbtxt(options))
-        staging.chmod(0o755)
-        _replace(repository / options.name, staging)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return report
 
 
-def _replace(target: Path, staging: Path) -> None:
-    """Put ``staging`` at ``target``; an entry already there is moved aside first and removed after."""
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}-old-{time.time_ns()}")
-        target.rename(old)
-    staging.rename(target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def export(checkpoint: str | Path, repository: str | Path, options: ExportOptions) -> dict:
+    """``checkpoint`` prepared and written as ``<repository>/<options.name>``; return the report. Options that
+    cannot be written are refused before the checkpoint is read."""
+    problems = options.problems()
+    if problems:
+        raise ExportError("; ".join(problems))
+    return write_entry(prepare(checkpoint, options.preparation()), repository, options)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

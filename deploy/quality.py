@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from deploy.reduce import dequantize_state, reduce_state, state_bytes
+from deploy.reduce import dequantize_state, state_bytes
 from trainer.checkpoint.consolidated import empty_model
 from trainer.contract import ModelSpec
-from trainer.contract.manifest import read_manifest
+from trainer.contract.manifest import CheckpointManifest
 from trainer.data import eval_batches, load_tokens
 from trainer.data.prepare import META, VAL
 from trainer.model import GPT, loss_fn
@@ -60,31 +60,32 @@ def model_with(state: dict[str, torch.Tensor], spec: ModelSpec) -> GPT:
     return model.eval()
 
 
-def reduction_report(state: dict[str, torch.Tensor], spec: ModelSpec, reduction: str,
-                     val_tokens: np.ndarray | None) -> dict[str, Any]:
-    """JSON-able figures of ``reduction`` applied to ``state``: bytes_fp32, bytes, ratio (fp32 / reduced),
-    perplexity_fp32, perplexity (the reduced weights brought back to fp32) and perplexity_change (relative:
-    0.004 = +0.4 %); the perplexity figures are None without validation tokens."""
-    fp32 = reduce_state(state, "none")
-    reduced = reduce_state(state, reduction)
+def reduction_report(state: dict[str, torch.Tensor], reduced: dict[str, torch.Tensor], reduction: str,
+                     spec: ModelSpec, val_tokens: np.ndarray | None,
+                     reduced_model: GPT | None = None) -> dict[str, Any]:
+    """JSON-able figures of ``reduced``, which is ``state`` under ``reduction``: bytes_fp32, bytes, ratio
+    (fp32 / reduced), perplexity_fp32, perplexity (the reduced weights brought back to fp32) and perplexity_change
+    (relative: 0.004 = +0.4 %); the perplexity figures are None without validation tokens. ``reduced_model`` is
+    the reduced weights already in a model (``model_with(dequantize_state(reduced), spec)``), built here when not
+    given."""
+    fp32 = dequantize_state(state)  # the weights as trained, in fp32: an upcast, no reduction
     bytes_fp32, bytes_reduced = state_bytes(fp32), state_bytes(reduced)
     report: dict[str, Any] = {"reduction": reduction, "bytes_fp32": bytes_fp32, "bytes": bytes_reduced,
                               "ratio": bytes_fp32 / bytes_reduced,
                               "perplexity_fp32": None, "perplexity": None, "perplexity_change": None}
     if val_tokens is not None:
+        if reduced_model is None:
+            reduced_model = model_with(dequantize_state(reduced), spec)
         before = validation_perplexity(model_with(fp32, spec), val_tokens, spec.seq_len)
-        after = validation_perplexity(model_with(dequantize_state(reduced), spec), val_tokens, spec.seq_len)
+        after = validation_perplexity(reduced_model, val_tokens, spec.seq_len)
         report.update(perplexity_fp32=before, perplexity=after, perplexity_change=after / before - 1.0)
     return report
 
 
-def validation_tokens_for(checkpoint_folder: str | Path) -> np.ndarray | None:
+def validation_tokens_for(manifest: CheckpointManifest) -> np.ndarray | None:
     """The validation tokens of the dataset a checkpoint was trained on: val.bin in the prepared folder that holds
     the tokenizer.json its manifest names (with the meta.json that gives their dtype); None when the checkpoint
     names no tokenizer or that folder no longer holds them."""
-    manifest = read_manifest(checkpoint_folder)
-    if manifest is None:
-        raise FileNotFoundError(f"{checkpoint_folder} has no manifest.json: not a complete checkpoint")
     if not manifest.tokenizer:
         return None
     prepared = Path(manifest.tokenizer).parent

@@ -74,12 +74,13 @@ def _manifest(folder: Path) -> CheckpointManifest:
     return manifest
 
 
-def checkpoint_state(folder: str | Path) -> dict[str, torch.Tensor]:
-    """Every rank's weights of a checkpoint of either engine, as one unsharded state dict by native names."""
+def checkpoint_state(folder: str | Path, manifest: CheckpointManifest | None = None) -> dict[str, torch.Tensor]:
+    """Every rank's weights of a checkpoint of either engine, as one unsharded state dict by native names;
+    ``manifest`` is the folder's own, when the caller has read it already (read here otherwise)."""
     folder = Path(folder)
     if (folder / CONSOLIDATED).is_file():
         return load_consolidated(folder)
-    manifest = _manifest(folder)
+    manifest = manifest or _manifest(folder)
     if manifest.format == FORMAT_DEEPSPEED:
         return consolidated_state(folder, int(manifest.zero_stage or 0))
     return dcp_state(folder, manifest.model_spec())
