@@ -1,5 +1,6 @@
 """A profile's timeline picture over REST: ``GET /api/runs/<id>/profiles/<name>/timeline.svg``
-(webapp.services.timeline draws it). The run is found as RunViewSet finds one: a run the user may not see is a 404.
+(webapp.selectors.timeline reads it, webapp.rendering.timeline draws it). The run is found as RunViewSet finds one: a
+run the user may not see is a 404.
 """
 import re
 
@@ -12,7 +13,8 @@ from rest_framework.negotiation import BaseContentNegotiation
 from rest_framework.permissions import IsAuthenticated
 
 from .. import models
-from ..services.timeline import NoTimeline, profile_timeline_svg
+from ..rendering.timeline import timeline_svg
+from ..selectors.timeline import NoTimeline, profile_timeline
 from .permissions import IsOwnerOrStaffToChange
 
 SVG = "image/svg+xml"
@@ -55,7 +57,7 @@ class ProfileTimelineView(GenericAPIView):
             raise NotFound(f"run {run.pk} has no profile {name!r}: profiles are listed at /api/profiles/?run={run.pk}"
                            f" (a run profiles the steps its spec's profile names)")
         try:
-            svg = profile_timeline_svg(run, profile)
+            svg = timeline_svg(profile_timeline(run, profile))
         except NoTimeline as exc:
             raise NotFound(str(exc)) from None
         response = HttpResponse(svg, content_type=f"{SVG}; charset=utf-8")
