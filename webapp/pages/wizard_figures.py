@@ -13,6 +13,9 @@ SEGMENTS = (("weights", "parameters"), ("gradients", "gradients"), ("optimizer",
 TERM_DEPTH = 2  # how deep a formula's terms unfold under it; the REST answer has them all
 CHART_WIDTH, CHART_HEIGHT, CHART_PAD, CHART_LEFT = 520, 260, 40, 84  # the left margin holds the times
 _BYTES = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"))  # decimal, as the planner's GB (memory_gb · 1e9)
+# How the tuner begins the reason of a plan it estimated and found too large (trainer.planner.tune.search's
+# memory_reason); every other reason is a rule that cut choices before any plan was estimated.
+OUT_OF_MEMORY = "out of memory"
 
 
 def amount(value: float, unit: str) -> str:
@@ -171,7 +174,11 @@ def _chart(points: list[dict]) -> dict:
 
 
 def tune_view(result: dict) -> dict:
-    """The ranked plans, the memory/step-time Pareto front and the rejections grouped by reason."""
+    """The ranked plans, the memory/step-time Pareto front and the rejections grouped by reason.
+
+    The tuner's rejections count two things: plans it estimated and found too large (every estimated plan either
+    fits or is one of these), and choices the rules cut before any plan was built (one cut may remove a whole
+    branch of plans). They are told apart here so that the counts shown add up."""
     front_keys = {_key(c["plan"]) for c in result["pareto"]}
     rows = [_candidate(i + 1, c, front_keys) for i, c in enumerate(result["top"])]
     ranked = {_key(c["plan"]): i + 1 for i, c in enumerate(result["top"])}
@@ -179,7 +186,10 @@ def tune_view(result: dict) -> dict:
     front.sort(key=lambda c: c["memory_bytes"])
     shown = {r["json"]: r for r in rows + front}
     rejected = sorted(result["rejected"].items(), key=lambda kv: -kv[1])
+    too_large = [(reason, n) for reason, n in rejected if reason.startswith(OUT_OF_MEMORY)]
+    excluded = [(reason, n) for reason, n in rejected if not reason.startswith(OUT_OF_MEMORY)]
     return {"evaluated": result["evaluated"], "fitting": result["fitting"], "rows": rows, "front": front,
-            "chart": _chart(list(shown.values())), "rejected": rejected,
-            "rejected_total": sum(n for _, n in rejected), "note": result.get("note", ""),
+            "chart": _chart(list(shown.values())), "too_large": too_large,
+            "too_large_total": result["evaluated"] - result["fitting"], "excluded": excluded,
+            "excluded_total": sum(n for _, n in excluded), "note": result.get("note", ""),
             "elapsed": human(result.get("elapsed_s", 0.0), "s"), "global_batches": result["global_batches"]}

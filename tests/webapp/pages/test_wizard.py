@@ -5,6 +5,7 @@ import re
 import pytest
 
 from trainer.contract import presets
+from trainer.planner.tune.api import tune_json
 from webapp import models
 from webapp.pages.wizard_forms import default_data
 from webapp.services.demo import demo_ready
@@ -139,6 +140,34 @@ def test_the_tuner_ranks_plans_marks_the_front_and_counts_the_rejected(signed_in
     assert "data-plan=" in signed_in.post(TUNE, fields(alice, plan__tp=3)).content.decode()
     refused = signed_in.post(TUNE, fields(alice, model__d_model=65)).content.decode()
     assert "No tune for these fields" in refused and "n_heads=4 does not divide d_model=65" in refused
+
+
+def _numbers(html: str) -> list[int]:
+    return [int(n) for n in re.findall(r'<td class="num">(\d+)</td>', html)]
+
+
+def test_the_tune_summary_adds_up_and_says_what_it_counts(signed_in, alice):
+    """Plans estimated = plans that fit + plans too large; the choices the rules excluded are counted apart."""
+    gpt2 = presets.MODELS["gpt2-small"]  # on two CPU processes, some of its plans fit and some do not
+    data = fields(alice, model__n_layers=gpt2.n_layers, model__d_model=gpt2.d_model, model__n_heads=gpt2.n_heads,
+                  model__seq_len=gpt2.seq_len, model__vocab_size=gpt2.vocab_size, plan__global_batch=64)
+    html = signed_in.post(TUNE, data).content.decode()
+    cluster = demo_ready(alice)[0].spec
+    result = tune_json({"model": gpt2.to_dict(), "cluster": cluster, "global_batch": 64, "top_k": 10,
+                        "explain_top": 0})
+    too_large = result["evaluated"] - result["fitting"]
+    excluded = sum(n for reason, n in result["rejected"].items() if not reason.startswith("out of memory"))
+    assert result["fitting"] and too_large and excluded  # the three counts the page must tell apart
+    summary = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", re.search(
+        r'data-testid="tune-summary">(.*?)</p>', html, re.S).group(1)))
+    assert (f"{result['evaluated']} plans estimated for global_batch 64 in " in summary
+            and f": {result['fitting']} fit in memory, {too_large} do not. " in summary
+            and f"the rules excluded {excluded} choices" in summary), summary
+    too_large_table = re.search(r'data-testid="tune-too-large">(.*?)</table>', html, re.S).group(1)
+    excluded_table = re.search(r'data-testid="tune-rejected">(.*?)</table>', html, re.S).group(1)
+    assert sum(_numbers(too_large_table)) == too_large and f"too large for memory: {too_large} plans" in too_large_table
+    assert sum(_numbers(excluded_table)) == excluded and f"before estimating: {excluded} choices" in excluded_table
+    assert "out of memory" not in excluded_table
 
 
 def test_launch_makes_the_config_the_plan_and_a_queued_run_and_opens_its_page(signed_in, alice, runs_root, sent,
