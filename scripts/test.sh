@@ -17,17 +17,21 @@ if [ -n "${DATABASE_URL:-}" ] && [[ "$DATABASE_URL" == postgres* ]]; then
 fi
 
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+# Two pytest-xdist workers: much of the suite waits (on Slurm, on servers starting, on runs it polls), so two share
+# two cores well. Tests that share an expensive fixture stay on one worker (tests/xdist_groups.py).
+# TEST_WORKERS=0 runs everything in this one process.
+workers=(-n "${TEST_WORKERS:-2}" --dist loadgroup)
 status=0
 if [ -n "${DATABASE_URL:-}" ]; then
   echo "== tests on ${DATABASE_URL%%://*}"
-  "$PY" -m pytest "$@" || status=$?
+  "$PY" -m pytest "${workers[@]}" "$@" || status=$?
   if [ $# -eq 0 ]; then
     echo "== database tests again on SQLite"
-    env -u DATABASE_URL "$PY" -m pytest -q -m "not once" --database-tests-only tests/webapp tests/workers \
-      tests/test_migrations.py \
+    env -u DATABASE_URL "$PY" -m pytest "${workers[@]}" -q -m "not once" --database-tests-only tests/webapp \
+      tests/workers tests/test_migrations.py \
       || status=$?
   fi
 else
-  "$PY" -m pytest "$@" || status=$?
+  "$PY" -m pytest "${workers[@]}" "$@" || status=$?
 fi
 exit $status

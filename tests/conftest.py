@@ -1,16 +1,28 @@
-"""Shared test settings: the real Redis the tests use, and a counter of the planner's work."""
+"""Shared test settings: the real Redis the tests use, how the suite is spread over pytest-xdist workers, and a
+counter of the planner's work."""
 import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from tests.xdist_groups import group_by_shared_fixtures, worker_index
+
 # slurm_cluster: a real two-node Slurm; triton and the checkpoints it serves; the Celery worker: each started on first use
 pytest_plugins = ["tests.slurm_fixtures", "tests.deploy_fixtures", "tests.worker_fixtures"]
 
 REPO = Path(__file__).resolve().parent.parent
-# Tests use their own Redis database so that they never see (or eat) a running product's tasks.
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+def _test_redis_url() -> str:
+    """Tests use their own Redis database so that they never see (or eat) a running product's tasks (database 0).
+    Under pytest-xdist each worker has its own pair, its Celery worker's and a quiet one below it (15 and 14 for
+    the first worker, 13 and 12 for the second, …), so that no worker's Celery worker takes another's tasks."""
+    base, _, number = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15").rpartition("/")
+    return f"{base}/{int(number or 15) - 2 * worker_index()}"
+
+
+TEST_REDIS_URL = _test_redis_url()
 
 
 # What marks a test as one that reads or writes the database, directly or through a fixture that does.
@@ -22,17 +34,19 @@ def pytest_addoption(parser):
                      help="run only the tests that use the database (the test command's pass on SQLite)")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-django orders the tests and pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """With --database-tests-only, leave out the tests no database reaches: a second backend changes nothing there."""
-    if not config.getoption("--database-tests-only"):
-        return
-    keep, drop = [], []
-    for item in items:
-        uses = item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        (keep if uses else drop).append(item)
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-        items[:] = keep
+    """With --database-tests-only, leave out the tests no database reaches: a second backend changes nothing there.
+    Then the tests that share an expensive fixture are put in one pytest-xdist group (tests/xdist_groups.py)."""
+    if config.getoption("--database-tests-only"):
+        keep, drop = [], []
+        for item in items:
+            uses = item.get_closest_marker("django_db") or _DATABASE_FIXTURES & set(getattr(item, "fixturenames", ()))
+            (keep if uses else drop).append(item)
+        if drop:
+            config.hook.pytest_deselected(items=drop)
+            items[:] = keep
+    group_by_shared_fixtures(items)
 
 
 @pytest.fixture(scope="session")

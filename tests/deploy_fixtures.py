@@ -5,6 +5,7 @@
   manifest naming the dataset's tokenizer.json), read by the reduction, quality and export tests as deployment does.
 - ``parallel_checkpoint``: a tiny GPT trained with tensor parallel 2 × pipeline parallel 2 (four torchrun ranks) on
   the same dataset.
+  Both are trained once per test run, whatever the number of xdist workers (``tests.xdist_groups.once_per_run``).
 - ``triton``: the real tritonserver 2.51 (``deploy.triton.LocalTriton``) on free ports, started on first use and
   stopped at the end of the session; its model repository is empty at start.
 """
@@ -16,6 +17,7 @@ import pytest
 
 from deploy.triton import LocalTriton
 from tests.trainer.launch import launch, tiny_spec
+from tests.xdist_groups import once_per_run
 
 from trainer.contract import DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan, RunSpec
 from trainer.contract.manifest import step_dir
@@ -32,11 +34,14 @@ PARALLEL_STEPS = 30
 def shakespeare_checkpoint(tmp_path_factory) -> Path:
     """The final checkpoint folder of TRAIN_STEPS steps of SHAKESPEARE_MODEL on the first TEXT_BYTES of
     tinyshakespeare. Seen: validation perplexity ≈ 25 against the unigram level ≈ 163 (entropy 5.09 nats)."""
+    return step_dir(once_per_run(tmp_path_factory, "shakespeare", _train_shakespeare) / "run", TRAIN_STEPS)
+
+
+def _train_shakespeare(root: Path) -> None:
     import torch.distributed as dist
 
     from trainer.engine.loop import run
 
-    root = tmp_path_factory.mktemp("shakespeare")
     (root / "shakespeare.txt").write_bytes(demo_text(TEXT_BYTES))
     dataset = DatasetSpec(path=str(root / "shakespeare.txt"), prepared_dir=str(root / "prepared"))
     spec = RunSpec(model=SHAKESPEARE_MODEL, plan=ParallelPlan(micro_batch=16, global_batch=16),
@@ -49,7 +54,6 @@ def shakespeare_checkpoint(tmp_path_factory) -> Path:
     finally:
         if joined_here and dist.is_initialized():  # the loop joined a world of one: leave none behind
             dist.destroy_process_group()
-    return step_dir(root / "run", TRAIN_STEPS)
 
 
 @pytest.fixture(scope="session")
@@ -62,13 +66,15 @@ def served_checkpoint(shakespeare_checkpoint) -> Path:
 def parallel_checkpoint(shakespeare_checkpoint, tmp_path_factory) -> Path:
     """The last checkpoint of the ``tiny`` preset trained PARALLEL_STEPS steps with tp=2 × pp=2 on four ranks,
     on the Shakespeare fixture's prepared dataset (so it has the same tokenizer)."""
-    root = tmp_path_factory.mktemp("parallel")
     dataset = DatasetSpec(path=str(shakespeare_checkpoint.parents[2] / "shakespeare.txt"),
                           prepared_dir=str(shakespeare_checkpoint.parents[2] / "prepared"))
-    spec = tiny_spec(root / "run", dataset, PARALLEL_STEPS, model=SHAKESPEARE_MODEL.replace(name="tiny-parallel"),
-                     tp=2, pp=2, micro_batch=2, global_batch=8, checkpoint_every=PARALLEL_STEPS)
-    launch(4, [{"spec": spec, "run_dir": root / "run", "resume": False, "stop_at": 0}], root / "jobs")
-    return step_dir(root / "run", PARALLEL_STEPS)
+
+    def train(root: Path) -> None:
+        spec = tiny_spec(root / "run", dataset, PARALLEL_STEPS, model=SHAKESPEARE_MODEL.replace(name="tiny-parallel"),
+                         tp=2, pp=2, micro_batch=2, global_batch=8, checkpoint_every=PARALLEL_STEPS)
+        launch(4, [{"spec": spec, "run_dir": root / "run", "resume": False, "stop_at": 0}], root / "jobs")
+
+    return step_dir(once_per_run(tmp_path_factory, "parallel", train) / "run", PARALLEL_STEPS)
 
 
 @pytest.fixture(scope="session")

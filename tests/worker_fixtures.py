@@ -28,44 +28,70 @@ def worker_database_url() -> str:
 LOCAL_SLOTS = 2  # the worker's machine, whatever this one has: runs beyond two local ranks wait
 
 
-def _slurm_env(request) -> dict[str, str]:
-    """The test Slurm cluster's environment, so that the worker's launches reach it; none where it cannot run."""
-    try:
-        cluster = request.getfixturevalue("slurm_cluster")
-    except pytest.skip.Exception:
-        return {}
-    return {**cluster.env, "SLURM_JWT": cluster.token(lifespan=6 * 3600)}  # for slurmrestd
+class WorkerProcess:
+    """The session's Celery worker process. It starts without Slurm; the first test that needs it to reach the test
+    Slurm cluster starts it again with the cluster's environment (only the tests that use Slurm start the cluster,
+    and under pytest-xdist only one worker runs them: tests.xdist_groups)."""
+
+    def __init__(self, env: dict[str, str], log: Path):
+        self.env, self.log = env, log
+        self.process: subprocess.Popen | None = None
+        self.slurm = None
+
+    def start(self) -> None:
+        with open(self.log, "a") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--pool=solo",
+                 "--loglevel=INFO", "--without-gossip", "--without-mingle", "--hostname=test-worker@%h"],
+                cwd=REPO, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def reach(self, cluster) -> None:
+        """Restart with ``cluster``'s environment (SLURM_CONF, and a token for slurmrestd), once."""
+        if self.slurm is cluster:
+            return
+        self.stop()
+        self.env = {**self.env, **cluster.env, "SLURM_JWT": cluster.token(lifespan=6 * 3600)}
+        self.slurm = cluster
+        self.start()
 
 
 @pytest.fixture(scope="session")
-def worker(redis_url, tmp_path_factory, django_db_setup, request):
-    """One worker process for the session, on the tests' Redis database and the test database, able to submit to
-    the test Slurm cluster."""
-    env = {**os.environ, **_slurm_env(request), "REDIS_URL": redis_url,
+def worker_process(redis_url, tmp_path_factory, django_db_setup) -> WorkerProcess:
+    """One worker process for the session, on the tests' Redis database and the test database."""
+    env = {**os.environ, "REDIS_URL": redis_url,
            "WORKBENCH_LOCAL_SLOTS": str(LOCAL_SLOTS), "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var")),
            # the tests' datasets lie in their own temporary folders, all under this one
            # (and the demo corpus, the dataset a first run made in the pages uses)
            "WORKBENCH_DATA_ROOTS": f"{tmp_path_factory.getbasetemp()}:{presets.DEMO_TEXT.parent}",
-           "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789"}
-    env["DATABASE_URL"] = worker_database_url()
-    log = tmp_path_factory.mktemp("worker") / "worker.log"
-    with open(log, "w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "workers.celery_app", "worker", "--pool=solo", "--loglevel=INFO",
-             "--without-gossip", "--without-mingle", "--hostname=test-worker@%h"],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    yield Celery(broker=redis_url, backend=redis_url), log
-    process.terminate()
-    try:
-        process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        process.kill()
+           "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789",
+           "DATABASE_URL": worker_database_url()}
+    process = WorkerProcess(env, tmp_path_factory.mktemp("worker") / "worker.log")
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def worker(worker_process, redis_url):
+    """The session's worker as (a Celery client of its Redis database, its log file)."""
+    return Celery(broker=redis_url, backend=redis_url), worker_process.log
 
 
 @pytest.fixture
-def broker(worker, redis_url, settings):
-    """The session's worker, with this process's tasks (run_queue's launch) sent to it."""
+def broker(worker, worker_process, redis_url, settings, request):
+    """The session's worker, with this process's tasks (run_queue's launch) sent to it; able to submit to the test
+    Slurm cluster when the test uses it."""
     from webapp.services import tasks
+    if "slurm_cluster" in request.fixturenames:
+        worker_process.reach(request.getfixturevalue("slurm_cluster"))
     settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
     tasks._client.cache_clear()
     yield worker[0]

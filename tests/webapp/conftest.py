@@ -119,10 +119,11 @@ def test_broker(redis_url, settings):
 
 @pytest.fixture
 def quiet_broker(redis_url, settings):
-    """A Redis database no worker listens on. pytest-django runs transactional tests among the workers' tests, whose
-    Celery worker would take a queued run and change its status under a test that only sends requests."""
+    """A Redis database no worker listens on, the one below the tests' own (tests.conftest). pytest-django runs
+    transactional tests among the workers' tests, whose Celery worker would take a queued run and change its status
+    under a test that only sends requests."""
     base, _, number = redis_url.rpartition("/")
-    with _broker(f"{base}/{(int(number or 0) + 1) % 16}", settings) as client:
+    with _broker(f"{base}/{int(number) - 1}", settings) as client:
         yield client
 
 
