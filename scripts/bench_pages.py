@@ -38,7 +38,7 @@ def _many_runs(owner, run) -> list:
     from django.db import transaction
 
     from webapp import models
-    from webapp.services.series.store import series_write
+    from webapp.services.series import series_write
 
     rng = random.Random(4)
     statuses = list(models.RunStatus.values)

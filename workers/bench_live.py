@@ -155,7 +155,7 @@ def ingestion(folder: Path) -> Figure:
     that redoes REDO_STEPS steps, as a worker's reads of a fast run's folder would come."""
     from trainer.contract.runfolder import METRICS
     from webapp.services.ingest import run_ingest
-    from webapp.services.series.store import Batch
+    from webapp.services.series import Batch
 
     _, run = _run(folder, "ingest")
     path, rng, spent, points = Path(run.run_dir) / METRICS, random.Random(1), 0.0, 0
@@ -193,7 +193,7 @@ def _chart_run(folder: Path):
     gigabyte; reading it in is what (a) measures)."""
     from django.db import connection, transaction
 
-    from webapp.services.series.store import series_write
+    from webapp.services.series import series_write
 
     owner, run = _run(folder, "chart")
     rng, at = random.Random(2), 0

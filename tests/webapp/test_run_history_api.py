@@ -66,7 +66,7 @@ def test_long_polling_waits_the_time_asked_when_nothing_is_newer_and_no_more(ali
 
 
 def test_long_polling_answers_404_when_the_run_is_deleted_during_the_wait(alice, api, run, monkeypatch):
-    from webapp.services import run_updates
+    from webapp.selectors import run_updates
 
     looks = []
     real_look = run_updates._look

@@ -16,8 +16,8 @@ from openapi_spec_validator import validate
 from trainer.contract import presets
 from trainer.contract.schedules import Schedule
 from webapp import models
-from webapp.services import run_updates
-from webapp.services.series.store import series_write
+from webapp.selectors import run_updates
+from webapp.services.series import series_write
 
 
 def test_it_serves_a_valid_openapi_3_schema(db, client):

@@ -6,9 +6,9 @@ import pytest
 
 from tests.webapp.live_runs import START, append_metrics, eval_record, new_run, rows_read, step_record
 from webapp.models import Series, SeriesBucket, SeriesStep
-from webapp.services.series.blocks import LEVELS, Block, Point, width
-from webapp.services.series.read import series_read
-from webapp.services.series.store import series_write
+from webapp.models.series_blocks import LEVELS, Block, Point, width
+from webapp.selectors.series import series_read
+from webapp.services.series import series_write
 
 
 @pytest.fixture

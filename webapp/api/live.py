@@ -12,12 +12,12 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from .. import models
-from ..services.compare import runs_compare
+from ..selectors.compare import runs_compare
+from ..selectors.run_updates import RunGone, run_updates
+from ..selectors.series import series_read
 from ..services.rank_figures import rank_summary
 from ..services.run_estimates import run_estimate_report
 from ..services.run_logs import NoSuchLog, log_files, log_read
-from ..services.run_updates import RunGone, run_updates
-from ..services.series.read import series_read
 from .live_serializers import (IDS_PARAMETER, NAMES_PARAMETER, AttemptSerializer, CompareAnswerSerializer,
                                CompareQuery, EstimateAnswerSerializer, EventQuery, LogAnswerSerializer, LogQuery,
                                RankQuery, RankSummarySerializer, RunEventSerializer, SeriesAnswerSerializer,
@@ -110,7 +110,7 @@ class RunLiveData:
 
 
 class RunUpdatesView(OutsideRequestTransaction, GenericAPIView):
-    """Long polling for a run's live view (webapp.services.run_updates says why, and what a wait costs); the wait
+    """Long polling for a run's live view (webapp.selectors.run_updates says why, and what a wait costs); the wait
     happens outside the request's transaction."""
 
     permission_classes = [IsAuthenticated, IsOwnerOrStaffToChange]

@@ -1,7 +1,7 @@
 """A run's metric series for charts: every step's figures as plain floats, and min/max rollups of them.
 
 metrics.jsonl also lands in ``Metric`` (one JSON row a record, for the record as written); charts read these
-tables instead, which ingestion writes from the same records (webapp.services.series_store).
+tables instead, which ingestion writes from the same records (webapp.services.series).
 
 Why two tables, and why these:
 

@@ -13,7 +13,7 @@ from django.urls import path
 from ..api.live_serializers import MAX_COMPARED
 from ..models import Run
 from ..models.series import SERIES_BY_NAME
-from ..services.compare import spec_differences
+from ..selectors.compare import spec_differences
 
 CHOICES_SHOWN = 100  # the newest visible runs offered as checkboxes (runs in the URL are offered too)
 SERIES_LABELS = {"loss": "loss", "val_loss": "validation loss", "lr": "learning rate", "grad_norm": "gradient norm",

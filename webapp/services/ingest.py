@@ -18,7 +18,7 @@ from ..finite import finite
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
 from .calibration import calibration_record_add
 from .history import Source, record_event
-from .series.store import series_write
+from .series import series_write
 from .upsert import upsert
 
 

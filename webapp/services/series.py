@@ -17,10 +17,10 @@ from django.db.models import Q
 
 from trainer.contract.records import is_eval_row, is_step_row
 
-from ...models import Run, Series, SeriesBucket, SeriesStep
-from ...models.series import EVAL_SERIES, TRAIN_SERIES
-from ..upsert import upsert
-from .blocks import LEVELS, Block, Point, finer, parents_and_siblings, runs_of, width
+from ..models import Run, Series, SeriesBucket, SeriesStep
+from ..models.series import EVAL_SERIES, TRAIN_SERIES
+from .upsert import upsert
+from ..models.series_blocks import LEVELS, Block, Point, finer, parents_and_siblings, runs_of, width
 
 MAX_STEP = 2**31 - 1  # steps are stored unsigned, 32 bits
 MAX_TOKENS = 2**63 - 1

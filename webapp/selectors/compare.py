@@ -4,7 +4,7 @@ what changed between these runs)."""
 from __future__ import annotations
 
 from ..models import Run
-from .series.read import Axis, Frame, series_in_frame
+from .series import Axis, Frame, series_in_frame
 
 MISSING = None  # a field one run's spec has and another's lacks
 

@@ -6,7 +6,7 @@ of at most a few thousand rows, and a loss spike before a divergence or a memory
 Every point served is a point the run recorded (docs/live-data.md has the method and its sources).
 
 The bins are equal slices of the x range ``[start, end]``, so two runs binned over the same range share every bin
-edge and their curves overlay point for point (webapp.services.compare).
+edge and their curves overlay point for point (webapp.selectors.compare).
 """
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from functools import reduce
 
 from django.db.models import Max, Min, Q
 
-from ...models import Run, SeriesBucket, SeriesStep
-from ...models.series import SERIES_BY_NAME
-from .blocks import cover, level_for, width
+from ..models import Run, SeriesBucket, SeriesStep
+from ..models.series import SERIES_BY_NAME
+from ..models.series_blocks import cover, level_for, width
 
 X_UNITS = ("step", "tokens", "time")
 MAX_STEP = 2**31 - 1

@@ -1,1 +1,0 @@
-"""Metric series for charts: written at ingestion with their rollups, read downsampled with extremes kept."""
