@@ -13,6 +13,7 @@ SEGMENTS = (("weights", "parameters"), ("gradients", "gradients"), ("optimizer",
 TERM_DEPTH = 2  # how deep a formula's terms unfold under it; the REST answer has them all
 CHART_WIDTH, CHART_HEIGHT, CHART_PAD, CHART_LEFT = 520, 260, 40, 84  # the left margin holds the times
 _BYTES = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"))  # decimal, as the planner's GB (memory_gb · 1e9)
+CPU_PRESET = "cpu"  # the device preset of local CPU ranks (trainer.contract.gpus): each rank is a process
 # How the tuner begins the reason of a plan it estimated and found too large (trainer.planner.tune.search's
 # memory_reason); every other reason is a rule that cut choices before any plan was estimated.
 OUT_OF_MEMORY = "out of memory"
@@ -65,9 +66,20 @@ def _percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:.3f}%" if whole > 0 else "0%"
 
 
+def ranks(cluster: dict) -> dict:
+    """What the cluster's ranks are called, and what the memory a rank is held against is: a GPU and its memory,
+    or, on the cpu preset, a process and the memory that preset plans for each (not this machine's memory)."""
+    gpu = cluster["gpu"]["name"]
+    if gpu == CPU_PRESET:
+        return {"one": "process", "many": "processes", "kind": "CPU", "hour": "process-hour",
+                "capacity": "the memory the cpu preset plans for each process (not this machine's memory)"}
+    return {"one": "GPU", "many": "GPUs", "kind": gpu, "hour": "GPU-hour", "capacity": f"the {gpu}'s memory"}
+
+
 def memory_view(answer: dict) -> dict:
     """The busiest rank's memory against its device's: the stacked segments, the legend and the stages."""
     memory = answer["memory"]
+    rank = ranks(answer["cluster"])
     stages = memory["stages"]
     stage = next((s for s in stages if s["stage"] == memory["peak_stage"]), stages[0])
     capacity, total = memory["capacity"]["value"], stage["total"]["value"]
@@ -78,9 +90,9 @@ def memory_view(answer: dict) -> dict:
         segments.append({**figure(key, label, part), "of_device": _percent(part["value"], scale),
                          "of_total": _percent(part["value"], total),
                          "share": f"{100 * part['value'] / total:.1f} %" if total else "0 %"})
-    return {"segments": segments, "total": figure("total", "peak per GPU", memory["peak"]),
-            "stage_total": figure("total", "total", stage["total"]), "capacity": figure("capacity", "device memory",
-                                                                                    memory["capacity"]),
+    return {"segments": segments, "total": figure("total", f"peak per {rank['one']}", memory["peak"]),
+            "stage_total": figure("total", "total", stage["total"]),
+            "capacity": figure("capacity", f"memory per {rank['one']}", memory["capacity"]),
             "used": f"{100 * total / capacity:.2f} %" if capacity else "–",
             "capacity_at": _percent(capacity, scale), "fits": memory["fits"], "rank": memory["peak_rank"],
             "stage": stage["stage"], "rule": memory.get("rank_rule", ""),
@@ -100,20 +112,23 @@ def estimate_view(answer: dict | None, steps: int | None) -> dict | None:
         run = {"value": steps * step["value"], "unit": "s", "formula": "steps · step",
                "terms": {"steps": steps, "step": step}}
         figures.append(figure("run-time", "this run's training", run, duration(run["value"])))
+    plan, cluster = answer["plan"], answer["cluster"]
+    rank = ranks(cluster)
     budget = []
     if answer.get("budget"):
         b = answer["budget"]
-        cost_rate = answer["cluster"].get("gpu_hour_cost", 0.0)
+        cost_rate = cluster.get("gpu_hour_cost", 0.0)
         budget = [figure("budget-steps", "steps", b["steps"]),
                   figure("budget-time", "time", b["time"], duration(b["time"]["value"])),
-                  figure("budget-gpu-hours", "GPU-hours", b["gpu_hours"], f"{b['gpu_hours']['value']:,.4g} GPU·h"),
-                  figure("cost", "cost", b["cost"], f"{b['cost']['value']:,.2f} (at {cost_rate:,.4g} per GPU-hour)")]
-    plan, cluster = answer["plan"], answer["cluster"]
+                  figure("budget-gpu-hours", f"{rank['hour']}s", b["gpu_hours"],
+                         f"{b['gpu_hours']['value']:,.4g} {rank['hour']}s"),
+                  figure("cost", "cost", b["cost"], f"{b['cost']['value']:,.2f} (at {cost_rate:,.4g} per "
+                                                    f"{rank['hour']})")]
     return {"memory": memory_view(answer), "figures": figures, "budget": budget,
             "budget_tokens": human(answer["budget"]["tokens"]["value"], "tokens") if budget else "",
             "parameters": figure("parameters", "parameters", answer["parameters"]["total"]),
-            "warnings": answer.get("warnings", []), "gpu": cluster["gpu"]["name"],
-            "gpus": cluster["nodes"] * cluster["gpus_per_node"],
+            "warnings": answer.get("warnings", []), "ranks": rank,
+            "world": cluster["nodes"] * cluster["gpus_per_node"],
             "grad_accum": plan["global_batch"] // (plan["micro_batch"] * plan["dp"])}
 
 
@@ -189,6 +204,7 @@ def tune_view(result: dict) -> dict:
     too_large = [(reason, n) for reason, n in rejected if reason.startswith(OUT_OF_MEMORY)]
     excluded = [(reason, n) for reason, n in rejected if not reason.startswith(OUT_OF_MEMORY)]
     return {"evaluated": result["evaluated"], "fitting": result["fitting"], "rows": rows, "front": front,
+            "ranks": ranks(result["cluster"]),
             "chart": _chart(list(shown.values())), "too_large": too_large,
             "too_large_total": result["evaluated"] - result["fitting"], "excluded": excluded,
             "excluded_total": sum(n for _, n in excluded), "note": result.get("note", ""),

@@ -112,10 +112,25 @@ def test_the_budget_gives_time_and_cost(signed_in, alice):
     html = signed_in.post(ESTIMATE, fields(alice, run__token_budget=1e6, run__gpu_hour_cost=2)).content.decode()
     assert figure_text(html, "estimate-budget-steps") == "3,907 steps"  # ⌈1e6 / (4 · 64)⌉
     cost = figure_text(html, "estimate-cost")
-    assert cost.endswith("(at 2 per GPU-hour)") and not cost.startswith("0.00")
+    assert cost.endswith("(at 2 per process-hour)") and not cost.startswith("0.00")
     assert figure_text(html, "estimate-budget-time")
     html = signed_in.post(ESTIMATE, fields(alice, run__token_budget=0)).content.decode()
     assert error_list(html, "run-token_budget")
+
+
+def test_the_estimate_names_cpu_ranks_processes_and_says_whose_memory_it_holds_them_against(signed_in, alice,
+                                                                                             cluster8):
+    html = signed_in.get(NEW).content.decode()  # the local cluster: two CPU processes
+    text = re.sub(r"\s+", " ", html)
+    assert "2 CPU processes ·" in text and "Memory per process" in text and "GPU·h" not in text
+    assert not re.search(r"(memory|peak) per GPU", text, re.I)
+    assert figure_text(html, "estimate-capacity").startswith(
+        "Against 24 GB, the memory the cpu preset plans for each process (not this machine&#x27;s memory).")
+    html = signed_in.post(ESTIMATE, fields(alice, run__cluster=cluster8.pk, plan__dp=8, plan__global_batch=16))
+    text = re.sub(r"\s+", " ", html.content.decode())
+    assert "8 A100-SXM-80GB GPUs ·" in text and "Memory per GPU" in text and "process" not in text
+    assert "Against 80 GB, the A100-SXM-80GB&#x27;s memory." in text and "A100-SXM-80GB-hours" not in text
+    assert re.search(r'data-testid="estimate-budget-gpu-hours">[\d.,]+ GPU-hours<', text)
 
 
 def test_a_stored_model_config_is_a_source(signed_in, alice, bob):
