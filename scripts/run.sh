@@ -44,6 +44,16 @@ echo "== starting the web server"
 "$PY" manage.py runserver "127.0.0.1:$PORT" --noreload &
 pids+=($!)
 
+# While no admin can sign in with a password: an admin and a one-time sign-in link for it, shown on this terminal
+# only (never written to a log), as Jupyter shows its token.
+signin_link="$("$PY" manage.py first_signin --url "http://127.0.0.1:$PORT")" || signin_link=""
+if [[ -n "$signin_link" ]]; then
+  sign_in="First sign-in (once, within an hour; then choose a password):
+    $signin_link"
+else
+  sign_in="Sign in with your username and password (staff add users in the admin)"
+fi
+
 cat <<MSG
 
   The workbench is at      http://127.0.0.1:$PORT/       (sign in; the dashboard, new run, deploy, playground)
@@ -52,7 +62,9 @@ cat <<MSG
   Admin                    http://127.0.0.1:$PORT/admin/
   OpenAI-compatible API    http://127.0.0.1:$PORT/v1/    (key: your API token)
   Triton (local)           http://127.0.0.1:$TRITON_PORT   (models: var/triton-models)
-  Create an admin user:    .venv/bin/python manage.py createsuperuser
+
+  $sign_in
+
   Press Ctrl-C to stop everything.
 
 MSG
