@@ -33,7 +33,9 @@ def _runs(owner, settings, tmp_path):
     learning = new_run(owner, plan, dataset, name="learning", steps=400)
     append_metrics(learning, [step_record(s, 5.0 - s / 100) for s in range(1, 301)])
     models.Run.objects.filter(pk=learning.pk).update(status=models.RunStatus.COMPLETED)
-    new_run(owner, plan, dataset, name="waiting")
+    named = models.ParallelismPlan.objects.create(owner=owner, name="tiny dp2 tp1 pp1 on local", model_config=model,
+                                                  cluster=cluster, spec=plan.spec)  # as the wizard names a plan
+    new_run(owner, named, dataset, name="waiting")
     return learning
 
 
@@ -47,6 +49,10 @@ def test_it_lists_runs_with_progress_and_a_loss_sparkline_and_filters_them_in_pl
     row = page.get_by_role("row").filter(has_text="learning")
     expect(row).to_contain_text("300 / 400")
     expect(row.get_by_role("img", name=f"loss of run {learning.pk}")).to_be_visible()
+    expect(row.get_by_role("cell", name="one on local")).to_be_visible()
+    # a plan named for its cluster is not told its cluster again
+    expect(page.get_by_role("row").filter(has_text="waiting").get_by_role("cell", name="on local")).to_have_text(
+        "tiny dp2 tp1 pp1 on local")
     check_page(page, "dashboard", phone=True)
 
     page.get_by_label("Status").select_option("completed")
