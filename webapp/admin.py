@@ -15,6 +15,7 @@ from django.utils.html import format_html
 from trainer.contract import presets
 
 from . import models, services
+from .pages.wizard_figures import CURRENCY
 from .services.calibration import calibration_report
 
 
@@ -93,7 +94,7 @@ class ClusterForm(forms.ModelForm):
     gpus_per_node = forms.IntegerField(label="GPUs per node", min_value=1)
     intra_node_bandwidth_gbs = forms.FloatField(label="Within a node (GB/s per GPU)", min_value=0.001)
     inter_node_bandwidth_gbs = forms.FloatField(label="Between nodes (GB/s per GPU)", min_value=0.001)
-    gpu_hour_cost = forms.FloatField(label="Cost of a GPU hour", min_value=0, required=False)
+    gpu_hour_cost = forms.FloatField(label=f"Cost of a GPU-hour ({CURRENCY})", min_value=0, required=False)
 
     class Meta:
         model = models.Cluster

@@ -132,6 +132,7 @@ def test_it_edits_a_clusters_machines_as_fields_and_a_gpu_preset_brings_its_figu
     lab = models.Cluster.objects.get(name="lab")
     page = admin_client_logged_in.get(reverse("admin:workbench_cluster_change", args=[lab.pk])).content.decode()
     assert 'name="gpu_name" value="H100-SXM"' in page and 'name="nodes" value="4"' in page
+    assert "Cost of a GPU-hour (USD):</label>" in page  # the currency the wizard shows costs in
     # a figure the contract refuses is refused on its own field's form
     answer = admin_client_logged_in.post(reverse("admin:workbench_cluster_change", args=[lab.pk]),
                                          {**fields, "gpu_preset": "", "gpu_name": "X", "nodes": "0"})

@@ -14,6 +14,7 @@ TERM_DEPTH = 2  # how deep a formula's terms unfold under it; the REST answer ha
 CHART_WIDTH, CHART_HEIGHT, CHART_PAD, CHART_LEFT = 520, 260, 40, 84  # the left margin holds the times
 _BYTES = ((1e12, "TB"), (1e9, "GB"), (1e6, "MB"), (1e3, "kB"))  # decimal, as the planner's GB (memory_gb · 1e9)
 CPU_PRESET = "cpu"  # the device preset of local CPU ranks (trainer.contract.gpus): each rank is a process
+CURRENCY = "USD"   # what a cost per GPU-hour is given in, and so every cost the wizard shows
 # How the tuner begins the reason of a plan it estimated and found too large (trainer.planner.tune.search's
 # memory_reason); every other reason is a rule that cut choices before any plan was estimated.
 OUT_OF_MEMORY = "out of memory"
@@ -118,12 +119,13 @@ def estimate_view(answer: dict | None, steps: int | None) -> dict | None:
     if answer.get("budget"):
         b = answer["budget"]
         cost_rate = cluster.get("gpu_hour_cost", 0.0)
+        cost = (f"{b['cost']['value']:,.2f} {CURRENCY} (at {cost_rate:,.4g} {CURRENCY} per {rank['hour']})"
+                if cost_rate else "– (give a cost per GPU-hour)")
         budget = [figure("budget-steps", "steps", b["steps"]),
                   figure("budget-time", "time", b["time"], duration(b["time"]["value"])),
                   figure("budget-gpu-hours", f"{rank['hour']}s", b["gpu_hours"],
                          f"{b['gpu_hours']['value']:,.4g} {rank['hour']}s"),
-                  figure("cost", "cost", b["cost"], f"{b['cost']['value']:,.2f} (at {cost_rate:,.4g} per "
-                                                    f"{rank['hour']})")]
+                  figure("cost", "cost", b["cost"], cost)]
     return {"memory": memory_view(answer), "figures": figures, "budget": budget,
             "budget_tokens": human(answer["budget"]["tokens"]["value"], "tokens") if budget else "",
             "parameters": figure("parameters", "parameters", answer["parameters"]["total"]),

@@ -111,9 +111,12 @@ def test_an_invalid_tp_is_refused_next_to_the_field_naming_the_numbers(signed_in
 def test_the_budget_gives_time_and_cost(signed_in, alice):
     html = signed_in.post(ESTIMATE, fields(alice, run__token_budget=1e6, run__gpu_hour_cost=2)).content.decode()
     assert figure_text(html, "estimate-budget-steps") == "3,907 steps"  # ⌈1e6 / (4 · 64)⌉
-    cost = figure_text(html, "estimate-cost")
-    assert cost.endswith("(at 2 per process-hour)") and not cost.startswith("0.00")
+    cost = figure_text(html, "estimate-cost")  # in the currency the rate is typed in, said on both
+    assert re.fullmatch(r"[\d.]+ USD \(at 2 USD per process-hour\)", cost) and not cost.startswith("0.00")
+    assert "Cost per GPU-hour (USD)" in signed_in.get(NEW).content.decode()
     assert figure_text(html, "estimate-budget-time")
+    html = signed_in.post(ESTIMATE, fields(alice, run__token_budget=1e6)).content.decode()
+    assert figure_text(html, "estimate-cost") == "– (give a cost per GPU-hour)"  # the local cluster has none
     html = signed_in.post(ESTIMATE, fields(alice, run__token_budget=0)).content.decode()
     assert error_list(html, "run-token_budget")
 
