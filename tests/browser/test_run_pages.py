@@ -1,16 +1,17 @@
 """The run page and the compare page in the browser: charts drawn from really ingested metrics, the x axis and log
-scale switched, a dragged zoom, the log tail, the status following the run to its end without a reload, and two
-runs overlaid with what differs between them."""
+scale switched, a dragged zoom, the log tail, the status following the run to its end without a reload, what the
+page says of a CPU run without a pipeline and of a run resumed after a cancel, and two runs overlaid with what
+differs between them."""
 from pathlib import Path
 
 from playwright.sync_api import expect
 
 from tests.browser.conftest import check_page
-from tests.webapp.live_runs import append_metrics, eval_record, new_run, step_record
+from tests.webapp.live_runs import append_metrics, eval_record, new_run, step_record, write_profile
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.records import Event, event
 from trainer.contract.runfolder import EVENTS, append_jsonl
-from webapp import models
+from webapp import models, services
 from webapp.services.demo import demo_ready
 from webapp.services.ingest import run_ingest
 
@@ -77,6 +78,21 @@ def test_the_run_page_draws_its_charts_zooms_tails_a_log_and_follows_the_run_to_
     expect(page.get_by_test_id("events")).to_contain_text("finished")
     expect(page.get_by_role("button", name="Cancel run")).to_have_count(0)
     check_page(page, "run-completed")
+
+
+def test_the_run_page_shows_the_present_state_alone_and_what_a_cpu_run_without_a_pipeline_measures(
+        signed_in_page, settings, tmp_path, sent):
+    page = signed_in_page
+    (plan, _), dataset = _plans(page.user, settings, tmp_path)  # dp 2, pp 1, on the local CPUs
+    run = _running(new_run(page.user, plan, dataset, name="on-cpus", steps=5))
+    write_profile(run)  # its trainer events happen now; they are read in after the cancel below
+    services.run_cancel(run, "cancelled by admin")
+    append_metrics(run, [step_record(s, 4.0 - s / 10, memory={}) for s in range(1, 4)])  # a CPU reports no memory
+
+    page.goto(f"/runs/{run.pk}/")
+    kinds = page.get_by_test_id("events").locator("tbody tr td:nth-child(3)")
+    expect(kinds).to_have_text(["cancelled", "profile_written", "started"])  # newest first, by when they happened
+    check_page(page, "run-cpu-cancelled")
 
 
 def test_the_compare_page_overlays_two_runs_and_lists_what_differs(signed_in_page, settings, tmp_path):

@@ -116,7 +116,9 @@ def _header(request, run: Run) -> dict:
 # -- history ------------------------------------------------------------------------------------------------------
 
 def _history(request, run: Run) -> dict:
-    events = list(run.history.order_by("-id")[:EVENTS_SHOWN + 1])
+    # newest first by when each happened: the trainer's events are read in from the run folder a reconcile pass
+    # after they happened, so their ids say when they were read, behind the workbench's own events of the meantime
+    events = list(run.history.order_by("-time", "-id")[:EVENTS_SHOWN + 1])
     checkpoints = [{"checkpoint": c, "size": _bytes(c.size_bytes), "tokens": f"{c.tokens_seen:,}"}
                    for c in run.checkpoints.order_by("-step")]
     return {"run": run, "events": events[:EVENTS_SHOWN], "more_events": len(events) > EVENTS_SHOWN,
