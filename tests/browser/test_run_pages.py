@@ -90,9 +90,36 @@ def test_the_run_page_shows_the_present_state_alone_and_what_a_cpu_run_without_a
     append_metrics(run, [step_record(s, 4.0 - s / 10, memory={}) for s in range(1, 4)])  # a CPU reports no memory
 
     page.goto(f"/runs/{run.pk}/")
+    header = page.locator("#run-header")
+    expect(header).to_contain_text("cancelled by admin")
     kinds = page.get_by_test_id("events").locator("tbody tr td:nth-child(3)")
     expect(kinds).to_have_text(["cancelled", "profile_written", "started"])  # newest first, by when they happened
     check_page(page, "run-cpu-cancelled")
+
+    page.get_by_role("button", name="Resume from the newest checkpoint").click()
+    expect(page.get_by_test_id("run-status")).to_have_text("queued")
+    expect(page.get_by_role("status").filter(has_text="is queued")).to_be_visible()
+    expect(header).not_to_contain_text("cancelled by admin")
+    expect(header).to_contain_text("resumed: queued to go on from its newest checkpoint")
+    assert ("workbench.runs.launch", run.pk) in sent
+
+    run.refresh_from_db()  # a worker's launch, then the trainer's last lines
+    run.transition("submitted", "attempt 1 submitted as job 1:test")
+    run.save()
+    expect(page.get_by_test_id("run-status")).to_have_text("submitted", timeout=40_000)
+    expect(header).to_contain_text("submitted as job 1:test")
+    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.STARTED, 0, step=3))
+    run_ingest(run.pk)
+    expect(page.get_by_test_id("run-status")).to_have_text("running", timeout=40_000)
+    expect(header).not_to_contain_text("submitted as job")
+    append_metrics(run, [step_record(s, 4.0 - s / 10, memory={}) for s in range(4, 6)])
+    append_jsonl(Path(run.run_dir) / EVENTS, event(Event.FINISHED, 0, step=5))
+    run_ingest(run.pk)
+    expect(page.get_by_test_id("run-status")).to_have_text("completed", timeout=40_000)
+    expect(header).to_contain_text("finished at step 5")
+    expect(page.locator("main .messages")).to_have_count(0)  # "is queued" was true only while it was
+    expect(kinds.first).to_have_text("finished")
+    check_page(page, "run-cpu-completed")
 
 
 def test_the_compare_page_overlays_two_runs_and_lists_what_differs(signed_in_page, settings, tmp_path):

@@ -102,7 +102,8 @@ class Run(Owned):
         return to in TRANSITIONS[self.status]
 
     def transition(self, to: str, message: str = "") -> None:
-        """Move to status ``to`` (not saved), stamping the time it happened."""
+        """Move to status ``to`` (not saved), stamping the time it happened. ``message`` says why, in words, and
+        replaces the former status's: a message that explained the former status would be stale beside this one."""
         if not self.can_transition(to):
             raise IllegalTransition(f"a {self.status} run cannot become {to}")
         now = timezone.now()
@@ -113,8 +114,7 @@ class Run(Owned):
         elif to in FINISHED:
             self.finished_at = now
         self.status = to
-        if message:
-            self.status_message = message
+        self.status_message = message
 
     def clean(self):
         errors = {}

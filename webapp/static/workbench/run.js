@@ -135,6 +135,9 @@
     const statusChanged = update.status !== state.status;
     state.status = update.status;
     state.finished = update.finished;
+    // The messages the last action left ("is queued", "is cancelled", a refusal) told of the status it found or
+    // led to: once the status moves on they are history, which the events table keeps.
+    if (statusChanged) document.querySelector("main .messages")?.parentElement.remove();
     const badge = document.querySelector('[data-testid="run-status"]');
     if (badge) { badge.textContent = update.status; badge.className = `status status-${update.status}`; }
     const newSteps = update.last_step > state.lastStep;
