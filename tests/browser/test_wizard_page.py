@@ -4,7 +4,8 @@ import re
 
 from playwright.sync_api import expect
 
-from tests.browser.conftest import check_page
+from tests.browser.conftest import LAPTOP, PHONE, check_page
+from tests.browser.wrapping import broken_words
 
 
 def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_page):
@@ -16,6 +17,9 @@ def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_pag
     before, before_memory = step_time.inner_text(), memory.inner_text()
     expect(page.locator("#id_plan-dp")).to_have_value("2")
     check_page(page, "wizard", phone=True)
+    for viewport in (PHONE, LAPTOP):  # long field names wrap between their words (at "_"), not inside one
+        page.set_viewport_size(viewport)
+        assert not broken_words(page), f"words broken at {viewport['width']} px: {broken_words(page)}"
 
     page.locator("#id_plan-tp").fill("2")  # two CPU ranks: dp follows to 1
     expect(page.locator("#id_plan-dp")).to_have_value("1")
@@ -37,6 +41,7 @@ def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_pag
     expect(page.locator("#errors-plan-tp")).to_be_empty()
     expect(page.get_by_test_id("estimate-step-time")).to_be_visible()
     check_page(page, "wizard-tuned")
+    assert not broken_words(page), broken_words(page)
 
     tuned_memory = memory.inner_text()
     page.get_by_label("Start from").select_option("preset:gpt2-small")  # its figures fill the model's fields
