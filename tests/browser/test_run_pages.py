@@ -12,6 +12,7 @@ from trainer.contract import ParallelPlan, presets
 from trainer.contract.records import Event, event
 from trainer.contract.runfolder import EVENTS, append_jsonl
 from webapp import models, services
+from webapp.pages.run_detail import NO_CPU_MEMORY
 from webapp.services.demo import demo_ready
 from webapp.services.ingest import run_ingest
 
@@ -94,6 +95,8 @@ def test_the_run_page_shows_the_present_state_alone_and_what_a_cpu_run_without_a
     expect(header).to_contain_text("cancelled by admin")
     kinds = page.get_by_test_id("events").locator("tbody tr td:nth-child(3)")
     expect(kinds).to_have_text(["cancelled", "profile_written", "started"])  # newest first, by when they happened
+    expect(page.locator("#chart-memory-summary")).to_have_text(NO_CPU_MEMORY)
+    expect(page.locator("#chart-loss-summary")).to_contain_text("loss: 3 points")
     check_page(page, "run-cpu-cancelled")
 
     page.get_by_role("button", name="Resume from the newest checkpoint").click()

@@ -17,10 +17,11 @@ from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
 from ..models import Run, RunStatus, SeriesStep
+from ..selectors.run_logs import log_files
+from ..selectors.runs import runs_with_parts
+from ..selectors.timeline import timeline_missing
 from ..services import run_cancel, run_queue
 from ..services.run_estimates import run_estimate_report
-from ..services.run_logs import log_files
-from ..selectors.timeline import timeline_missing
 
 EVENTS_SHOWN = 50
 RANK_OPTIONS = 256  # ranks offered in the log selector before any log file exists
@@ -31,13 +32,15 @@ CHARTS = [  # (id, title, series, y unit)
     ("mfu", "MFU", ["mfu"], "fraction"),
     ("memory", "Peak memory, rank 0", ["memory"], "bytes"),
 ]
+# What the memory chart says for good on a cluster of CPUs, where the trainer records no peak memory
+# (trainer.profiling.memory.max_allocated_bytes): instead of waiting for data that will never come.
+NO_CPU_MEMORY = "This run's cluster is of CPUs, and a CPU does not report peak memory: nothing will be drawn here."
 TRACE_NAME = re.compile(r"rank-(\d{1,7})\.trace\.json(\.gz)?")
 SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")  # a profile's name comes from the run folder: keep it out of headers
 
 
 def _visible_run(request, pk: int) -> Run:
-    return get_object_or_404(Run.objects.visible_to(request.user)
-                             .select_related("owner", "model_config", "plan", "cluster", "dataset"), pk=pk)
+    return get_object_or_404(runs_with_parts(request.user), pk=pk)
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------
@@ -191,6 +194,16 @@ PARTS = {"header": ("pages/run_header.html", _header), "history": ("pages/run_hi
          "measure": ("pages/run_measure.html", _measure)}
 
 
+def _on_cpus(run: Run) -> bool:
+    gpu = ((run.spec or {}).get("cluster") or {}).get("gpu")
+    return isinstance(gpu, dict) and gpu.get("name") == "cpu"
+
+
+def _charts(run: Run) -> list[tuple]:
+    """CHARTS, each with what it says while it has nothing to draw ("": that nothing is drawn yet)."""
+    return [(*chart, NO_CPU_MEMORY if chart[0] == "memory" and _on_cpus(run) else "") for chart in CHARTS]
+
+
 def _log_choices(run: Run) -> list[str]:
     names = [f["name"] for f in log_files(run)]
     ranks = [f"rank-{r}.log" for r in range(min(_world(run), RANK_OPTIONS))]
@@ -202,7 +215,7 @@ def run_page(request, pk: int):
     run = _visible_run(request, pk)
     last_event = run.history.order_by("-id").values_list("id", flat=True).first() or 0
     context = {**_header(request, run), **_history(request, run), **_measure(request, run),
-               "charts": CHARTS, "last_event": last_event, "logs": _log_choices(run)}
+               "charts": _charts(run), "last_event": last_event, "logs": _log_choices(run)}
     return render(request, "pages/run.html", context)
 
 

@@ -111,8 +111,9 @@ const WorkbenchCharts = (() => {
 
   class Chart {
     // el: the container (its data-points is set to the points drawn); options: yUnit ("", "bytes", "fraction",
-    // "tokens/s"), summary (an element for the text summary), syncKey (charts that share a cursor), onZoom(start,
-    // end) called with the x range dragged across.
+    // "tokens/s"), summary (an element for the text summary), empty (what the summary says with nothing to draw;
+    // by default that nothing is drawn yet), syncKey (charts that share a cursor), onZoom(start, end) called with
+    // the x range dragged across.
     constructor(el, options = {}) {
       this.el = el;
       this.options = options;
@@ -139,7 +140,7 @@ const WorkbenchCharts = (() => {
       this.el.dataset.series = String(shown.filter(line => line.points.length).length);
       if (!drawn) {
         this.destroy();
-        this.summarize("No data to draw yet.");
+        this.summarize(this.options.empty || "No data to draw yet.");
         return;
       }
       const series = [{label: X_LABELS[x], value: (u, v) => formatX(x, v)}];

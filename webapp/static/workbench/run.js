@@ -27,7 +27,7 @@
   const charts = [...root.querySelectorAll(".chart[data-names]")].map(el => ({
     names: el.dataset.names.split(","),
     chart: new WorkbenchCharts.Chart(el, {yUnit: el.dataset.yUnit, syncKey: `run-${root.dataset.run}`, onZoom: zoom,
-                                          summary: $(el.getAttribute("aria-describedby"))}),
+                                          summary: $(el.getAttribute("aria-describedby")), empty: el.dataset.empty}),
   }));
   const names = [...new Set(charts.flatMap(c => c.names))];
 
