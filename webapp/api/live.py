@@ -17,7 +17,7 @@ from ..selectors.run_updates import RunGone, run_updates
 from ..selectors.series import series_read
 from ..services.rank_figures import rank_summary
 from ..services.run_estimates import run_estimate_report
-from ..services.run_logs import NoSuchLog, log_files, log_read
+from ..selectors.run_logs import NoSuchLog, log_files, log_read
 from .live_serializers import (IDS_PARAMETER, NAMES_PARAMETER, AttemptSerializer, CompareAnswerSerializer,
                                CompareQuery, EstimateAnswerSerializer, EventQuery, LogAnswerSerializer, LogQuery,
                                RankQuery, RankSummarySerializer, RunEventSerializer, SeriesAnswerSerializer,
