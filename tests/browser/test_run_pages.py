@@ -15,6 +15,7 @@ from webapp import models, services
 from webapp.pages.run_detail import NO_CPU_MEMORY
 from webapp.services.demo import demo_ready
 from webapp.services.ingest import run_ingest
+from webapp.services.run_estimates import NO_PIPELINE
 
 
 def _plans(owner, settings, tmp_path):
@@ -97,6 +98,13 @@ def test_the_run_page_shows_the_present_state_alone_and_what_a_cpu_run_without_a
     expect(kinds).to_have_text(["cancelled", "profile_written", "started"])  # newest first, by when they happened
     expect(page.locator("#chart-memory-summary")).to_have_text(NO_CPU_MEMORY)
     expect(page.locator("#chart-loss-summary")).to_contain_text("loss: 3 points")
+    # the profile's figure says what it measures; the planner's pipeline bubble is 0 and nothing measures one
+    digest = page.get_by_test_id("profile-digest")
+    expect(digest).to_contain_text("Not computing (exposed communication + idle) 30.0% on average, 40.0% on the "
+                                   "worst rank")
+    expect(digest).not_to_contain_text("Bubble")
+    bubble = page.get_by_test_id("estimate-vs-measured").locator("tr").filter(has_text="Pipeline bubble")
+    expect(bubble.locator("td")).to_have_text(["0.0%", "not measured", "–", NO_PIPELINE])
     check_page(page, "run-cpu-cancelled")
 
     page.get_by_role("button", name="Resume from the newest checkpoint").click()

@@ -11,7 +11,8 @@ from trainer.planner.estimate.api import estimate_json
 from webapp import models
 from webapp.services import run_estimates
 from webapp.services.ingest import run_ingest
-from webapp.services.run_estimates import FIGURE_KEYS, NO_PROFILE, NO_STATES, NO_STEPS, run_estimate_report
+from webapp.services.run_estimates import (FIGURE_KEYS, NO_PIPELINE, NO_PROFILE, NO_STATES, NO_STEPS,
+                                          run_estimate_report)
 
 pytestmark = pytest.mark.django_db
 
@@ -154,7 +155,8 @@ def test_figures_not_measured_say_why(alice, api, plan222, corpus):
     assert rows["model_states_fullest"]["missing"].startswith("a world of one")
     assert rows["peak_memory_rank0"]["missing"] == "the device reports no memory (a CPU does not)"
     assert rows["peak_memory_fullest"]["missing"].startswith("a world of one")
-    assert rows["pipeline_bubble"]["missing"] == "profile undigested has no digest of its traces"
+    assert rows["exposed_communication"]["missing"] == "profile undigested has no digest of its traces"
+    assert rows["pipeline_bubble"]["missing"] == NO_PIPELINE  # pp 1: no bubble, whatever a profile says
     assert rows["pipeline_bubble"]["estimated"] == 0 and rows["pipeline_bubble"]["error"] is None
     assert rows["step_time"]["measured"] == 0.5 and rows["step_time"]["error"] is not None
 

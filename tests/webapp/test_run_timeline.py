@@ -61,7 +61,7 @@ def test_a_profile_without_timelines_answers_404_saying_how_to_write_them_then_d
     # plan222 is dp 2 × tp 2 × pp 2 with 4 micro-batches: ranks 0 and 1 are pipeline rank 0 of 1F1B
     assert _labels(svg, 0, "ideal") == ["F0", "F1", "B0", "F2", "B1", "F3", "B2", "B3"]
     text = "".join(svg.itertext())
-    assert "ideal bubble 20.0%" in text and "bubble 40.0% (idle 20.0%)" in text and "0.4 ms" in text
+    assert "ideal bubble 20.0%" in text and "not computing 40.0% (idle 20.0%)" in text and "0.4 ms" in text
     for key in ("compute", "exposed communication", "idle", "forward", "backward"):
         assert key in text
 

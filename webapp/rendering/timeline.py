@@ -103,8 +103,8 @@ def timeline_svg(timeline: Timeline) -> str:
             for start, end in measured.spans[kind]:
                 canvas.rect(start, end, y, ROW_H, COLOURS[kind], f' data-kind="{kind}"')
         canvas.parts.append("</g>")
-        canvas.text(LEFT + PLOT + 8, y + ROW_H - 5, f"bubble {100 * bubble:.1f}% (idle {100 * idle / wall:.1f}%)"
-                    if wall else "no profiled time")
+        shares = f"not computing {100 * bubble:.1f}% (idle {100 * idle / wall:.1f}%)" if wall else "no profiled time"
+        canvas.text(LEFT + PLOT + 8, y + ROW_H - 5, shares)
         line = f"rank {rank}: not computing {100 * bubble:.1f}% of {wall:.1f} ms"
         y += ROW_H + GAP
         if _ideal_end(timeline, measured) is not None:

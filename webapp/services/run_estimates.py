@@ -42,6 +42,8 @@ NO_STEPS = "no training step recorded yet"
 NO_STATES = ("no step record holds the model states' bytes (the trainer writes them from an attempt's first "
              "step on)")
 NO_PROFILE = "no profile taken (give the run a profile to measure it)"
+NO_PIPELINE = ("no pipeline (pp = 1), so no bubble: a profile's idle share is then host time between operators, "
+               "not a bubble")
 
 
 # -- the estimate -------------------------------------------------------------------------------------------------
@@ -175,13 +177,14 @@ def _peak_memory(run: Run) -> float | None:
     return SeriesStep.objects.filter(run=run).aggregate(peak=Max("memory"))["peak"]
 
 
+def _degree(run: Run, name: str) -> int:
+    """The stored plan's ``dp``, ``tp`` or ``pp`` (1 when the spec lacks a usable one)."""
+    value = ((run.spec or {}).get("plan") or {}).get(name, 1)
+    return value if isinstance(value, int) and value > 0 else 1
+
+
 def _world(run: Run) -> int:
-    plan = (run.spec or {}).get("plan") or {}
-    world = 1
-    for degree in ("dp", "tp", "pp"):
-        value = plan.get(degree, 1)
-        world *= value if isinstance(value, int) and value > 0 else 1
-    return world
+    return _degree(run, "dp") * _degree(run, "tp") * _degree(run, "pp")
 
 
 def _row(key: str, figure: str, unit: str, estimated, measured, measured_from: str, missing: str) -> dict:
@@ -264,10 +267,12 @@ def estimate_rows(run: Run, estimate: dict) -> list[dict]:
     def source(share: str) -> str:
         return f"profile {profile.name}: {share} share of the profiled steps, mean over ranks" if profile else ""
 
+    # without a pipeline the planner has no bubble term (0), and the idle share is no bubble to hold against it
+    pipelined = _degree(run, "pp") > 1
     rows += [
         _row("pipeline_bubble", "Pipeline bubble (idle share of a step)", "fraction",
-             planned.step_share(("pipeline_bubble",)), shares.get("idle"),
-             source("idle"), no_digest),
+             planned.step_share(("pipeline_bubble",)), shares.get("idle") if pipelined else None,
+             source("idle"), no_digest if pipelined else NO_PIPELINE),
         _row("exposed_communication", "Exposed communication (share of a step)", "fraction",
              planned.step_share(COMMUNICATION), shares.get("comm_exposed"),
              source("exposed communication"), no_digest),
