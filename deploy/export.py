@@ -105,12 +105,11 @@ def _copy_serving_code(version: Path) -> None:
 
 def serving_report(prepared: PreparedExport, options: ExportOptions, entry: Path, seconds: float) -> dict[str, Any]:
     """serving.json: what the export measured, where the entry and its checkpoint are, how it serves."""
-    spec = prepared.spec
     return {**prepared.quality,
             "name": options.name, "path": str(entry.resolve()), "checkpoint": str(prepared.checkpoint.resolve()),
             "step": prepared.manifest.step, "tensor_parallel": options.tensor_parallel,
             "instances": options.instances, "kind": options.kind, "streaming": options.streaming,
-            "seq_len": spec.seq_len, "compute_dtype_cpu": "float32",
+            "seq_len": prepared.spec.seq_len, "compute_dtype_cpu": "float32",
             "compute_dtype_gpu": GPU_DTYPE[options.reduction], "smoke": prepared.smoke,
             "export_seconds": round(seconds, 3)}
 
