@@ -10,6 +10,7 @@ import pytest
 from celery import Celery
 
 from tests.conftest import REPO
+from tests.xdist_groups import run_temp_root
 from trainer.contract import presets
 from webapp import models
 
@@ -70,7 +71,7 @@ def worker_process(redis_url, tmp_path_factory, django_db_setup) -> WorkerProces
            "WORKBENCH_LOCAL_SLOTS": str(LOCAL_SLOTS), "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var")),
            # the tests' datasets lie in their own temporary folders, all under this one
            # (and the demo corpus, the dataset a first run made in the pages uses)
-           "WORKBENCH_DATA_ROOTS": f"{tmp_path_factory.getbasetemp()}:{presets.DEMO_TEXT.parent}",
+           "WORKBENCH_DATA_ROOTS": f"{run_temp_root(tmp_path_factory)}:{presets.DEMO_TEXT.parent}",
            "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789",
            "DATABASE_URL": worker_database_url()}
     process = WorkerProcess(env, tmp_path_factory.mktemp("worker") / "worker.log")
@@ -111,6 +112,10 @@ def reconcile_until(broker, run_id, done, timeout=180) -> models.Run:
             return run
         time.sleep(0.5)
     run = models.Run.objects.get(pk=run_id)
+    raise AssertionError(f"run {run_id} stuck in {run.status}: {run.status_message}\n{log_tails(run)}")
+
+
+def log_tails(run: models.Run) -> str:
+    """The end of each of the run's log files, for an assertion's message."""
     logs = sorted(Path(run.run_dir, "logs").glob("*")) if run.run_dir else []
-    tails = "\n".join(f"== {log.name}\n{log.read_text(errors='replace')[-2000:]}" for log in logs)
-    raise AssertionError(f"run {run_id} stuck in {run.status}: {run.status_message}\n{tails or 'no logs'}")
+    return "\n".join(f"== {log.name}\n{log.read_text(errors='replace')[-2000:]}" for log in logs) or "no logs"

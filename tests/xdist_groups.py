@@ -82,11 +82,17 @@ def group_by_shared_fixtures(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not any(root(k) in waiting for k in keys_of[item]))  # stable: order kept otherwise
 
 
+def run_temp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary folder of the whole test run: under xdist the workers' common folder, which holds each worker's
+    own and what once_per_run made; without xdist the session's. Data roots that must reach every test folder."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
     """The folder ``name``, made by ``make(folder)`` once for the whole test run: the first worker to ask makes it
     while the others wait on its lock, then all of them read it. A folder left half-made by a failure is made again."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # xdist: the workers' common folder
+    shared = run_temp_root(tmp_path_factory)
     folder, done = shared / name, shared / f"{name}.done"
     with FileLock(str(shared / f"{name}.lock")):
         if not done.exists():

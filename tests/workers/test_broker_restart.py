@@ -16,6 +16,7 @@ from django.utils import timezone
 from kombu.exceptions import OperationalError
 
 from tests.workers.own_broker import OwnRedis, start_worker, stop, wait_until_consuming, worker_env
+from tests.xdist_groups import run_temp_root
 from trainer.contract.runfolder import METRICS, read_jsonl
 from webapp import models, services
 from webapp.models import RunStatus
@@ -41,7 +42,7 @@ def own_redis(tmp_path, settings):
 @pytest.fixture
 def own_worker(own_redis, tmp_path, tmp_path_factory):
     log = tmp_path / "worker.log"
-    worker = start_worker(worker_env(own_redis.url, tmp_path / "var", tmp_path_factory.getbasetemp()), log, "restart")
+    worker = start_worker(worker_env(own_redis.url, tmp_path / "var", run_temp_root(tmp_path_factory)), log, "restart")
     yield worker, log
     stop(worker)
 

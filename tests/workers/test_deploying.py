@@ -11,6 +11,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from tests.webapp import serving
+from tests.xdist_groups import run_temp_root
 from webapp import models
 from workers import deploying
 
@@ -24,9 +25,9 @@ def owner(db):
 
 @pytest.fixture
 def roots(settings, tmp_path_factory):
-    """Every temporary folder of the session is a data root, as for the session's worker (tests.worker_fixtures),
+    """Every temporary folder of the test run is a data root, as for the session's worker (tests.worker_fixtures),
     so that the checkpoints the tests import may be exported."""
-    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [tmp_path_factory.getbasetemp()]}
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [run_temp_root(tmp_path_factory)]}
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from django.utils import timezone
 from tests.worker_fixtures import reconcile_until
 from tests.workers.own_broker import OwnRedis, kill, start_worker, stop, worker_env
 from tests.workers.redelivery_app import VISIBILITY_TIMEOUT_S
+from tests.xdist_groups import run_temp_root
 from trainer.contract import ParallelPlan, presets
 from webapp import models, services
 from webapp.models import RunStatus
@@ -106,7 +107,7 @@ def crash(tiny_run_parts, slurm_cluster, tmp_path, tmp_path_factory, settings):
     from webapp.services import tasks
     settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis.url
     tasks._client.cache_clear()
-    env = worker_env(redis.url, tmp_path / "var", tmp_path_factory.getbasetemp(), **slurm_cluster.env)
+    env = worker_env(redis.url, tmp_path / "var", run_temp_root(tmp_path_factory), **slurm_cluster.env)
     state = Crash(tmp_path, slurm_cluster, run, redis, env)
     yield state
     state.stop()

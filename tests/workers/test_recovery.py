@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker_fixtures import reconcile_until
+from tests.worker_fixtures import log_tails, reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.runfolder import METRICS, SPEC, read_jsonl
 from webapp import models, services
@@ -104,7 +104,7 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
     reference = services.run_create(owner=owner, name="unlimited", plan=_plan(owner, model, cluster("unlimited")),
                                     dataset=dataset, steps=steps, checkpoint_every=200, launch=True)
     run = reconcile_until(broker, run.pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=420)
-    assert run.status == "completed", run.status_message
+    assert run.status == "completed", f"{run.status_message}\n{log_tails(run)}"
     attempts = list(run.attempt_records.order_by("number"))
     assert len(attempts) >= 2 and run.restarts == 0
     assert all(a.why == "requeued after its time limit" for a in attempts[1:]), [a.why for a in attempts]
