@@ -27,6 +27,7 @@ from trainer.contract.manifest import latest_checkpoint
 from trainer.contract.records import LaunchRecord
 from trainer.contract.runfolder import SPEC, used, write_json_atomic
 from webapp.models import Cluster, Run, RunStatus
+from webapp.selectors.runs import runs_holding_local_slots
 from webapp.services import run_access_problems
 from webapp.services.history import Source, attempt_started, record_event
 
@@ -138,9 +139,7 @@ def _local_slots_problem(run: Run, needs: int) -> str | None:
         return _fail(run, f"could not launch: the plan needs {needs} CPU slots and this machine has {total}; "
                           f"use a smaller plan, or raise WORKBENCH_LOCAL_SLOTS if the machine can take it")
     list(Cluster.objects.select_for_update().filter(kind=Cluster.Kind.LOCAL).order_by("pk").values_list("pk"))
-    local = Run.objects.filter(cluster__kind=Cluster.Kind.LOCAL).exclude(pk=run.pk)
-    busy = local.filter(launching_since__isnull=False) | local.exclude(job_id="").filter(ingest_state__job_ended=False)
-    in_use = sum(_world_size(other) for other in busy.only("spec"))
+    in_use = sum(_world_size(other) for other in runs_holding_local_slots(other_than=run))
     if in_use + needs <= total:
         return None
     message = f"waiting for {needs} free CPU slots: {in_use} of {total} are in use by other runs"

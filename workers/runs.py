@@ -16,13 +16,13 @@ from pathlib import Path
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from trainer.contract.records import Event
 from trainer.contract.runfolder import EVENTS, METRICS
 from webapp import services
 from webapp.models import Run, RunStatus
+from webapp.selectors.runs import active_runs, run_with_cluster
 from webapp.services.history import Source, attempt_ended, record_event
 from webapp.services.ingest import run_ingest
 from webapp.services.tasks import TaskName
@@ -37,18 +37,9 @@ log = logging.getLogger(__name__)
 
 def run_stop(run_id: int) -> None:
     """Stop the run's job: SIGTERM (the trainer finishes its step, saves a checkpoint and exits), then for good."""
-    run = Run.objects.select_related("cluster").get(pk=run_id)
+    run = run_with_cluster(run_id)
     if run.job_id and run.run_dir:
         launcher_for(scheduler_settings(run.cluster)).cancel(Job(run.job_id, Path(run.run_dir)))
-
-
-def active_runs():
-    """Runs whose job may still be going: submitted or running, or finished with a job not yet seen to end (its
-    last metrics still come in, and a failed one is retried once its job is gone)."""
-    watched = Q(status__in=[RunStatus.SUBMITTED, RunStatus.RUNNING]) | (
-        Q(status__in=[RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED], ingest_state__job_ended=False)
-        & ~Q(job_id=""))
-    return Run.objects.filter(watched).select_related("cluster")
 
 
 def _folder_grew(run: Run) -> bool:

@@ -11,6 +11,7 @@ from trainer.planner.advice.api import advice_json, plan_from_json
 from trainer.planner.estimate.api import cluster_from_json, model_from_json, options_from_json
 
 from .. import models
+from ..selectors.plans import plans_with_parts
 from ..spec_errors import spec_field_errors
 from .errors import computing_on, require_finite
 from .fields import StrictIntegerField, StrictPrimaryKeyRelatedField, StrictSerializer, UsablePlanField, \
@@ -35,7 +36,7 @@ STORED = {"model": "model_config_id", "cluster": "cluster_id"}
 
 
 class AdviceRequestSerializer(StrictSerializer):
-    plan_id = UsablePlanField(queryset=models.ParallelismPlan.objects.select_related("model_config", "cluster"),
+    plan_id = UsablePlanField(queryset=plans_with_parts(),
                               required=False, help_text="a stored plan: model, plan and cluster come from it")
     model_config_id = VisibleRelatedField(queryset=models.ModelConfig.objects.all(), required=False,
                                           help_text="a stored model config instead of model")

@@ -13,11 +13,12 @@ from rest_framework.response import Response
 
 from .. import models
 from ..selectors.compare import runs_compare
+from ..selectors.run_logs import NoSuchLog, log_files, log_read
 from ..selectors.run_updates import RunGone, run_updates
+from ..selectors.runs import runs_with_parts
 from ..selectors.series import series_read
 from ..services.rank_figures import rank_summary
 from ..services.run_estimates import run_estimate_report
-from ..selectors.run_logs import NoSuchLog, log_files, log_read
 from .live_serializers import (IDS_PARAMETER, NAMES_PARAMETER, AttemptSerializer, CompareAnswerSerializer,
                                CompareQuery, EstimateAnswerSerializer, EventQuery, LogAnswerSerializer, LogQuery,
                                RankQuery, RankSummarySerializer, RunEventSerializer, SeriesAnswerSerializer,
@@ -100,8 +101,7 @@ class RunLiveData:
         """Runs side by side: each one's series binned over the same x range (the bins share their edges, so the
         curves overlay) and the plan and model fields that differ between them."""
         query = _query(CompareQuery, request)
-        found = {run.pk: run for run in self.get_queryset().filter(pk__in=query["ids"])
-                 .select_related("plan", "model_config")}
+        found = {run.pk: run for run in runs_with_parts(request.user).filter(pk__in=query["ids"])}
         missing = [str(pk) for pk in query["ids"] if pk not in found]
         if missing:
             raise NotFound(f"no run {', '.join(missing)} that you can see")

@@ -35,6 +35,7 @@ from deploy.client import Chunk, Completion, GenerateParams
 
 from .. import models, services
 from ..models.serving import DEFAULT_CHAT_TEMPLATE
+from ..selectors.deployments import deployments_visible_to
 from ..services.chat import chat_prompt
 from ..services.triton import ServingError, ServingUnavailable
 from .openai_errors import ModelNotFound, error_body, exception_handler
@@ -67,14 +68,10 @@ class OpenAIView(OutsideRequestTransaction, APIView):
         return exception_handler
 
 
-def _usable(user):
-    return Deployment.objects.visible_to(user).select_related("owner", "server", "prompt_template")
-
-
 def _deployment(user, model: str) -> Deployment:
     """The ready deployment ``model`` names for ``user``; ModelNotFound, or ServingUnavailable while it is still
     being deployed."""
-    candidates = _usable(user).filter(model_name=model)
+    candidates = deployments_visible_to(user).filter(model_name=model)
     mine_first = Case(When(owner=user, then=Value(0)), default=Value(1), output_field=IntegerField())
     ready = candidates.filter(status=Deployment.Status.READY).order_by(mine_first, "-ready_at", "-id").first()
     if ready is not None:
@@ -96,7 +93,7 @@ def _model(deployment: Deployment) -> dict:
 class ModelsView(OpenAIView):
     def get(self, request):
         seen, data = set(), []
-        for deployment in _usable(request.user).filter(status=Deployment.Status.READY).order_by("model_name",
+        for deployment in deployments_visible_to(request.user).filter(status=Deployment.Status.READY).order_by("model_name",
                                                                                               "-ready_at"):
             if deployment.model_name not in seen:
                 seen.add(deployment.model_name)

@@ -8,6 +8,7 @@ from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
 from trainer.planner.tune.api import tune_json
 
 from .. import models, services
+from ..selectors.owned import visible_with_owners
 from ..services.calibration import calibrated_estimate
 from .errors import computing_on, require_finite
 from .planner_requests import (INFERENCE_PRECISIONS, MAX_LISTED, MAX_TOKEN_BUDGET, EstimateRequestSerializer,
@@ -124,4 +125,4 @@ class TuneJobViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["created_at"]
 
     def get_queryset(self):
-        return models.TuneJob.objects.visible_to(self.request.user).select_related("owner")
+        return visible_with_owners(models.TuneJob.objects.all(), self.request.user)

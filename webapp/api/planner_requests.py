@@ -15,6 +15,7 @@ from trainer.planner.tune.api import parse_tune_request
 from trainer.planner.tune.space import MAX_LISTED
 
 from .. import models
+from ..selectors.plans import plans_with_parts
 from ..spec_errors import spec_field_errors
 from .fields import StrictFloatField, StrictIntegerField, StrictSerializer, UsablePlanField, VisibleRelatedField
 from .specfields import api_field
@@ -64,7 +65,7 @@ class InferenceSerializer(StrictSerializer):
 
 class EstimateRequestSerializer(StrictSerializer):
     # A stored plan is used only together with its model config: both must be the requester's to see.
-    plan_id = UsablePlanField(queryset=models.ParallelismPlan.objects.select_related("model_config", "cluster"),
+    plan_id = UsablePlanField(queryset=plans_with_parts(),
                               required=False, help_text="a stored plan: model, plan and cluster come from it")
     model = serializers.JSONField(required=False, help_text="a preset name, or ModelSpec fields")
     plan = serializers.JSONField(required=False, help_text="ParallelPlan fields")

@@ -15,6 +15,7 @@ from trainer.contract import (ClusterSpec, ModelSpec, OptimizerSpec, ParallelPla
 from .. import models, services
 from ..models.clusterfields import ENV_SETUP_LINE_LENGTH, ENV_SETUP_LINES
 from ..models.configs import sharing_problem
+from ..selectors.plans import plans_with_parts
 from ..spec_errors import spec_field_errors
 from .fields import (StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField,
                      StrictPrimaryKeyRelatedField, UsablePlanField, VisibleRelatedField)
@@ -188,7 +189,7 @@ class RunSerializer(OwnedSerializer):
     unique_names = False  # runs are told apart by id; repeating a name is normal
     model_config = serializers.PrimaryKeyRelatedField(read_only=True)
     cluster = serializers.PrimaryKeyRelatedField(read_only=True)
-    plan = UsablePlanField(queryset=models.ParallelismPlan.objects.select_related("model_config", "cluster"),
+    plan = UsablePlanField(queryset=plans_with_parts(),
                            help_text="The plan; it names the model config and the cluster (both visible to you)")
     dataset = VisibleRelatedField(queryset=models.Dataset.objects.all())
     optimizer = spec_field(OptimizerSpec)(required=False)

@@ -20,6 +20,7 @@ from rest_framework.response import Response
 from deploy.client import Chunk, GenerateParams
 
 from .. import models, services
+from ..selectors.deployments import deployments_visible_to
 from ..services.triton import ServingError
 from .outside_transaction import OutsideRequestTransaction
 from .permissions import IsOwnerOrStaffToChange, IsStaffOrReadOnly
@@ -70,7 +71,7 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.R
     ordering_fields = ["created_at", "model_name", "status"]
 
     def get_queryset(self):
-        return models.Deployment.objects.visible_to(self.request.user).select_related("owner", "server")
+        return deployments_visible_to(self.request.user)
 
     @extend_schema(request=None, responses=DeploymentSerializer)
     @action(detail=True, methods=["post"])
@@ -112,7 +113,7 @@ class DeploymentGenerateView(OutsideRequestTransaction, GenericAPIView):
     renderer_classes = [JSONRenderer, BrowsableAPIRenderer, EventStreamRenderer]
 
     def get_queryset(self):
-        return models.Deployment.objects.visible_to(self.request.user).select_related("server")
+        return deployments_visible_to(self.request.user)
 
     @extend_schema(request=GenerateSerializer, responses={
         (200, "application/json"): GenerationSerializer,

@@ -10,6 +10,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from .. import models, services
+from ..selectors.checkpoints import checkpoints_with_runs
 from ..services.chat import chat_template_problem
 from ..services.deployments import MAX_INSTANCES, MAX_TENSOR_PARALLEL, PROTOCOLS
 from .fields import (StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField,
@@ -163,7 +164,7 @@ class PromptTemplateSerializer(OwnedSerializer):
 
 class DeploymentSerializer(OwnedSerializer):
     unique_names = False  # deployments have no name of their own; model names are unique per server
-    checkpoint = VisibleRelatedField(queryset=models.Checkpoint.objects.select_related("run"),
+    checkpoint = VisibleRelatedField(queryset=checkpoints_with_runs(),
                                      help_text="A checkpoint you may see: of your runs, a shared run, or imported")
     server = StrictPrimaryKeyRelatedField(queryset=models.TritonServer.objects.all())
     model_name = StrictCharField(max_length=100, help_text="The name Triton serves it under, and the model's id on "

@@ -1,5 +1,4 @@
 """Thin REST views: querysets limited to what the user may see, writes through serializers and services."""
-from django.db.models import OuterRef, Subquery
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -8,6 +7,9 @@ from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from .. import models, services
+from ..selectors.checkpoints import checkpoints_visible_to
+from ..selectors.owned import visible_with_owners
+from ..selectors.runs import records_of_visible_runs, runs_listed
 from ..services.datasets import NotText, UploadTooLarge, upload_limit
 from . import filters
 from .calibration import ClusterCalibrationActions
@@ -28,7 +30,7 @@ class OwnedViewSet(viewsets.ModelViewSet):
     ordering_fields = ["created_at", "name"]
 
     def get_queryset(self):
-        return self.queryset.visible_to(self.request.user).select_related("owner")
+        return visible_with_owners(self.queryset, self.request.user)
 
 
 class ModelConfigViewSet(OwnedViewSet):
@@ -103,11 +105,7 @@ class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mi
     ordering_fields = ["created_at", "name", "status", "finished_at"]
 
     def get_queryset(self):
-        # the latest attempt's batch script in the same query, not one query a run of a listed page
-        latest_script = models.Attempt.objects.filter(run=OuterRef("pk")).order_by("-number").values("script")[:1]
-        # the stored estimate (tens of kilobytes) is read by the estimate action alone, which loads it then
-        return models.Run.objects.visible_to(self.request.user).select_related("owner").defer("estimate").annotate(
-            latest_script=Subquery(latest_script))
+        return runs_listed(self.request.user)
 
     @extend_schema(request=None, responses=RunSerializer)
     @action(detail=True, methods=["post"])
@@ -133,8 +131,7 @@ class RunChildViewSet(viewsets.ReadOnlyModelViewSet):
     ordering_fields = ["step", "created_at"]
 
     def get_queryset(self):
-        visible_runs = models.Run.objects.visible_to(self.request.user)
-        return self.queryset.filter(run__in=visible_runs)
+        return records_of_visible_runs(self.queryset, self.request.user)
 
 
 class MetricViewSet(RunChildViewSet):
@@ -152,7 +149,7 @@ class CheckpointViewSet(RunChildViewSet):
     filterset_fields = ["run"]
 
     def get_queryset(self):
-        return models.Checkpoint.objects.visible_to(self.request.user).select_related("run__owner", "owner")
+        return checkpoints_visible_to(self.request.user)
 
     @extend_schema(request=CheckpointRegisterSerializer, responses={201: CheckpointSerializer,
                                                                     200: CheckpointSerializer})

@@ -11,9 +11,9 @@ from django.shortcuts import render
 from django.urls import path
 
 from ..api.live_serializers import MAX_COMPARED
-from ..models import Run
 from ..models.series import SERIES_BY_NAME
 from ..selectors.compare import spec_differences
+from ..selectors.runs import runs_with_parts
 
 CHOICES_SHOWN = 100  # the newest visible runs offered as checkboxes (runs in the URL are offered too)
 SERIES_LABELS = {"loss": "loss", "val_loss": "validation loss", "lr": "learning rate", "grad_norm": "gradient norm",
@@ -48,7 +48,7 @@ def _shown(value) -> str:
 @login_required
 def compare_page(request):
     ids, bad = _ids(request)
-    visible = Run.objects.visible_to(request.user).select_related("owner", "model_config", "plan", "cluster")
+    visible = runs_with_parts(request.user)
     found = {run.pk: run for run in visible.filter(pk__in=ids)}
     missing = [str(pk) for pk in ids if pk not in found]
     if bad:

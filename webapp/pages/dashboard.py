@@ -2,11 +2,10 @@
 progress and a loss sparkline; and, for a new user, the way to a first run."""
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Q
 from django.shortcuts import render
 
-from ..models import Run, RunStatus
-from ..selectors.runs import SPARK_HEIGHT, SPARK_WIDTH, dashboard_rows
+from ..models import RunStatus
+from ..selectors.runs import SPARK_HEIGHT, SPARK_WIDTH, dashboard_rows, dashboard_runs
 from ..services.demo import demo_ready
 
 PAGE_SIZE = 25
@@ -15,23 +14,9 @@ SORTS = {"newest": "-created_at", "oldest": "created_at", "name": "name", "statu
 
 
 def _runs(request):
-    # a run's stored estimate is tens of kilobytes of JSON the list never shows
-    runs = (Run.objects.visible_to(request.user).select_related("owner", "model_config", "plan", "cluster")
-            .defer("estimate"))
-    status = request.GET.get("status", "")
-    if status in RunStatus.values:
-        runs = runs.filter(status=status)
-    owner = request.GET.get("owner", "").strip()
-    if owner == "me":
-        runs = runs.filter(owner=request.user)
-    elif owner:
-        runs = runs.filter(owner__username=owner)
-    query = request.GET.get("q", "").strip()
-    if query:
-        runs = runs.filter(Q(name__icontains=query) | Q(model_config__name__icontains=query)
-                           | Q(plan__name__icontains=query))
-    sort = request.GET.get("sort", "newest")
-    return runs.order_by(SORTS.get(sort, SORTS["newest"]), "-pk")
+    return dashboard_runs(request.user, status=request.GET.get("status", ""),
+                          owner=request.GET.get("owner", "").strip(), search=request.GET.get("q", "").strip(),
+                          order=SORTS.get(request.GET.get("sort", "newest"), SORTS["newest"]))
 
 
 @login_required

@@ -11,6 +11,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from .. import services
 from ..models import Checkpoint, Deployment, TritonServer
+from ..selectors.checkpoints import checkpoints_visible_to
+from ..selectors.deployments import deployments_with_lineage
 from ..services.deployments import MAX_TENSOR_PARALLEL
 
 IN_PROGRESS = (Deployment.Status.PENDING, Deployment.Status.EXPORTING, Deployment.Status.LOADING)
@@ -51,8 +53,7 @@ class DeployForm(forms.Form):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["checkpoint"].queryset = (Checkpoint.objects.visible_to(user).select_related("run")
-                                              .order_by("-created_at", "-step", "-id"))
+        self.fields["checkpoint"].queryset = checkpoints_visible_to(user).order_by("-created_at", "-step", "-id")
         # a single choice is made for the user
         for name in ("checkpoint", "server"):
             only = list(self.fields[name].queryset[:2])
@@ -63,9 +64,7 @@ class DeployForm(forms.Form):
 
 
 def _deployments(user):
-    return list(Deployment.objects.editable_by(user)
-                .select_related("server", "checkpoint", "checkpoint__run", "checkpoint__run__plan",
-                                "checkpoint__run__model_config", "owner")[:LISTED])
+    return list(deployments_with_lineage(user)[:LISTED])
 
 
 def _rows_context(user, watching=(), polls: int = 0):

@@ -20,6 +20,8 @@ from django.views.decorators.http import require_GET, require_POST
 from ..api.serving_serializers import (MAX_EXAMPLES, MAX_PROMPT_CHARS, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS,
                                        MAX_TOKENS, MAX_TOP_K, top_p_problem)
 from ..models import Deployment, PlaygroundRecord
+from ..selectors.deployments import ready_deployments
+from ..selectors.playground import playground_history, template_versions
 from ..services import playground as service
 
 MAX_TEMPLATE_CHARS = 10_000
@@ -46,11 +48,6 @@ def parse_stops(text: str) -> list[str]:
 
 def stops_text(stops: list[str]) -> str:
     return "\n".join(s.replace("\\", "\\\\").replace("\n", "\\n").replace("\t", "\\t") for s in stops)
-
-
-def _ready(user):
-    return (Deployment.objects.visible_to(user).filter(status=Deployment.Status.READY)
-            .select_related("server", "owner").order_by("model_name", "pk"))
 
 
 class DeploymentChoice(forms.ModelChoiceField):
@@ -124,7 +121,7 @@ class _AnsweredForm(TemplateForm):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["deployment"].queryset = self.fields["compare"].queryset = _ready(user)
+        self.fields["deployment"].queryset = self.fields["compare"].queryset = ready_deployments(user)
 
     def clean(self):
         data = super().clean()
@@ -221,7 +218,7 @@ def _errors(form) -> dict:
 
 def _versions(user) -> list[dict]:
     versions = []
-    for v in service.template_versions(user):
+    for v in template_versions(user):
         template = v.prompt_template
         owner = "" if template.owner_id == user.pk else f" ({template.owner.username}'s)"
         versions.append({"id": v.pk, "name": template.name, "group": f"{template.name}{owner}",
@@ -241,7 +238,7 @@ def _templates_context(user, **extra) -> dict:
 
 
 def _history_context(user) -> dict:
-    records = list(service.history(user))
+    records = list(playground_history(user))
     for r in records:
         r.replay = json.dumps({"deployment": r.deployment_id, "input": r.input, "template": r.template,
                                "examples": r.examples, "sampling": {k: r.sampling.get(k)

@@ -18,6 +18,7 @@ from django.views.decorators.http import require_POST
 
 from ..models import Run, RunStatus, SeriesStep
 from ..selectors.run_logs import log_files
+from ..selectors.runs import runs_with_parts
 from ..selectors.timeline import timeline_missing
 from ..services import run_cancel, run_queue
 from ..services.run_estimates import run_estimate_report
@@ -39,8 +40,7 @@ SAFE_NAME = re.compile(r"[^A-Za-z0-9_.-]")  # a profile's name comes from the ru
 
 
 def _visible_run(request, pk: int) -> Run:
-    return get_object_or_404(Run.objects.visible_to(request.user)
-                             .select_related("owner", "model_config", "plan", "cluster", "dataset"), pk=pk)
+    return get_object_or_404(runs_with_parts(request.user), pk=pk)
 
 
 # -- formatting ---------------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from trainer.contract import ModelSpec, ParallelPlan, ProfileSpec
 from trainer.contract.presets import MODELS
 
 from ..models import Cluster, Dataset, ModelConfig
+from ..selectors.owned import visible_with_owners
 from ..services.demo import demo_ready
 from .wizard_figures import CURRENCY
 
@@ -131,7 +132,7 @@ def _source_choices(user) -> tuple[list, dict[str, dict[str, str]], dict[str, An
         presets.append((value, name))
         attrs[value] = {"data-spec": json.dumps(spec.to_dict())}
         sources[value] = (name, spec.to_dict(), None)
-    visible = ModelConfig.objects.visible_to(user).select_related("owner").order_by("-created_at", "-id")
+    visible = visible_with_owners(ModelConfig.objects.all(), user).order_by("-created_at", "-id")
     for config in visible[:MAX_CONFIGS_LISTED]:
         value = f"config:{config.pk}"
         whose = "yours" if config.owner_id == user.pk else f"shared by {config.owner.username}"
@@ -200,7 +201,7 @@ class RunForm(_Described):
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["dataset"].queryset = Dataset.objects.visible_to(user).select_related("owner")
+        self.fields["dataset"].queryset = visible_with_owners(Dataset.objects.all(), user)
         clusters = list(Cluster.objects.all())
         sizes = {}
         for cluster in clusters:

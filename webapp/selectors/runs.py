@@ -1,14 +1,15 @@
-"""The run list of the dashboard: each run's progress, time to go and a loss sparkline, for one page of runs in
-three queries (the runs, their short runs' steps, their long runs' coarse rollups)."""
+"""Runs as the API, the pages and the workers ask for them, each with the rows it is shown or handled with; and the
+dashboard's run list: each run's progress, time to go and a loss sparkline, for one page of runs in three queries
+(the runs, their short runs' steps, their long runs' coarse rollups)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
 
-from django.db.models import Q
+from django.db.models import OuterRef, Q, QuerySet, Subquery
 from django.utils import timezone
 
-from ..models import Run, RunStatus, Series, SeriesBucket, SeriesStep
+from ..models import Attempt, Cluster, Run, RunStatus, Series, SeriesBucket, SeriesStep
 
 SPARK_POINTS = 48       # points a sparkline draws at most
 SPARK_WIDTH, SPARK_HEIGHT = 120, 28
@@ -81,3 +82,64 @@ def dashboard_rows(runs: list[Run]) -> list[RunRow]:
     sparks = loss_sparklines(runs)
     return [RunRow(run=run, progress=min(run.last_step / run.steps, 1.0) if run.steps else 0.0, eta=_eta(run, now),
                    spark=sparks.get(run.pk, "")) for run in runs]
+
+
+# -- runs found -----------------------------------------------------------------------------------------------------
+
+def runs_listed(user) -> QuerySet:
+    """The runs ``user`` may see as the API lists them, each with its owner and its latest attempt's batch script
+    (``latest_script``) in the same query, not one query a run of a listed page. The stored estimate (tens of
+    kilobytes) is left out: the estimate action alone reads it, and loads it then."""
+    latest_script = Attempt.objects.filter(run=OuterRef("pk")).order_by("-number").values("script")[:1]
+    return (Run.objects.visible_to(user).select_related("owner").defer("estimate")
+            .annotate(latest_script=Subquery(latest_script)))
+
+
+def runs_with_parts(user) -> QuerySet:
+    """The runs ``user`` may see, each with its owner, model config, plan, cluster and dataset: what a run's page,
+    runs compared and the dashboard show beside a run."""
+    return Run.objects.visible_to(user).select_related("owner", "model_config", "plan", "cluster", "dataset")
+
+
+def dashboard_runs(user, *, status: str = "", owner: str = "", search: str = "", order: str = "-created_at"):
+    """The runs of the dashboard: ``status`` one of RunStatus or any, ``owner`` "me", a user name or anyone,
+    ``search`` in the names of the run, its model config and its plan; ordered by ``order``, then newest id."""
+    runs = runs_with_parts(user).defer("estimate")  # tens of kilobytes of JSON a run that the list never shows
+    if status in RunStatus.values:
+        runs = runs.filter(status=status)
+    if owner == "me":
+        runs = runs.filter(owner=user)
+    elif owner:
+        runs = runs.filter(owner__username=owner)
+    if search:
+        runs = runs.filter(Q(name__icontains=search) | Q(model_config__name__icontains=search)
+                           | Q(plan__name__icontains=search))
+    return runs.order_by(order, "-pk")
+
+
+def records_of_visible_runs(queryset: QuerySet, user) -> QuerySet:
+    """The rows of ``queryset`` (metrics, profiles: a model with a ``run``) of the runs ``user`` may see."""
+    return queryset.filter(run__in=Run.objects.visible_to(user))
+
+
+# -- runs the workers handle ----------------------------------------------------------------------------------------
+
+def run_with_cluster(run_id: int) -> Run:
+    return Run.objects.select_related("cluster").get(pk=run_id)
+
+
+def active_runs() -> QuerySet:
+    """Runs whose job may still be going: submitted or running, or finished with a job not yet seen to end (its
+    last metrics still come in, and a failed one is retried once its job is gone); each with its cluster."""
+    watched = Q(status__in=[RunStatus.SUBMITTED, RunStatus.RUNNING]) | (
+        Q(status__in=[RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPLETED], ingest_state__job_ended=False)
+        & ~Q(job_id=""))
+    return Run.objects.filter(watched).select_related("cluster")
+
+
+def runs_holding_local_slots(other_than: Run) -> QuerySet:
+    """The runs on local clusters, but ``other_than``, that hold CPU slots of this machine: launching, or with a
+    job not yet seen to end; their specs alone (what their world size is read from)."""
+    local = Run.objects.filter(cluster__kind=Cluster.Kind.LOCAL).exclude(pk=other_than.pk)
+    busy = local.filter(launching_since__isnull=False) | local.exclude(job_id="").filter(ingest_state__job_ended=False)
+    return busy.only("spec")

@@ -16,6 +16,7 @@ from trainer.contract.runfolder import EVENTS, METRICS, read_json, read_jsonl
 
 from ..finite import finite
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
+from ..selectors.checkpoints import checkpoints_without_deployments
 from .calibration import calibration_record_add
 from .history import Source, record_event
 from .series import series_write
@@ -74,7 +75,7 @@ def checkpoint_register(run: Run, event: dict) -> Checkpoint | None:
 def checkpoints_follow_retention(run: Run) -> None:
     """Drop the checkpoints whose folders the trainer's retention deleted. One a deployment was made from stays on
     record: the deployment's model repository holds its own copy of the weights, and its lineage must not break."""
-    for checkpoint in run.checkpoints.filter(deployments__isnull=True):
+    for checkpoint in checkpoints_without_deployments(run):
         if read_manifest(checkpoint.path) is None:
             checkpoint.delete()
 

@@ -1,5 +1,6 @@
-"""The prompt playground: writing a prompt from a template, saving templates as versions, the history of what was
-asked, and prompt sets answered through the same inference service as the API (deployment_generate).
+"""The prompt playground: writing a prompt from a template, saving templates as versions, keeping what was asked,
+and prompt sets answered through the same inference service as the API (deployment_generate). The versions and the
+history are read by webapp.selectors.playground.
 
 A template holds {examples} and {input} (a literal brace is written {{ or }}). Each few-shot example is written as
 the template would write its input with no examples, followed by its output exactly as given and a blank line; the
@@ -65,14 +66,6 @@ def generate_params(prompt: str, sampling: dict) -> GenerateParams:
 
 # -- templates and their versions ---------------------------------------------------------------------------------
 
-def template_versions(user):
-    """Every version of the templates ``user`` may see, newest template first within its name."""
-    templates = PromptTemplate.objects.visible_to(user)
-    return (PromptTemplateVersion.objects.filter(prompt_template__in=templates)
-            .select_related("prompt_template", "prompt_template__owner")
-            .order_by("prompt_template__name", "prompt_template__owner__username", "-number"))
-
-
 def _snapshot(template: PromptTemplate, number: int) -> PromptTemplateVersion:
     return PromptTemplateVersion.objects.create(prompt_template=template, number=number, template=template.template,
                                                 examples=template.examples, sampling=dict(template.sampling))
@@ -101,10 +94,6 @@ def prompt_template_save(*, owner, name: str, template: str, examples: list[dict
 def playground_record(*, owner, deployment: Deployment | None, **fields) -> PlaygroundRecord:
     model_name = deployment.model_name if deployment is not None else fields.pop("model_name", "")
     return PlaygroundRecord.objects.create(owner=owner, deployment=deployment, model_name=model_name, **fields)
-
-
-def history(user, limit: int = 50):
-    return PlaygroundRecord.objects.filter(owner=user).select_related("deployment")[:limit]
 
 
 # -- prompt sets --------------------------------------------------------------------------------------------------
