@@ -16,6 +16,7 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 SALT = "webapp.first-signin"
 LINK_HOURS = 1
 AGAIN = "start the product again, or run `manage.py first_signin`, for a new link"
+SPENT = f"this sign-in link has been used already: sign in with your password, or {AGAIN}"
 
 
 class LinkRefused(Exception):
@@ -59,7 +60,7 @@ def signin_link_user(token: str) -> User:
         raise LinkRefused(f"this is not a sign-in link of this workbench: {AGAIN}") from None
     user = User.objects.filter(pk=data.get("user"), is_active=True).first()
     if user is None or not constant_time_compare(_fingerprint(user), str(data.get("state"))):
-        raise LinkRefused(f"this sign-in link has been used already: sign in with your password, or {AGAIN}")
+        raise LinkRefused(SPENT)
     return user
 
 
@@ -67,5 +68,5 @@ def signin_link_spend(token: str) -> User:
     """The user of a valid, unspent link, the link spent; LinkRefused otherwise (a second use included)."""
     user = signin_link_user(token)
     if not User.objects.filter(pk=user.pk, last_login=user.last_login).update(last_login=timezone.now()):
-        raise LinkRefused(f"this sign-in link has been used already: sign in with your password, or {AGAIN}")
+        raise LinkRefused(SPENT)
     return user
