@@ -8,7 +8,8 @@ checkpointing saves its inputs through autograd too, so the probe sees what a ch
 """
 from __future__ import annotations
 
-from typing import Iterable
+import contextlib
+from typing import Iterable, Iterator
 
 import torch
 from torch import nn
@@ -42,8 +43,9 @@ def _is_parameter(t: torch.Tensor) -> bool:
 
 
 class SavedActivations:
-    """Context manager: bytes of distinct non-parameter storages saved for backward while it is active (a caller may
-    enter and leave it from module hooks, as pipeline stages do)."""
+    """Context manager: bytes of distinct non-parameter storages saved for backward while it is active. Where the
+    forwards run out of the caller's reach (a pipeline schedule runs its stages' forwards and the loss itself),
+    ``around_first_forward`` makes it active during the next forward of each module only."""
 
     def __init__(self, params: Iterable[torch.Tensor] = ()):
         self.exclude = {_storage_key(_local(p)) for p in params}
@@ -74,6 +76,29 @@ class SavedActivations:
     @property
     def bytes(self) -> int:
         return sum(self.storages.values())
+
+    @contextlib.contextmanager
+    def around_first_forward(self, modules: Iterable[nn.Module]) -> Iterator["SavedActivations"]:
+        """Inside: active during the next forward of each of ``modules``, then never again (hooks left on a module
+        that ran no forward are removed on the way out)."""
+        handles = [h for m in modules for h in self._once_around(m)]
+        try:
+            yield self
+        finally:
+            for h in handles:
+                h.remove()
+
+    def _once_around(self, module: nn.Module) -> list:
+        def pre(mod, args):
+            self.__enter__()
+
+        def post(mod, args, out):
+            self.__exit__(None, None, None)
+            for h in handles:
+                h.remove()
+
+        handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
+        return handles
 
 
 def tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
