@@ -1,13 +1,19 @@
 """What the training loop asks of an engine, and what a step gives back.
 
 The loop (``trainer.engine.loop``) owns everything a run does around the model: the run folder, stop requests,
-profiling, evaluation and checkpoint cadence, metrics. An engine owns the model and the optimizer as its framework
+profiling, evaluation, checkpoint cadence and metrics. An engine owns the model and the optimizer as its framework
 lays them out: the native engine (torch.distributed on one device mesh) or DeepSpeed. Both train the same seeded
 model on the same batches, so their runs can be compared step by step.
+
+A step is one call, ``train_step``, the same for both: forward and backward over this rank's micro-batches, then
+the update (gradient reduction, global norm, clipping, the optimizer), answered as a ``StepResult``. The native
+engine runs the two halves one after the other; DeepSpeed interleaves them (``engine.step`` after each
+micro-batch's backward updates at the accumulation boundary; its pipeline's ``train_batch`` does all of it), so no
+engine offers them as separate calls.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
@@ -16,18 +22,31 @@ import torch
 
 from trainer.contract.manifest import CheckpointManifest
 from trainer.engine.runfiles import RunFiles
+from trainer.profiling.memory import SavedActivations
 
 MicroBatches = list[tuple[np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    """What one optimizer step did on this rank."""
+class StepResult:
+    """What one training step did. Every rank holds the same figures, except ``state_bytes`` (this rank's own)."""
 
-    grad_norm: float
-    applied: bool               # False when fp16 found an overflow and the step was skipped
-    loss_scale: float
-    state_bytes: Optional[dict[str, int]] = None  # on a measured step: params, grads, optimizer, activations bytes
+    loss: float                 # the mean over the replicas that computed one
+    grad_norm: float            # the global norm, before clipping
+    applied: bool               # False when fp16 found an overflow and the update was skipped
+    loss_scale: float           # as the step leaves it (1 without fp16)
+    routing: dict[str, Any] = field(default_factory=dict)  # mixture-of-experts figures, summed over ranks; {} dense
+    state_bytes: Optional[dict[str, int]] = None  # a measured step: params, grads, optimizer and activations bytes
+
+
+@dataclass(frozen=True)
+class Backward:
+    """What forward and backward over one step's micro-batches leave on this rank (under DeepSpeed, after its
+    update: the two run interleaved)."""
+
+    loss: torch.Tensor                              # mean loss of the micro-batches (0 where none was computed)
+    routing: Optional[dict] = None                  # mixture-of-experts stats accumulated over them
+    activations: Optional[SavedActivations] = None  # a measured step's probe of the activations autograd saved
 
 
 class Engine(Protocol):
@@ -52,22 +71,14 @@ class Engine(Protocol):
     def seed(self, step: int) -> None:
         """Seed this rank's random streams for a run starting (fresh or on another layout) at ``step``."""
 
-    def set_lr(self, lr: float) -> None: ...
+    def train_step(self, micro: MicroBatches, lr: float, measure: bool) -> StepResult:
+        """One optimizer step at learning rate ``lr`` over this rank's micro-batches: forward and backward, gradient
+        reduction, global norm and clipping, the update (skipped on an fp16 overflow), gradients cleared; loss and
+        routing figures agreed over the ranks. ``measure``: also count the bytes this rank holds (the first step a
+        process runs): model states, gradients at their peak, the activations autograd saves."""
 
-    def forward_backward(self, micro: MicroBatches, measure: bool) -> torch.Tensor:
-        """Forward and backward over this rank's micro-batches; the mean loss it saw. ``measure``: probe the
-        activations autograd saves (first step only)."""
-
-    def step(self, measure: bool) -> StepOutcome:
-        """Reduce gradients where backward did not, clip to the global norm, update, clear the gradients."""
-
-    def mean_loss(self, local: torch.Tensor) -> float:
-        """The step's loss as every rank reports it: the mean over the replicas that computed one."""
-
-    def routing_metrics(self) -> dict[str, Any]:
-        """Mixture-of-experts figures of the last step, summed over ranks; {} for a dense model."""
-
-    def evaluate(self, batches: MicroBatches) -> float: ...
+    def evaluate(self, batches: MicroBatches) -> float:
+        """The mean loss over ``batches`` (no update), the same on every rank."""
 
     def pipeline_schedule_record(self) -> dict[str, Any] | None:
         """The pipeline schedule's order of compute actions on every pipeline rank (``schedule_record``), for a

@@ -1,8 +1,9 @@
 """The native engine: torch.distributed on one device mesh, the plan applied by ``trainer.parallel.parallelize``.
 
-A step: this rank's micro-batches forward and backward (through the pipeline schedule when pp > 1; DDP's and FSDP2's
-reductions skipped on all but the last micro-batch) → the dp gradient average where DDP and FSDP2 do not do it →
-unscale (fp16) → global gradient norm over every shard and stage, clip → AdamW → clear the gradients.
+``train_step``: this rank's micro-batches forward and backward (``_forward_backward``: through the pipeline schedule
+when pp > 1; DDP's and FSDP2's reductions skipped on all but the last micro-batch) → the dp gradient average where
+DDP and FSDP2 do not do it → unscale (fp16) → global gradient norm over every shard and stage, clip → AdamW → clear
+the gradients.
 """
 from __future__ import annotations
 
@@ -13,16 +14,17 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from trainer.checkpoint.dcp import load_checkpoint, save_checkpoint
 from trainer.contract import RunSpec
 from trainer.contract.manifest import FORMAT_DCP, CheckpointManifest
-from trainer.engine.base import MicroBatches, StepOutcome
+from trainer.engine.base import Backward, MicroBatches, StepResult
 from trainer.engine.runfiles import RunFiles
 from trainer.model import loss_fn
-from trainer.model.moe import aux_loss, step_stats
+from trainer.model.moe import aux_loss, moe_layers, step_stats
 from trainer.optim import LossScaler, build_optimizer, set_lr
 from trainer.parallel.clip import clip_grads_
 from trainer.parallel.expert import routing_metrics
@@ -42,6 +44,18 @@ def _tensor(batch, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(batch).to(device, non_blocking=True)
 
 
+class _ScaledLoss(nn.Module):
+    """The loss a pipeline schedule calls on the last stage, once per micro-batch: cross-entropy × the loss scale.
+    A module, so that a measured step's probe hooks its first call as it hooks the stages' first forwards."""
+
+    def __init__(self, scaler: LossScaler):
+        super().__init__()
+        self.scaler = scaler
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_fn(logits, targets) * self.scaler.scale
+
+
 class NativeEngine:
     checkpoint_format = FORMAT_DCP
 
@@ -49,20 +63,18 @@ class NativeEngine:
         self.spec = spec
         self.rank, self.world_size, self.device = init_distributed()
         self.scaler = LossScaler(spec.plan.precision == "fp16")
+        self.pipeline_loss = _ScaledLoss(self.scaler)
         self.pm: Optional[ParallelModel] = None
-        self.probe: Optional[SavedActivations] = None  # measuring saved activations of the next micro-batch
-        self.probe_loss = False    # the pipeline's loss function still has to be measured once
-        self.routing: Optional[dict] = None  # mixture-of-experts stats of this step's micro-batches
-        self.grads_bytes = 0
 
     # ---- build ---------------------------------------------------------------------------------------------
     def build(self) -> None:
         spec = self.spec
-        self.pm = parallelize(spec.model, spec.plan, self.device, spec.seed, self._pipeline_loss)
+        self.pm = parallelize(spec.model, spec.plan, self.device, spec.seed, self.pipeline_loss)
         self.topo = self.pm.topo
         self.dp_rank = self.topo.dp_rank
         self.optimizers = [build_optimizer(m, spec.optimizer) for m in self.pm.modules]
         self.params = self.pm.parameters()
+        self.moe_layers = moe_layers(self.pm.modules)  # found once: a dense model's step walks no module tree
 
     def describe(self) -> tuple[dict[str, Any], str]:
         plan, pm = self.spec.plan, self.pm
@@ -79,9 +91,6 @@ class NativeEngine:
         dp replicas and pipeline stages, moved on per step so that a resumed run without saved RNG still differs."""
         torch.manual_seed(hash((self.spec.seed, self.topo.dp_rank, self.topo.pp_rank, step)) % (2 ** 63))
 
-    def set_lr(self, lr: float) -> None:
-        set_lr(self.optimizers, lr)
-
     # ---- one step ------------------------------------------------------------------------------------------
     def _autocast(self):
         precision = self.spec.plan.precision
@@ -92,83 +101,12 @@ class NativeEngine:
         # Cross-entropy on vocabulary-sharded logits (and its backward) must run inside loss_parallel().
         return loss_parallel() if self.pm.loss_parallel else contextlib.nullcontext()
 
-    def forward_backward(self, micro: MicroBatches, measure: bool) -> torch.Tensor:
-        self.routing = None
-        if measure:
-            self.probe = SavedActivations(self.params)
-        if self.pm.schedule is not None:
-            loss = self._pipeline_forward_backward(micro, measure)
-        else:
-            loss = self._accumulate(micro)
-        # Gradients as backward leaves them (their peak): later syncs may reshard some (tied pipeline embedding).
-        self.grads_bytes = gradient_bytes(self.pm.modules) if measure else 0
-        return loss
-
-    def _accumulate(self, micro: MicroBatches) -> torch.Tensor:
-        """Gradient accumulation over the micro-batches; one dp reduction, on the last of them."""
-        model, pm, spec = self.pm.callables[0], self.pm, self.spec
-        total = torch.zeros((), device=self.device)
-        n = len(micro)
-        for i, (x, y) in enumerate(micro):
-            x, y = _tensor(x, self.device), _tensor(y, self.device)
-            last = i == n - 1
-            probe = self.probe if i == 0 else None
-            with pm.gradient_sync(last), self._loss_context():
-                with probe if probe is not None else contextlib.nullcontext():
-                    with self._autocast():
-                        loss = loss_fn(model(x), y)
-                aux = aux_loss(pm.modules)  # None for a dense model
-                objective = loss if aux is None else loss + spec.model.aux_loss_coef * aux
-                self.routing = step_stats(pm.modules, self.routing)
-                (objective * (self.scaler.scale / n)).backward()
-            total += _plain(loss.detach()).float()
-        return total / n
-
-    def _pipeline_forward_backward(self, micro: MicroBatches, measure: bool) -> torch.Tensor:
+    def train_step(self, micro: MicroBatches, lr: float, measure: bool) -> StepResult:
         pm = self.pm
-        if measure:  # stages run their forwards inside the schedule: probe the first one of each
-            self.probe_loss = True
-            for m in pm.modules:
-                self._probe_first_forward(m)
-        x = torch.cat([_tensor(a, self.device) for a, _ in micro])
-        y = torch.cat([_tensor(b, self.device) for _, b in micro])
-        losses: list[torch.Tensor] = []
-        args = (x,) if pm.has_first_stage else ()
-        kwargs = {"target": y, "losses": losses} if pm.has_last_stage else {}
-        with self._loss_context(), self._autocast():
-            pm.schedule.step(*args, **kwargs)
-        if not losses:
-            return torch.zeros((), device=self.device)
-        # The loss function returned scale × loss; report the loss itself.
-        return torch.stack([_plain(l.detach()).float() for l in losses]).mean() / self.scaler.scale
-
-    def _pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The loss a pipeline schedule calls on the last stage, once per micro-batch (built before the engine
-        finished building: the schedule takes it at construction)."""
-        probe = self.probe if self.probe_loss else None
-        with probe if probe is not None else contextlib.nullcontext():
-            loss = loss_fn(logits, targets)
-        if probe is not None:
-            self.probe_loss = False  # only the first micro-batch is measured
-        return loss * self.scaler.scale
-
-    def _probe_first_forward(self, module: torch.nn.Module) -> None:
-        """Enter the probe around ``module``'s next forward only."""
-
-        def pre(mod, args):
-            if self.probe is not None:
-                self.probe.__enter__()
-
-        def post(mod, args, out):
-            if self.probe is not None:
-                self.probe.__exit__(None, None, None)
-            handles[0].remove()
-            handles[1].remove()
-
-        handles = [module.register_forward_pre_hook(pre), module.register_forward_hook(post)]
-
-    def step(self, measure: bool) -> StepOutcome:
-        pm = self.pm
+        set_lr(self.optimizers, lr)
+        passed = self._forward_backward(micro, measure)
+        # Gradients as backward leaves them (their peak): the syncs below may reshard some (tied pipeline embedding).
+        grads_bytes = gradient_bytes(pm.modules) if measure else 0
         pm.sync_gradients()
         finite = self.scaler.unscale_and_check(self.params, self.device)
         norm = pm.grad_norm(self.device)
@@ -179,22 +117,68 @@ class NativeEngine:
         self.scaler.update(finite)
         state = None
         if measure:
-            probe, self.probe = self.probe, None
-            state = {**model_state_bytes(pm.modules, self.optimizers), "grads_bytes": self.grads_bytes,
-                     "activations_bytes": probe.bytes}
+            state = {**model_state_bytes(pm.modules, self.optimizers), "grads_bytes": grads_bytes,
+                     "activations_bytes": passed.activations.bytes}
         for opt in self.optimizers:
             opt.zero_grad(set_to_none=True)
-        return StepOutcome(grad_norm=float(norm), applied=finite, loss_scale=self.scaler.scale, state_bytes=state)
+        return StepResult(loss=self._mean_loss(passed.loss), grad_norm=float(norm), applied=finite,
+                          loss_scale=self.scaler.scale, routing=routing_metrics(passed.routing, self.topo.dp_group),
+                          state_bytes=state)
 
-    def mean_loss(self, local: torch.Tensor) -> float:
+    def _forward_backward(self, micro: MicroBatches, measure: bool) -> Backward:
+        """Gradients of this rank's micro-batches, left unreduced where DDP and FSDP2 do not reduce them."""
+        probe = SavedActivations(self.params) if measure else None
+        if self.pm.schedule is not None:
+            return self._pipeline_forward_backward(micro, probe)
+        return self._accumulate(micro, probe)
+
+    def _accumulate(self, micro: MicroBatches, probe: Optional[SavedActivations]) -> Backward:
+        """Gradient accumulation over the micro-batches; one dp reduction, on the last of them. The probe sees the
+        first micro-batch's forward."""
+        model, pm, spec = self.pm.callables[0], self.pm, self.spec
+        total = torch.zeros((), device=self.device)
+        routing = None
+        n = len(micro)
+        for i, (x, y) in enumerate(micro):
+            x, y = _tensor(x, self.device), _tensor(y, self.device)
+            with pm.gradient_sync(i == n - 1), self._loss_context():
+                with probe if probe is not None and i == 0 else contextlib.nullcontext():
+                    with self._autocast():
+                        loss = loss_fn(model(x), y)
+                if self.moe_layers:
+                    loss_with_aux = loss + spec.model.aux_loss_coef * aux_loss(self.moe_layers)
+                    routing = step_stats(self.moe_layers, routing)
+                else:
+                    loss_with_aux = loss
+                (loss_with_aux * (self.scaler.scale / n)).backward()
+            total += _plain(loss.detach()).float()
+        return Backward(loss=total / n, routing=routing, activations=probe)
+
+    def _pipeline_forward_backward(self, micro: MicroBatches, probe: Optional[SavedActivations]) -> Backward:
+        """The schedule runs every micro-batch; the probe sees the first forward of each stage this rank holds, and
+        the first loss."""
+        pm = self.pm
+        x = torch.cat([_tensor(a, self.device) for a, _ in micro])
+        y = torch.cat([_tensor(b, self.device) for _, b in micro])
+        losses: list[torch.Tensor] = []
+        args = (x,) if pm.has_first_stage else ()
+        kwargs = {"target": y, "losses": losses} if pm.has_last_stage else {}
+        measured = probe.around_first_forward([*pm.modules, self.pipeline_loss]) if probe is not None \
+            else contextlib.nullcontext()
+        with measured, self._loss_context(), self._autocast():
+            pm.schedule.step(*args, **kwargs)
+        if not losses:
+            return Backward(loss=torch.zeros((), device=self.device), activations=probe)
+        # The loss function returned scale × loss; report the loss itself.
+        loss = torch.stack([_plain(l.detach()).float() for l in losses]).mean() / self.scaler.scale
+        return Backward(loss=loss, activations=probe)
+
+    def _mean_loss(self, local: torch.Tensor) -> float:
         """Sum over the world of what the last stages saw, over the dp·tp replicas that each saw it."""
         value = local.detach().double().clone()
         if self.world_size > 1:
             dist.all_reduce(value)
         return float(value) / (self.topo.dp * self.topo.tp)
-
-    def routing_metrics(self) -> dict[str, Any]:
-        return routing_metrics(self.routing, self.topo.dp_group)
 
     def pipeline_schedule_record(self) -> dict[str, Any] | None:
         plan = self.spec.plan
@@ -221,7 +205,7 @@ class NativeEngine:
             for m in pm.modules:
                 m.train()
         # Every dp·tp replica of the last stage holds the same value; the others contribute 0.
-        return self.mean_loss(value)
+        return self._mean_loss(value)
 
     def _pipeline_evaluate(self, batches: MicroBatches) -> torch.Tensor:
         pm, device, m = self.pm, self.device, self.spec.plan.grad_accum

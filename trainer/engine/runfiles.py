@@ -72,14 +72,16 @@ class StopRequest:
 
     def agreed(self, device: torch.device) -> bool:
         """Whether any rank was asked to stop: all ranks must stop at the same step."""
+        if dist.get_world_size() == 1:
+            return self.requested
         flag = torch.tensor(float(self.requested), device=device)
-        if dist.get_world_size() > 1:
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
 
 
 class ProfileReport:
-    """Once every rank has written its trace: rank 0 merges the summaries and records a profile_written event."""
+    """The profiler's steps, and its report: once every rank has written its trace (the same step on all ranks),
+    rank 0 merges the summaries and records a profile_written event."""
 
     def __init__(self, profiler: StepProfiler, files: RunFiles, world_size: int,
                  schedule: dict[str, Any] | None = None):
@@ -87,7 +89,18 @@ class ProfileReport:
         self.schedule = schedule  # the pipeline schedule's action order, kept beside the trace it explains
         self.done = False
 
-    def once(self) -> None:
+    def after_step(self) -> None:
+        self.profiler.step()
+        if self.profiler.written:
+            self._once()
+
+    def close(self) -> None:
+        """At the run's end: a window cut short by it still writes what it recorded."""
+        self.profiler.close()
+        if self.profiler.written:
+            self._once()
+
+    def _once(self) -> None:
         if self.done:
             return
         self.done = True

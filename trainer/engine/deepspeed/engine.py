@@ -1,10 +1,11 @@
 """The DeepSpeed engine: ZeRO 1–3 (optional CPU offload), DeepSpeed's pipeline, activation checkpointing and MoE.
 
-A step: the learning rate from ``trainer.optim.lr_at`` on the client AdamW → this rank's micro-batches (the loop's
-sampler, so both engines see the same data) → per micro-batch forward, ``engine.backward`` (which divides by the
-accumulation steps) and ``engine.step`` (DeepSpeed reduces, clips and steps only at the accumulation boundary), or
-``train_batch`` through the pipeline schedule. The model is the native GPT (MoE layers swapped for DeepSpeed's), so
-parameter names, initial weights and the consolidated checkpoint match the native engine's.
+``train_step``: the learning rate from the loop on the client AdamW → this rank's micro-batches (the loop's sampler,
+so both engines see the same data) → per micro-batch forward, ``engine.backward`` (which divides by the accumulation
+steps) and ``engine.step`` (DeepSpeed reduces, clips and updates only at the accumulation boundary), or
+``train_batch`` through the pipeline schedule → what DeepSpeed did (norm, applied, loss scale), read back. The model
+is the native GPT (MoE layers swapped for DeepSpeed's), so parameter names, initial weights and the consolidated
+checkpoint match the native engine's.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from trainer.contract import RunSpec
 from trainer.contract.manifest import FORMAT_DEEPSPEED, CheckpointManifest
 from trainer.contract.records import Event
 from trainer.contract.runfolder import write_json_atomic
-from trainer.engine.base import MicroBatches, StepOutcome
+from trainer.engine.base import Backward, MicroBatches, StepResult
 from trainer.engine.runfiles import RunFiles
 from trainer.engine.deepspeed import checkpoint
 from trainer.engine.deepspeed.config import CONFIG_FILE, deepspeed_config
@@ -51,8 +52,6 @@ class DeepSpeedEngine:
         self.rank, self.world_size, self.device = _join()
         self.dp_rank = self.rank % spec.plan.dp  # dp innermost
         self.engine = None
-        self.routing: Optional[dict] = None
-        self.activations = 0
         self.flops_check: Optional[dict] = None
 
     def build(self) -> None:
@@ -103,52 +102,57 @@ class DeepSpeedEngine:
     def seed(self, step: int) -> None:
         torch.manual_seed(hash((self.spec.seed, self.rank, step)) % (2 ** 63))
 
-    def set_lr(self, lr: float) -> None:
-        for group in self.engine.optimizer.param_groups:
+    def train_step(self, micro: MicroBatches, lr: float, measure: bool) -> StepResult:
+        """Forward, backward and update are one call here: DeepSpeed steps inside its own loop (see the module's
+        docstring), so the result is read from the engine afterwards."""
+        engine = self.engine
+        for group in engine.optimizer.param_groups:
             group["lr"] = lr
+        passed = self._run_batch(micro, measure)
+        state = {**engine_state_bytes(engine), "activations_bytes": passed.activations.bytes} if measure else None
+        grad_norm, applied = float(engine.get_global_grad_norm() or 0.0), engine.was_step_applied()
+        return StepResult(loss=self._mean_loss(passed.loss), grad_norm=grad_norm, applied=applied,
+                          loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)),
+                          routing=routing_metrics(passed.routing), state_bytes=state)
 
-    def forward_backward(self, micro: MicroBatches, measure: bool) -> torch.Tensor:
+    def _run_batch(self, micro: MicroBatches, measure: bool) -> Backward:
+        """Forward, backward and DeepSpeed's update over this rank's micro-batches."""
+        probe = SavedActivations(self.engine.module.parameters()) if measure else None
+        if self.spec.plan.pp > 1:
+            return self._pipeline_batch(micro, probe)
+        return self._micro_batches(micro, probe)
+
+    def _micro_batches(self, micro: MicroBatches, probe: Optional[SavedActivations]) -> Backward:
+        """Forward, backward and ``engine.step`` per micro-batch; the probe sees the first one's forward. Losses are
+        summed on the device: reading each one would wait for its backward."""
         engine, coef = self.engine, self.spec.model.aux_loss_coef
-        self.routing = None
-        if self.spec.plan.pp > 1:  # DeepSpeed's 1F1B schedule runs all micro-batches; first and last stages read them
-            # The probe sees every micro-batch this stage runs in the step, not one as in the native engine: the
-            # schedule cannot be entered per micro-batch from outside.
-            probe = SavedActivations(engine.module.parameters()) if measure else None
-            with probe if probe is not None else contextlib.nullcontext():
-                total = float(engine.train_batch(iter(_tensors(micro, self.device)))) * len(micro)
-            self.activations = probe.bytes if probe is not None else 0
-            return torch.tensor(total / len(micro), dtype=torch.float64)
-        total = 0.0
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        routing = None
         for i, (x, y) in enumerate(_tensors(micro, self.device)):
-            probe = SavedActivations(engine.module.parameters()) if measure and i == 0 else None
-            with probe if probe is not None else contextlib.nullcontext():
+            with probe if probe is not None and i == 0 else contextlib.nullcontext():
                 loss = loss_fn(engine(x), y)
                 aux = aux_loss(engine.module)
                 objective = loss if aux is None else loss + coef * aux
-            self.routing = routing_stats(engine.module, self.routing)
+            routing = routing_stats(engine.module, routing)
             engine.backward(objective)
             engine.step()
-            total += float(loss.detach())
-            if probe is not None:
-                self.activations = probe.bytes
-        return torch.tensor(total / len(micro), dtype=torch.float64)
+            total += loss.detach().double()
+        return Backward(loss=total / len(micro), routing=routing, activations=probe)
 
-    def step(self, measure: bool) -> StepOutcome:
-        """DeepSpeed stepped at the accumulation boundary inside ``forward_backward``; read what it did."""
-        engine = self.engine
-        state = {**engine_state_bytes(engine), "activations_bytes": self.activations} if measure else None
-        return StepOutcome(grad_norm=float(engine.get_global_grad_norm() or 0.0), applied=engine.was_step_applied(),
-                           loss_scale=float(getattr(engine.optimizer, "cur_scale", 1.0)), state_bytes=state)
+    def _pipeline_batch(self, micro: MicroBatches, probe: Optional[SavedActivations]) -> Backward:
+        """DeepSpeed's 1F1B schedule runs every micro-batch, first and last stages read them; the probe sees every
+        micro-batch this stage runs (not one, as elsewhere: the schedule cannot be entered per micro-batch from
+        outside). The loss comes back averaged over the micro-batches and broadcast to every stage."""
+        with probe if probe is not None else contextlib.nullcontext():
+            loss = self.engine.train_batch(iter(_tensors(micro, self.device)))
+        return Backward(loss=loss.detach().double(), activations=probe)
 
-    def mean_loss(self, local: torch.Tensor) -> float:
+    def _mean_loss(self, local: torch.Tensor) -> float:
         if self.world_size > 1 and self.spec.plan.pp == 1:  # the pipeline engine already averaged and broadcast it
             local = local.clone()
             dist.all_reduce(local)
             local /= self.world_size
         return float(local)
-
-    def routing_metrics(self) -> dict[str, Any]:
-        return routing_metrics(self.routing)
 
     def pipeline_schedule_record(self) -> dict[str, Any] | None:
         return None  # DeepSpeed's pipeline engine runs its own 1F1B, whose order it does not expose
