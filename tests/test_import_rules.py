@@ -1,7 +1,9 @@
 """The import rules of docs/architecture.md (the contracts in pyproject.toml) hold, no two modules import each other
 through any chain, and the checkers really see imports."""
+import json
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import grimp
@@ -88,3 +90,37 @@ def test_it_would_catch_a_circle_between_layers(tmp_path, monkeypatch):
                       "type = layers\nlayers =\n    house.loop\n    house.model\n")
     result = _lint(config, cwd=tmp_path)
     assert result.returncode != 0 and "BROKEN" in result.stdout
+
+
+def _web_core_contracts(root: str) -> str:
+    """The contracts of pyproject.toml about the web app's core, as TOML for a package named ``root``."""
+    contracts = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    text = f'[tool.importlinter]\nroot_packages = ["{root}"]\n'
+    for contract in contracts:
+        if contract["name"].startswith("The web app's core"):
+            text += "\n[[tool.importlinter.contracts]]\n" + "".join(
+                f"{key} = {json.dumps(value).replace('webapp', root)}\n" for key, value in contract.items())
+    return text
+
+
+def test_it_would_catch_a_service_that_draws_a_selector_that_writes_and_a_core_that_knows_a_page(tmp_path):
+    """The web app's core contracts, as pyproject.toml has them, on a small package of the same shape: kept as it
+    is laid out, broken by a service importing a picture, a selector importing a service, a model importing a
+    page."""
+    package = tmp_path / "house"
+    package.mkdir()
+    imports = {"models": "", "selectors": "from house import models\n", "services": "from house import selectors\n",
+               "rendering": "from house import selectors\n", "pages": "from house import rendering, services\n",
+               "api": "from house import services\n", "admin": "from house import pages\n"}
+    for name, text in {"__init__": "", **imports}.items():
+        (package / f"{name}.py").write_text(text)
+    config = tmp_path / "rules.toml"
+    config.write_text(_web_core_contracts("house"))
+    kept = _lint(config, cwd=tmp_path)
+    assert kept.returncode == 0 and "2 kept, 0 broken" in kept.stdout, kept.stdout + kept.stderr
+
+    for importer, imported in (("services", "rendering"), ("selectors", "services"), ("models", "pages")):
+        (package / f"{importer}.py").write_text(imports[importer] + f"from house import {imported}\n")
+        broken = _lint(config, cwd=tmp_path)
+        assert broken.returncode != 0 and f"house.{importer} -> house.{imported}" in broken.stdout, broken.stdout
+        (package / f"{importer}.py").write_text(imports[importer])
