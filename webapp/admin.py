@@ -16,7 +16,7 @@ from trainer.contract import presets
 
 from . import models, services
 from .pages.wizard_figures import CURRENCY
-from .services.calibration import calibration_report
+from .selectors.calibration import calibration_report
 
 
 class LabelledSplitDateTime(admin_widgets.AdminSplitDateTime):

@@ -1,7 +1,8 @@
 """Refitting a cluster's calibration when one of its runs completes (the fit itself: webapp.services.calibration)."""
 import logging
 
-from webapp.services.calibration import calibration_summary, cluster_calibration_refit
+from webapp.selectors.calibration import calibration_summary
+from webapp.services.calibration import cluster_calibration_refit
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from webapp import models, services
 from webapp.pages.run_detail import NO_CPU_MEMORY
 from webapp.services.demo import demo_ready
 from webapp.services.ingest import run_ingest
-from webapp.services.run_estimates import NO_PIPELINE
+from webapp.selectors.run_estimates import NO_PIPELINE
 
 
 def _plans(owner, settings, tmp_path):

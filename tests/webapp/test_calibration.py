@@ -14,7 +14,8 @@ from trainer.contract.runfolder import EVENTS, METRICS, append_jsonl
 from trainer.planner.estimate import calibrate
 from trainer.planner.estimate.api import estimate_json
 from webapp import models
-from webapp.services.calibration import MIN_RUNS, calibrated_estimate, cluster_calibration_refit
+from webapp.selectors.calibration import MIN_RUNS, calibrated_estimate
+from webapp.services.calibration import cluster_calibration_refit
 from webapp.services.ingest import run_ingest
 from webapp.services.tasks import TaskName
 

@@ -7,7 +7,7 @@ from rest_framework.test import APIClient
 
 from trainer.contract import presets
 from webapp import models
-from webapp.services import calibration
+from webapp.selectors import calibration
 from webapp.api.planner_requests import planner_number_problems
 from webapp.services.ingest import run_ingest
 

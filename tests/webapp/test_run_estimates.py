@@ -9,10 +9,10 @@ from tests.webapp.live_runs import append_metrics, new_run, step_record, write_p
 from trainer.contract import ModelSpec, ParallelPlan, presets
 from trainer.planner.estimate.api import estimate_json
 from webapp import models
+from webapp.selectors.run_estimates import FIGURE_KEYS, NO_PIPELINE, NO_PROFILE, NO_STATES, NO_STEPS
 from webapp.services import run_estimates
 from webapp.services.ingest import run_ingest
-from webapp.services.run_estimates import (FIGURE_KEYS, NO_PIPELINE, NO_PROFILE, NO_STATES, NO_STEPS,
-                                          run_estimate_report)
+from webapp.services.run_estimates import run_estimate_report
 
 pytestmark = pytest.mark.django_db
 

@@ -1,10 +1,11 @@
-"""A cluster's calibration over REST: see it, and ask a worker to refit it (webapp.services.calibration)."""
+"""A cluster's calibration over REST: see it, and ask a worker to refit it (webapp.services.calibration; its reads: webapp.selectors.calibration)."""
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from ..services.calibration import calibration_report, cluster_calibration_request
+from ..selectors.calibration import calibration_report
+from ..services.calibration import cluster_calibration_request
 
 _NUMBERS = serializers.DictField(child=serializers.FloatField(), read_only=True)
 

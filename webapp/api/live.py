@@ -13,11 +13,11 @@ from rest_framework.response import Response
 
 from .. import models
 from ..selectors.compare import runs_compare
+from ..selectors.rank_figures import rank_summary
 from ..selectors.run_logs import NoSuchLog, log_files, log_read
 from ..selectors.run_updates import RunGone, run_updates
 from ..selectors.runs import runs_with_parts
 from ..selectors.series import series_read
-from ..services.rank_figures import rank_summary
 from ..services.run_estimates import run_estimate_report
 from .live_serializers import (IDS_PARAMETER, NAMES_PARAMETER, AttemptSerializer, CompareAnswerSerializer,
                                CompareQuery, EstimateAnswerSerializer, EventQuery, LogAnswerSerializer, LogQuery,

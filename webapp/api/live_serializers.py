@@ -9,10 +9,10 @@ from rest_framework import serializers
 
 from .. import models
 from ..models.series import SERIES_BY_NAME
+from ..selectors.run_estimates import FIGURE_KEYS, UNITS
 from ..selectors.run_logs import MAX_CHUNK_BYTES
 from ..selectors.run_updates import MAX_WAIT_S
 from ..selectors.series import MAX_STEP, X_UNITS
-from ..services.run_estimates import FIGURE_KEYS, UNITS
 
 MAX_POINTS = 5000
 X_LIMIT = float(2**63)  # tokens seen are 64-bit integers; no x of any unit is larger

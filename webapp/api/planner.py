@@ -8,8 +8,8 @@ from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
 from trainer.planner.tune.api import tune_json
 
 from .. import models, services
+from ..selectors.calibration import calibrated_estimate
 from ..selectors.owned import visible_with_owners
-from ..services.calibration import calibrated_estimate
 from .errors import computing_on, require_finite
 from .planner_requests import (INFERENCE_PRECISIONS, MAX_LISTED, MAX_TOKEN_BUDGET, EstimateRequestSerializer,
                                TuneRequestSerializer)

@@ -80,7 +80,7 @@ class EstimateRequestSerializer(StrictSerializer):
 
     def validate(self, attrs):
         stored = attrs.pop("plan_id", None)
-        # the stored plan's cluster row: its calibration, if any, chooses the options (webapp.services.calibration)
+        # the stored plan's cluster row: its calibration, if any, chooses the options (webapp.selectors.calibration)
         self.stored_cluster = stored.cluster if stored is not None else None
         if stored is not None:
             attrs.update(model=stored.model_config.spec, plan=stored.spec, cluster=stored.cluster.spec)

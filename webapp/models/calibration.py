@@ -30,7 +30,7 @@ class ClusterCalibration(models.Model):
     """A cluster's fitted step-time terms (trainer.planner.estimate.calibrate) and their held-out error.
 
     ``options`` are EstimateOptions fields; estimates on the cluster use them once ``runs`` reaches the minimum
-    the fit needs (webapp.services.calibration)."""
+    the fit needs (webapp.selectors.calibration.MIN_RUNS)."""
 
     cluster = models.OneToOneField(Cluster, on_delete=models.CASCADE, related_name="calibration")
     runs = models.PositiveIntegerField(default=0, help_text="Measured records the fit is made of")

@@ -17,10 +17,10 @@ from trainer.contract import ModelSpec, ParallelPlan, SpecError
 from trainer.planner.tune.api import tune_json
 
 from .. import services
-from ..services.calibration import calibrated_estimate
 from ..api.errors import ClientInputError, computing_on, require_finite
 from ..api.planner_requests import EstimateRequestSerializer, TuneRequestSerializer
 from ..models import ModelConfig, ParallelismPlan, Run
+from ..selectors.calibration import calibrated_estimate
 from .wizard_figures import estimate_view, tune_view
 from .wizard_forms import Parts, Wizard, default_data
 
