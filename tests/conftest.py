@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.xdist_groups import group_by_shared_fixtures, worker_index
+from tests.xdist_groups import group_by_shared_fixtures, refuse_a_pytest_that_undoes_the_groups, worker_index
 
 # slurm_cluster: a real two-node Slurm; triton and the checkpoints it serves; the Celery worker: each started on first use
 pytest_plugins = ["tests.slurm_fixtures", "tests.deploy_fixtures", "tests.worker_fixtures"]
@@ -47,6 +47,10 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=drop)
             items[:] = keep
     group_by_shared_fixtures(items)
+
+
+def pytest_configure(config):
+    refuse_a_pytest_that_undoes_the_groups(config)
 
 
 @pytest.fixture(scope="session")

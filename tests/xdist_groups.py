@@ -82,6 +82,17 @@ def group_by_shared_fixtures(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: not any(root(k) in waiting for k in keys_of[item]))  # stable: order kept otherwise
 
 
+def refuse_a_pytest_that_undoes_the_groups(config: pytest.Config) -> None:
+    """pytest-xdist 3.8 marks a grouped test by rewriting its node id, which pytest 9.2's structured node ids undo
+    without a word: every worker would then run what its group was meant to run once. Say so instead."""
+    if config.getoption("dist", "no") != "loadgroup":
+        return
+    major, minor = (int(part) for part in pytest.__version__.split(".")[:2])
+    if (major, minor) >= (9, 2):
+        raise pytest.UsageError(f"pytest {pytest.__version__} ignores pytest-xdist's --dist loadgroup groups: "
+                                f"install the pytest that pyproject.toml names (scripts/test.sh does)")
+
+
 def run_temp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The temporary folder of the whole test run: under xdist the workers' common folder, which holds each worker's
     own and what once_per_run made; without xdist the session's. Data roots that must reach every test folder."""
