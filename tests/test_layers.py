@@ -24,7 +24,11 @@ rules are about what a module does, which an import does not show):
     ``format_html``, ``mark_safe`` or ``render_to_string``. Pictures and pages are drawn in ``webapp/rendering/``,
     ``webapp/pages/`` and the templates, from the data these layers answer.
 
-(c) One registry of task names (``webapp.services.tasks.TaskName``), every name in ``workbench.``: each
+(c) Selectors only read: no call that writes a row (``save``, ``create``, ``update`` of a query, ``delete``, ...),
+    locks one for a write (``select_for_update``), sends a task, or writes a file. What a write needs to read, it
+    asks a selector for; what a read would have to write (a run's estimate made on first read), a service does.
+
+(d) One registry of task names (``webapp.services.tasks.TaskName``), every name in ``workbench.``: each
     ``shared_task``/``app.task`` declares its name from it, each ``enqueue``/``send_task`` sends one of it, each beat
     entry names one of it, and no other module spells a registered name as a string.
 
@@ -168,7 +172,41 @@ def markup(source: str) -> list[str]:
     return found
 
 
-# -- (c) task names -----------------------------------------------------------------------------------------------
+# -- (c) selectors only read -------------------------------------------------------------------------------------
+
+WRITING_CALLS = {"save", "delete", "create", "bulk_create", "bulk_update", "get_or_create", "update_or_create",
+                 "select_for_update", "enqueue", "send_task", "write_text", "write_bytes", "unlink", "mkdir", "rmtree"}
+QUERY_RECEIVERS = QUERY_CALLS | {"objects", "all", "none", "select_related", "prefetch_related"}
+
+
+def _of_a_query(call: ast.Call) -> bool:
+    """Whether a call's receiver is a query (``Run.objects.filter(...).update(...)``, not a dict's ``update``)."""
+    node = call.func.value if isinstance(call.func, ast.Attribute) else None
+    while isinstance(node, (ast.Call, ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Attribute) and node.attr in QUERY_RECEIVERS:
+            return True
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return False
+
+
+def writes(source: str) -> list[str]:
+    """Where ``source`` writes (rule (c)), as ``line: what``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = _name(node)
+        modes = [*node.args[1:2], *(k.value for k in node.keywords if k.arg == "mode")]
+        if name in WRITING_CALLS:
+            found.append(f"{node.lineno}: {name}(...)")
+        elif name == "update" and _of_a_query(node):
+            found.append(f"{node.lineno}: update(...) of a query")
+        elif name == "open" and any(isinstance(m, ast.Constant) and set(str(m.value)) & set("wax+") for m in modes):
+            found.append(f"{node.lineno}: open(...) to write")
+    return found
+
+
+# -- (d) task names -----------------------------------------------------------------------------------------------
 
 DECLARING, SENDING = {"shared_task", "task"}, {"enqueue", "send_task"}
 
@@ -181,7 +219,7 @@ def _from_registry(node: ast.AST | None) -> bool:
 
 
 def task_names(source: str) -> list[str]:
-    """Where ``source`` names a task other than from the registry (rule (c)), as ``line: what``."""
+    """Where ``source`` names a task other than from the registry (rule (d)), as ``line: what``."""
     registered = {name.value for name in TaskName}
     found = []
     for node in ast.walk(ast.parse(source)):
@@ -231,6 +269,12 @@ def test_it_finds_no_markup_in_services_or_selectors():
                          "webapp/pages/ or a template:\n" + "\n".join(found))
 
 
+def test_it_finds_no_write_in_selectors():
+    found = _findings(writes, _sources(SELECTORS))
+    assert found == [], ("writes in webapp/selectors/: move the write into a service (webapp/services/), which may "
+                         "call the selector for what it reads:\n" + "\n".join(found))
+
+
 def test_it_finds_every_task_named_from_the_registry_in_one_namespace():
     assert all(name.value.startswith("workbench.") for name in TaskName), list(TaskName)
     found = _findings(task_names, _sources("webapp", "workers", leaving_out=(REGISTRY,)))
@@ -269,7 +313,21 @@ def test_the_markup_checker_sees_tags_and_html_tools(source, expected):
 
 
 @pytest.mark.parametrize("source, expected", [
-    ("@shared_task(name='workers.deploy')\ndef deploy(i): ...", ["1: shared_task declared without a name from TaskName"]),
+    ("run.save(update_fields=['estimate'])", ["1: save(...)"]),
+    ("Run.objects.filter(pk=1).update(estimate={})", ["1: update(...) of a query"]),
+    ("Run.objects.select_for_update().get(pk=1)", ["1: select_for_update(...)"]),
+    ("enqueue(TaskName.RUN_LAUNCH, 1)", ["1: enqueue(...)"]),
+    ("Path(p).write_text('x')\nwith open(p, 'a') as f: pass", ["1: write_text(...)", "2: open(...) to write"]),
+    # a dict's update, a file opened to read: no write
+    ("out = {}\nout.update(more)\nname = text.replace('a', 'b')\nwith open(p) as f: pass\nopen(p, mode='rb')", []),
+])
+def test_the_write_checker_sees_writes_and_only_writes(source, expected):
+    assert sorted(writes(source)) == sorted(expected)
+
+
+@pytest.mark.parametrize("source, expected", [
+    ("@shared_task(name='workers.deploy')\ndef deploy(i): ...",
+     ["1: shared_task declared without a name from TaskName"]),
     ("@shared_task\ndef deploy(i): ...", ["1: @shared_task without a name: Celery would name it after the module"]),
     ("enqueue('workbench.runs.launch', 1)",
      ["1: enqueue of a name not from TaskName",

@@ -1,4 +1,5 @@
-"""A cluster's calibration over REST: see it, and ask a worker to refit it (webapp.services.calibration; its reads: webapp.selectors.calibration)."""
+"""A cluster's calibration over REST: see it (webapp.selectors.calibration), and ask a worker to refit it
+(webapp.services.calibration)."""
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status
 from rest_framework.decorators import action

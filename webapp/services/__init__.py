@@ -1,4 +1,6 @@
-"""Business operations named <entity>_<verb>; views and admin call these instead of touching models directly."""
+"""Writes: business operations named <entity>_<verb> that change rows, run folders, queued tasks or a Triton server;
+views, the admin and the workers call these instead of changing models directly. What they read comes from
+webapp.selectors; nothing here draws (webapp.rendering, the templates)."""
 from .checkpoints import checkpoint_import_register
 from .datasets import dataset_upload
 from .deployments import (deployment_access_problem, deployment_create, deployment_generate, deployment_stream,
