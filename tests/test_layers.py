@@ -11,7 +11,9 @@ rules are about what a module does, which an import does not show):
       whose first part is a relation of a model and which goes on into the related model: a foreign key followed by
       one of the related model's fields (``owner__username``), or a reverse or many-to-many relation
       (``deployments__isnull``). A foreign key followed by a lookup (``run__in``, ``cluster__isnull``) or by its
-      ``pk`` reads the key's own column and joins nothing.
+      ``pk`` reads the key's own column and joins nothing. (A sub-query given as the value of such a lookup,
+      ``run__in=Run.objects.visible_to(user)``, is not told from a list of ids by reading the source; the ones the
+      code has are selectors all the same: ``records_of_visible_runs``.)
 
     Left out, each for a reason: ``webapp/models/`` (the QuerySets' own vocabulary, such as ``visible_to``, which
     selectors compose), ``webapp/migrations/`` (history), and a chain that locks its rows with
@@ -44,7 +46,7 @@ from pathlib import Path
 
 import pytest
 
-from webapp.services.tasks import TaskName
+from webapp.services.tasks import TaskName, enqueue
 
 REPO = Path(__file__).resolve().parent.parent
 SELECTORS, SERVICES = "webapp/selectors/", "webapp/services/"
@@ -279,6 +281,12 @@ def test_it_finds_every_task_named_from_the_registry_in_one_namespace():
     assert all(name.value.startswith("workbench.") for name in TaskName), list(TaskName)
     found = _findings(task_names, _sources("webapp", "workers", leaving_out=(REGISTRY,)))
     assert found == [], "task names not from webapp.services.tasks.TaskName:\n" + "\n".join(found)
+
+
+def test_it_refuses_to_send_a_name_the_registry_does_not_hold():
+    with pytest.raises(ValueError, match="'workers.deploy' is not a task name: send one of "
+                                         "webapp.services.tasks.TaskName"):
+        enqueue("workers.deploy", 1)
 
 
 # -- the checkers see what they are for ---------------------------------------------------------------------------

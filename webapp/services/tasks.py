@@ -6,7 +6,7 @@ web side and the workers send with it, the beat schedule names its tasks with it
 
 Tasks are sent after the surrounding transaction commits, so a worker never looks for a row that is not there yet.
 """
-from enum import StrEnum
+from enum import StrEnum, unique
 from functools import lru_cache
 
 from celery import Celery
@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 
+@unique  # two members of one name would be one task under two spellings
 class TaskName(StrEnum):
     HEALTH = "workbench.health"
     RUN_LAUNCH = "workbench.runs.launch"
@@ -27,8 +28,8 @@ class TaskName(StrEnum):
 
 
 def registered(task_name: str) -> TaskName:
-    """``task_name`` as the registry has it; ValueError, naming the registry, for a name it does not hold (a task
-    sent by a name no worker declares would wait in the broker for ever)."""
+    """``task_name`` as the registry has it; ValueError, naming the registry, for a name it does not hold (a worker
+    drops a task of a name it does not know, and nothing tells the sender)."""
     try:
         return TaskName(task_name)
     except ValueError:
