@@ -60,9 +60,16 @@ def test_the_deploy_page_refuses_beside_the_field_then_deploys_and_shows_the_sta
     expect(status).to_have_text("ready", timeout=10_000)  # the list polls while one is on its way
     expect(page.get_by_test_id(f"deployment-smoke-{deployment.pk}")).to_have_text("passed")
     check_page(page, "deploy-list", phone=True)
-    page.get_by_role("button", name="Unload small-step-7").click()
+    # Unload asks first: answered No, the model stays; answered Yes, a worker unloads it
+    unload, asked = page.get_by_role("button", name="Unload small-step-7"), []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    unload.click()
+    assert asked == ["Unload small-step-7 from nowhere? It stops answering requests until it is deployed again."]
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+    unload.click()
     expect(page.get_by_text("Undeploying small-step-7")).to_be_visible()
-    assert sent[-1] == ("workbench.deployments.undeploy", deployment.pk)
+    assert len(asked) == 2 and sent[-1] == ("workbench.deployments.undeploy", deployment.pk)
+    assert [task for task, _ in sent].count("workbench.deployments.undeploy") == 1  # not when answered No
 
 
 def test_the_playground_fills_saves_answers_keeps_and_replays(signed_in_page, parts):
