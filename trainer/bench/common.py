@@ -13,7 +13,7 @@ from pathlib import Path
 from trainer.contract import DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec
 from trainer.contract.command import trainer_command
 from trainer.contract.presets import demo_text, local_cpu_cluster
-from trainer.contract.records import step_times
+from trainer.contract.records import last_step_rows, step_times
 from trainer.contract.runfolder import METRICS, read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,6 +35,13 @@ def bench_spec(out: Path, name: str, dataset: DatasetSpec, steps: int, profile: 
 def median_step(run_dir: Path, skip: int = 2) -> float:
     """The median step time after the first ``skip`` steps (allocator growth, the memory probe, connections)."""
     return statistics.median(step_times([r for _, r in read_jsonl(Path(run_dir) / METRICS)], after_step=skip))
+
+
+def median_row_interval(run_dir: Path, skip: int = 2) -> float:
+    """The median time from one step's metrics row to the next, after the first ``skip`` steps: the loop's whole
+    round, its bookkeeping included."""
+    rows = last_step_rows([r for _, r in read_jsonl(Path(run_dir) / METRICS)])
+    return statistics.median(b["time"] - a["time"] for a, b in zip(rows, rows[1:]) if a["step"] >= skip)
 
 
 def fresh(path: Path) -> Path:
