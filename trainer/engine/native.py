@@ -145,12 +145,11 @@ class NativeEngine:
                 with probe if probe is not None and i == 0 else contextlib.nullcontext():
                     with self._autocast():
                         loss = loss_fn(model(x), y)
+                objective = loss
                 if self.moe_layers:
-                    loss_with_aux = loss + spec.model.aux_loss_coef * aux_loss(self.moe_layers)
+                    objective = loss + spec.model.aux_loss_coef * aux_loss(self.moe_layers)
                     routing = step_stats(self.moe_layers, routing)
-                else:
-                    loss_with_aux = loss
-                (loss_with_aux * (self.scaler.scale / n)).backward()
+                (objective * (self.scaler.scale / n)).backward()
             total += _plain(loss.detach()).float()
         return Backward(loss=total / n, routing=routing, activations=probe)
 
