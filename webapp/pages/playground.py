@@ -257,6 +257,7 @@ def page(request):
     presets = {name: {"label": p["label"], "template": p["template"], "examples": p["examples"]}
                for name, p in service.PRESETS.items()}
     context = {"form": form, "ready": ready, "selected": selected, "presets": presets,
+               "min_rate": {"tokens": service.MIN_RATE_TOKENS, "ms": service.MIN_RATE_MS},
                **_templates_context(request.user), **_history_context(request.user)}
     return render(request, "pages/playground.html", context)
 

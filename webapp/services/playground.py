@@ -22,6 +22,11 @@ from .triton import ServingError
 
 FIELDS = {"examples", "input"}
 MAX_SET_PROMPTS = 20
+# What a tokens/s figure needs: this many completion tokens, over at least this long. From fewer tokens, one token's
+# timing or the request's latency is the whole figure; over a shorter span, how the stream was buffered on its way
+# (a burst of tokens read at once) is. The playground's streamed rate keeps to both as well.
+MIN_RATE_TOKENS = 8
+MIN_RATE_MS = 20
 # What PromptTemplate.sampling holds (the chat API reads it as defaults); stop strings live in the versions only.
 TEMPLATE_SAMPLING = ("temperature", "top_k", "top_p", "max_tokens", "seed")
 
@@ -109,7 +114,7 @@ class Cell:
 
     @property
     def tokens_per_s(self) -> float | None:
-        if not self.completion_tokens or not self.seconds:
+        if (self.completion_tokens or 0) < MIN_RATE_TOKENS or self.seconds * 1000 < MIN_RATE_MS:
             return None
         return self.completion_tokens / self.seconds
 

@@ -209,6 +209,14 @@ def test_a_prompt_set_says_for_each_prompt_why_the_server_did_not_answer(client,
     assert [r.input for r in records] == ["first", "second"] and "cannot be reached" in records[0].error
 
 
+def test_a_prompt_set_gives_a_rate_only_for_enough_tokens_to_time():
+    assert service.Cell(completion_tokens=2, seconds=0.01).tokens_per_s is None  # not "200 tokens/s"
+    least, soonest = service.MIN_RATE_TOKENS, service.MIN_RATE_MS / 1000
+    assert service.Cell(completion_tokens=least - 1, seconds=1.0).tokens_per_s is None
+    assert service.Cell(completion_tokens=100, seconds=soonest / 2).tokens_per_s is None
+    assert service.Cell(completion_tokens=least, seconds=0.5).tokens_per_s == 2 * least
+
+
 def test_it_refuses_a_prompt_set_with_no_prompts_or_too_many(client, alice, ready):
     assert "give the prompts, one a line" in _run_set(client, alice, ready, "\n \n").content.decode()
     too_many = _run_set(client, alice, ready, "\n".join(f"p{n}" for n in range(21)))

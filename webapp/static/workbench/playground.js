@@ -7,6 +7,8 @@
   if (!form) return;
   const $ = (selector, root = document) => root.querySelector(selector);
   const generate = $("#generate"), stopButton = $("#stop-generation"), compare = $("#compare");
+  // no tokens/s from fewer tokens or a shorter span than these (webapp.services.playground says why)
+  const MIN_RATE_TOKENS = Number(form.dataset.minRateTokens), MIN_RATE_MS = Number(form.dataset.minRateMs);
   const SENT = ["deployment", "compare", "template", "examples", "input", "temperature", "top_k", "top_p",
                 "max_tokens", "seed", "stop"];
   let running = null;  // the AbortController of the generation under way
@@ -151,12 +153,14 @@
     }
     const ended = performance.now();
     const tokens = done ? done.completion_tokens : completion;
-    // the decode rate: tokens after the first over the time after the first
-    const rate = first !== null && tokens > 1 && last > first ? (tokens - 1) / ((last - first) / 1000) : null;
+    // the decode rate, tokens after the first over the time after the first, once there are enough to time
+    const untimed = tokens < MIN_RATE_TOKENS ? `fewer than ${MIN_RATE_TOKENS} tokens`
+      : !(last - first >= MIN_RATE_MS) ? `arrived within ${MIN_RATE_MS} ms` : "";
+    const rate = untimed ? null : (tokens - 1) / ((last - first) / 1000);
     part(n, "counts").textContent =
       `prompt ${done ? done.prompt_tokens : "–"} tokens · completion ${tokens} tokens`;
     part(n, "ttft").textContent = `time to first token ${ms(first === null ? null : first - started)}`;
-    part(n, "tps").textContent = `${rate === null ? "–" : Workbench.number(rate, 3)} tokens/s`;
+    part(n, "tps").textContent = untimed ? `– tokens/s (${untimed})` : `${Workbench.number(rate, 3)} tokens/s`;
     part(n, "finish").textContent = done ? `· ended: ${done.finish_reason}` : "";
     if (error) {
       part(n, "error").textContent = error;
