@@ -3,6 +3,7 @@ Celery worker with torchrun, watched to the end on their pages, compared, deploy
 the deploy page, and asked the same prompt side by side in the playground, the text streaming in."""
 import re
 import threading
+import unicodedata
 from contextlib import contextmanager
 
 import pytest
@@ -123,8 +124,14 @@ def test_it_takes_two_runs_from_the_wizard_through_their_pages_and_deployment_to
         expect(page.get_by_test_id(f"finish-{n}")).to_contain_text("ended", timeout=60_000)
         expect(page.get_by_test_id(f"counts-{n}")).to_have_text(re.compile(r"prompt \d+ tokens · completion \d+ tokens"))
         expect(page.get_by_test_id(f"ttft-{n}")).to_have_text(re.compile(r"time to first token [\d.,]+ ms"))
-        # a model of 30 tiny steps mostly answers line breaks: its text is there, if not much to read
-        assert page.get_by_test_id(f"output-{n}").text_content()
+        # a model of 30 tiny steps mostly answers line breaks: its text is there, each line break shown by its sign
+        # (and any other character a reader could not see), not as an empty box
+        output = page.get_by_test_id(f"output-{n}")
+        text = output.text_content()
+        assert text.strip(" ")
+        expect(output.locator(".unseen")).to_have_count(
+            sum(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text))
+        expect(output.locator(".undecodable")).to_have_count(text.count("\ufffd"))
     pieces = {n: [piece for piece in page.evaluate(f"() => window.pieces[{n}]") if piece[0]] for n in (1, 2)}
     for n, seen in pieces.items():
         assert sum(records for _, records in seen) > 1, f"output {n} was written at once, not token by token: {seen}"

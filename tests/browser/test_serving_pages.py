@@ -1,14 +1,17 @@
 """The Deploy page and the prompt playground in the browser: both held to check_page on a laptop and a phone; a
-deployment refused beside its field then made; the playground's presets, saved versions, an answer the server could
-not give, the history and its replay, and a prompt set; and, with the session's real Triton, an answer streamed
-into the page with its counts and times."""
+deployment refused beside its field then made, and unloaded only once confirmed; the playground's presets, saved
+versions, an answer the server could not give, the history and its replay, a prompt set, and signs for the characters
+a reader could not see; and, with the session's real Triton, an answer streamed into the page with its counts and
+times, copied as it came, and no tokens/s made of too few tokens."""
 import re
+import unicodedata
 
 import pytest
 from django.utils import timezone
 from playwright.sync_api import expect
 
 from tests.browser.conftest import check_page
+from tests.browser.wrapping import broken_words
 from tests.webapp import serving
 from webapp import models
 
@@ -116,6 +119,18 @@ def test_the_playground_fills_saves_answers_keeps_and_replays(signed_in_page, pa
     _expected_failures(page)
     check_page(page, "playground-set")
 
+    # what a reader could not see is shown by a sign, and the text itself is left as it came
+    raw = "ROMEO:\n\tO\x0b\ufffd\ufffd!\u200b"
+    models.PlaygroundRecord.objects.create(owner=page.user, deployment=deployment, model_name="unreachable",
+                                           input="a byte-level answer", prompt="?", output=raw, completion_tokens=7)
+    page.reload()
+    answer = page.get_by_test_id(re.compile(r"history-\d+")).first.locator("[data-visible-text]")
+    expect(answer.locator(".undecodable")).to_have_count(2)
+    signs = answer.locator(".unseen").evaluate_all("spans => spans.map(s => getComputedStyle(s, '::before').content)")
+    assert signs == ['"↵"', '"⇥"', '"⟨0x0B⟩"', '"⟨U+200B⟩"'] and answer.text_content() == raw
+    assert not broken_words(page), broken_words(page)
+    check_page(page, "playground-signs")
+
 
 @pytest.mark.slow
 @pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
@@ -155,16 +170,27 @@ def test_the_playground_streams_a_real_answer_beside_another(signed_in_page, tri
             shown = page.get_by_test_id(f"tps-{1 if r.deployment_id == first.pk else 2}").text_content()
             assert (r.tokens_per_s is None) == shown.startswith("–"), (r.tokens_per_s, shown)
         check_page(page, "playground-streamed", phone=True)
+        # Copy text takes the text as it came, the signs drawn for what could not be seen left out
+        page.context.grant_permissions(["clipboard-read", "clipboard-write"])
+        page.get_by_role("button", name="Copy text of output 1").click()
+        expect(page.get_by_role("button", name=re.compile("^Copied"))).to_be_visible()
+        assert page.evaluate("() => navigator.clipboard.readText()") == texts[0]
 
         # alone over HTTP: 200 tokens are timed (over more than 20 ms); 2 are too few, and no tokens/s is made of them
         page.goto(f"/playground/?deployment={second.pk}")
         page.get_by_label("Input").fill("ROMEO:\n")
+        output = page.get_by_test_id("output-1")
         for tokens, rate in ((200, re.compile(r"^[\d.,]+ tokens/s$")), (2, "– tokens/s (fewer than 8 tokens)")):
             page.get_by_label("Max tokens").fill(str(tokens))
             page.get_by_role("button", name="Generate").click()
             expect(page.get_by_test_id("counts-1")).to_contain_text(f"completion {tokens} tokens", timeout=60_000)
             expect(page.get_by_test_id("tps-1")).to_have_text(rate)
             expect(page.get_by_role("button", name="Generate")).to_be_enabled()
+            # each character a reader could not see is shown by its sign as it streams in
+            text = output.text_content()
+            expect(output.locator(".unseen")).to_have_count(
+                sum(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text))
+            expect(output.locator(".undecodable")).to_have_count(text.count("\ufffd"))
         shorter, longer = models.PlaygroundRecord.objects.filter(owner=page.user).order_by("-id")[:2]
         assert longer.tokens_per_s > 0 and shorter.tokens_per_s is None
     finally:

@@ -5,7 +5,7 @@
 _BROKEN_WORDS = """() => {
   const broken = [], word = /[\\p{L}\\p{N}]/u;
   const walker = document.createTreeWalker(document.querySelector("main"), NodeFilter.SHOW_TEXT, {
-    acceptNode: node => node.parentElement.closest("select, option, textarea, script, style, code, pre, .visually-hidden")
+    acceptNode: node => node.parentElement.closest("select, textarea, script, style, code, pre, .visually-hidden")
       ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
   const range = document.createRange();
   for (let node = walker.nextNode(); node; node = walker.nextNode()) {

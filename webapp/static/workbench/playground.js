@@ -2,6 +2,59 @@
 // streams its answer from the generate endpoint into its panel while the page measures it (time to first token,
 // tokens/s); what came back is posted to the history. Presets, saved versions and history rows fill the form.
 "use strict";
+
+// Model text as the playground shows it: what a reader could not see is shown by a sign. A line break gets ↵, a tab
+// ⇥, another control character its code (⟨0x0B⟩) and an invisible format character its code point (⟨U+200B⟩), each
+// drawn by CSS before the character, which stays in the text as it came, so that copying takes the text unchanged;
+// U+FFFD, what the server's tokenizer writes for bytes that are not UTF-8, is marked where it stands.
+const Playground = (() => {
+  const UNSEEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\ufffd]/gu;  // controls, format characters, line and paragraph separators
+  const WHITESPACE = {"\n": ["↵", "line break"], "\t": ["⇥", "tab"]};
+
+  function marker(ch) {
+    const code = ch.codePointAt(0), hex = code.toString(16).toUpperCase();
+    const span = document.createElement("span");
+    span.textContent = ch;
+    if (ch === "\ufffd") {
+      span.className = "undecodable";
+      span.title = "bytes that are not UTF-8 text (U+FFFD)";
+      return span;
+    }
+    const control = code < 0x20 || (code >= 0x7f && code < 0xa0);
+    const [sign, name] = WHITESPACE[ch] || (control ? [`⟨0x${hex.padStart(2, "0")}⟩`, "control character"]
+      : [`⟨U+${hex.padStart(4, "0")}⟩`, "invisible character"]);
+    span.className = WHITESPACE[ch] ? "unseen" : "unseen coded";
+    span.dataset.sign = sign;
+    span.title = `${name} U+${hex.padStart(4, "0")}`;
+    return span;
+  }
+
+  // ``text`` as nodes to append: plain runs as text, each unseen character in its marked span
+  function visible(text) {
+    const nodes = document.createDocumentFragment();
+    let at = 0;
+    for (const match of text.matchAll(UNSEEN)) {
+      if (match.index > at) nodes.append(text.slice(at, match.index));
+      nodes.append(marker(match[0]));
+      at = match.index + match[0].length;
+    }
+    if (at < text.length) nodes.append(text.slice(at));
+    return nodes;
+  }
+
+  // the server-rendered answers (history, prompt sets), as each arrives
+  function markAnswers(root) {
+    for (const el of root.querySelectorAll("[data-visible-text]:not([data-marked])")) {
+      el.replaceChildren(visible(el.textContent));
+      el.dataset.marked = "";
+    }
+  }
+  document.addEventListener("htmx:load", (event) => markAnswers(event.detail.elt));
+  document.addEventListener("DOMContentLoaded", () => markAnswers(document));
+
+  return {visible};
+})();
+
 (() => {
   const form = document.getElementById("playground");
   if (!form) return;
@@ -140,7 +193,7 @@
             }
             last = now;
             completion += event.token_ids.length;
-            out.textContent += event.text;
+            out.append(Playground.visible(event.text));
             part(n, "counts").textContent = `prompt … tokens · completion ${completion} tokens`;
           } else if (name === "done") {
             done = event;
@@ -207,6 +260,22 @@
       stopButton.disabled = true;
       document.body.dispatchEvent(new CustomEvent("history-changed"));
     }
+  });
+
+  // the output as it came, signs left out (they are drawn by CSS, not in the text); where the page may not write the
+  // clipboard (plain HTTP away from localhost) the text is selected for the reader's own copy
+  document.addEventListener("click", async (e) => {
+    const button = e.target.closest("[data-copy]");
+    if (!button) return;
+    const out = part(button.dataset.copy, "output"), label = button.firstChild;
+    try {
+      await navigator.clipboard.writeText(out.textContent);
+      label.textContent = "Copied";
+    } catch (err) {
+      getSelection().selectAllChildren(out);
+      label.textContent = "Selected: copy it";
+    }
+    setTimeout(() => { label.textContent = "Copy text"; }, 2000);
   });
 
   stopButton.addEventListener("click", () => running && running.abort());
