@@ -35,7 +35,7 @@ def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_pag
     page.get_by_role("button", name="Auto-tune").click()
     ranked = page.get_by_test_id("tune-ranked")
     expect(ranked).to_be_visible()
-    expect(page.get_by_test_id("tune-rejected")).to_be_visible()
+    expect(page.get_by_test_id("tune-excluded")).to_be_visible()
     ranked.get_by_role("button", name="Use this plan (#1)").click()
     expect(page.locator("#id_plan-tp")).not_to_have_value("3")
     expect(page.locator("#errors-plan-tp")).to_be_empty()

@@ -152,7 +152,7 @@ def test_the_tuner_ranks_plans_marks_the_front_and_counts_the_rejected(signed_in
     assert len(buttons) == 10
     assert "&quot;global_batch&quot;: 8" in buttons[0] and "&quot;dp&quot;:" in buttons[0]
     assert "on the front" in ranked and 'data-testid="tune-pareto"' in html and "<svg class=\"pareto\"" in html
-    rejected = re.search(r'data-testid="tune-rejected">(.*?)</table>', html, re.S).group(1)
+    rejected = re.search(r'data-testid="tune-excluded">(.*?)</table>', html, re.S).group(1)
     assert re.search(r"<td>[^<]+</td><td class=\"num\">\d+</td>", rejected)
     # a tp the heads refuse does not stop the tuner: it is how to find one they take
     assert "data-plan=" in signed_in.post(TUNE, fields(alice, plan__tp=3)).content.decode()
@@ -182,7 +182,7 @@ def test_the_tune_summary_adds_up_and_says_what_it_counts(signed_in, alice):
             and f": {result['fitting']} fit in memory, {too_large} do not. " in summary
             and f"the rules excluded {excluded} choices" in summary), summary
     too_large_table = re.search(r'data-testid="tune-too-large">(.*?)</table>', html, re.S).group(1)
-    excluded_table = re.search(r'data-testid="tune-rejected">(.*?)</table>', html, re.S).group(1)
+    excluded_table = re.search(r'data-testid="tune-excluded">(.*?)</table>', html, re.S).group(1)
     assert sum(_numbers(too_large_table)) == too_large and f"too large for memory: {too_large} plans" in too_large_table
     assert sum(_numbers(excluded_table)) == excluded and f"before estimating: {excluded} choices" in excluded_table
     assert "out of memory" not in excluded_table
