@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+# torch.profiler imports torch._inductor when a profile first starts, and that import reaches
+# torch.distributed.nn.functional, whose functions take ``group=group.WORLD`` as a default, evaluated at import.
+# Imported after the job joined its process group, those defaults hold the group for good: destroy_process_group no
+# longer frees it, gloo's worker threads live on into the interpreter's shutdown, and one that drops a tensor there
+# aborts the rank ("terminate called without an active exception"). Imported here, before any group exists, the
+# defaults are None.
+import torch._inductor.config  # noqa: F401
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from trainer.contract.runfolder import PROFILES, write_json_atomic

@@ -108,6 +108,36 @@ def test_it_summarizes_a_folder_of_traces_as_the_ranks_did(two_rank_profile):
 
 # ------------------------------------------------------------------ the profiler in one process
 
+# A fresh process, as a rank is: the profiler's module is imported before the group is joined, the profile starts
+# after. destroy_process_group must then free the group, for only then are gloo's worker threads joined while the
+# interpreter still runs (a worker that drops a tensor during its shutdown aborts the rank).
+GROUP_FREED = textwrap.dedent("""
+    import sys, weakref
+    from pathlib import Path
+    import torch
+    import torch.distributed as dist
+    from trainer.profiling.profiler import StepProfiler
+    from trainer.contract import ProfileSpec
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    group = weakref.ref(dist.group.WORLD)
+    with StepProfiler(ProfileSpec(start_step=0, steps=1, warmup=0, name="p"), Path(sys.argv[1]), 0) as profiler:
+        dist.all_reduce(torch.ones(8))
+        profiler.step()
+    assert profiler.written
+    dist.destroy_process_group()
+    print("held" if group() is not None else "freed")
+""")
+
+
+def test_it_leaves_the_process_group_free_to_be_destroyed(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", GROUP_FREED, str(tmp_path)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "freed", \
+        "after a profile something still holds the process group: destroy_process_group leaves gloo's threads running"
+
 
 def run_steps(profiler: StepProfiler, n: int) -> None:
     w = torch.randn(32, 32)
