@@ -43,6 +43,7 @@ def test_it_checkpoints_the_last_step_of_an_api_run_that_names_no_checkpoints(al
     assert _created(api, alice, steps=7, checkpoint_every=0, **parts).checkpoint_every == 0
 
 
+@pytest.mark.once  # a trainer process: what it leaves does not depend on the database the spec was stored in
 def test_it_leaves_the_final_checkpoint_in_the_run_folder_when_the_trainer_runs_the_stored_spec(
         alice, api, one_rank_plan, shakespeare, tmp_path):
     spec = _created(api, alice, steps=2, plan=one_rank_plan.pk, dataset=shakespeare.pk)
