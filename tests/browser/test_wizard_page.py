@@ -21,6 +21,13 @@ def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_pag
         page.set_viewport_size(viewport)
         assert not broken_words(page), f"words broken at {viewport['width']} px: {broken_words(page)}"
 
+    # On CPU ranks: a process's memory against what the cpu preset plans for it; a cost only with a rate, in USD
+    expect(page.get_by_test_id("estimate-capacity")).to_contain_text(
+        "the memory the cpu preset plans for each process (not this machine's memory)")
+    expect(page.get_by_test_id("estimate-cost")).to_contain_text("give a cost per GPU-hour")
+    page.locator("#id_run-gpu_hour_cost").fill("2")
+    expect(page.get_by_test_id("estimate-cost")).to_contain_text("USD (at 2 USD per process-hour)")
+
     page.locator("#id_plan-tp").fill("2")  # two CPU ranks: dp follows to 1
     expect(page.locator("#id_plan-dp")).to_have_value("1")
     expect(step_time).not_to_have_text(before)
@@ -36,6 +43,11 @@ def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_pag
     ranked = page.get_by_test_id("tune-ranked")
     expect(ranked).to_be_visible()
     expect(page.get_by_test_id("tune-excluded")).to_be_visible()
+    summary = page.get_by_test_id("tune-summary").inner_text()  # the plans estimated are those that fit and those not
+    counts = re.search(r"([\d,]+) plans? estimated.*?([\d,]+) fits? in memory, ([\d,]+) do(?:es)? not", summary, re.S)
+    assert counts, summary
+    estimated, fit, too_large = (int(n.replace(",", "")) for n in counts.groups())
+    assert fit + too_large == estimated, summary
     ranked.get_by_role("button", name="Use this plan (#1)").click()
     expect(page.locator("#id_plan-tp")).not_to_have_value("3")
     expect(page.locator("#errors-plan-tp")).to_be_empty()
