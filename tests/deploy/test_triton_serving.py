@@ -151,9 +151,10 @@ def test_it_stops_the_sequence_of_a_client_that_disconnects(served, protocol):
     assert cancelled == 1, "the engine finished the request as cancelled"
     generated = _metric(after, "workbench_generated_tokens_total", "par", version="1") - \
         _metric(before, "workbench_generated_tokens_total", "par", version="1")
-    # Tokens already on their way when the client left are generated too: those of the few decode steps the
-    # disconnect takes to reach the engine (more on a busy machine: 56 seen), not the 100,000 asked for.
-    assert generated <= received + 200, f"{generated:.0f} tokens generated for a client that left after {received}"
+    # Tokens decoded while the disconnect travels to the engine are generated too: how many depends on how busy the
+    # machine is (56 to 445 seen here), not on max_tokens. A request left running would pass 2,000 within seconds
+    # on its way to the 100,000 asked for.
+    assert generated < 2_000, f"{generated:.0f} tokens generated for a client that left after {received}"
     assert _metric(after, "workbench_active_sequences", "par", version="1") == 0
 
 
