@@ -54,7 +54,7 @@ def test_it_refuses_a_second_config_of_the_same_name_with_400(alice, api):
     (dict(dp=1, tp=1, pp=8), "pp", "pp=8 does not divide n_layers=12"),
     (dict(dp=2, tp=2, pp=2, micro_batch=3), "global_batch",
      "global_batch=8 is not divisible by micro_batch×dp=3×2=6"),
-    (dict(dp=3, tp=2, pp=2, global_batch=12), "non_field_errors", "dp×tp×pp=3×2×2=12 but the cluster has 8 GPUs"),
+    (dict(dp=3, tp=2, pp=2, global_batch=12), "non_field_errors", "dp×cp×tp×pp=3×1×2×2=12 but the cluster has 8 GPUs"),
     (dict(dp=8, sequence_parallel=True), "sequence_parallel", "it needs tp > 1, got tp=1"),
 ])
 def test_it_rejects_an_invalid_plan_with_a_message_naming_the_numbers(alice, api, gpt2_small, cluster8,

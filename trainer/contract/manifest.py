@@ -52,7 +52,8 @@ class CheckpointManifest:
 
     def same_layout(self, plan: ParallelPlan) -> bool:
         """Saved by this very plan on as many ranks: random-number states can then be restored rank by rank."""
-        return self.world_size == plan.world_size and self.plan == plan.to_dict()
+        # Compared as specs, not as dicts: a plan an older schema wrote lacks the fields added since.
+        return self.world_size == plan.world_size and ParallelPlan.from_dict(self.plan, validate=False) == plan
 
     def write(self, folder: str | Path) -> None:
         write_json_atomic(Path(folder) / MANIFEST, self.to_dict())

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainer.contract.schedules import LOOPED_SCHEDULES, MULTI_CHUNK_SCHEDULES, V_SCHEDULES, least_micro_batches
+from trainer.contract.stages import is_uneven, layout_problem
 
 Problems = dict[str, list[str]]
 Model = Any    # a specs.ModelSpec
@@ -51,6 +52,12 @@ LIMITS: dict[str, dict[str, tuple[float, str]]] = {
         "capacity_factor": (64.0, "an expert taking 64 times its share of tokens is no longer a mixture"),
         "moe_every": (1024, "layers, as many as a model may have"),
         "aux_loss_coef": (1000.0, "a load-balancing weight, usually 0.01"),
+        "top_k": (4096, "experts per token, at most n_experts"),
+        "norm_eps": (1.0, "a normalisation epsilon, usually 1e-5"),
+        "rope_base": (1e12, "a rotary base; Llama 3 uses 500,000"),
+        "moe_ffn_hidden": (1_048_576, "expert MLP width, 2^20"),
+        "shared_expert_ffn": (1_048_576, "shared expert MLP width, 2^20"),
+        "first_dense_layers": (1024, "layers, as many as a model may have"),
     },
     "ParallelPlan": {
         "dp": (1_048_576, CLUSTERS), "tp": (1024, "ranks in one tensor-parallel group"),
@@ -58,6 +65,9 @@ LIMITS: dict[str, dict[str, tuple[float, str]]] = {
         "micro_batch": (65_536, "sequences per micro-batch on one rank"),
         "global_batch": (16_777_216, "sequences per step, 2^24; GPT-3 used 1,600"),
         "virtual_stages": (1024, "model chunks per pipeline rank, one layer each at most"),
+        "cp": (1024, "ranks sharing one sequence"),
+        "first_stage_layers": (1024, "layers, as many as a model may have"),
+        "last_stage_layers": (1024, "layers, as many as a model may have"),
     },
     "GPUSpec": {
         "memory_gb": (100_000.0, "GB on one device"), "peak_tflops": (1_000_000.0, "TFLOP/s on one device"),
@@ -108,10 +118,20 @@ def plan_alone_problems(plan: Plan) -> Problems:
     what the schedule needs of the micro-batches and what the engine refuses."""
     p: Problems = {}
     within_limits(p, plan)
-    positive(p, plan, "dp", "tp", "pp", "micro_batch", "global_batch", "ep", "virtual_stages")
+    positive(p, plan, "dp", "tp", "pp", "micro_batch", "global_batch", "ep", "virtual_stages", "cp")
+    for name in ("first_stage_layers", "last_stage_layers"):
+        if getattr(plan, name) < 0:
+            add_problem(p, name, f"{name}={getattr(plan, name)} must not be negative")
+    if len(plan.stage_layers) > 1024 * 1024 or any(not 1 <= n <= 1024 for n in plan.stage_layers):
+        add_problem(p, "stage_layers", f"stage_layers must give 1 to 1,024 layers for each stage, got "
+                                       f"{list(plan.stage_layers)[:8]}{' …' if len(plan.stage_layers) > 8 else ''}")
     if p:
         return p
-    within_world_limit(p, "", "dp×tp×pp ranks", plan.world_size)
+    within_world_limit(p, "", "dp×cp×tp×pp ranks", plan.world_size)
+    if is_uneven(plan) and plan.pp == 1:
+        add_problem(p, "stage_layers", "stage layouts cut a pipeline: they need pp > 1")
+    if plan.stage_layers and (plan.first_stage_layers or plan.last_stage_layers):
+        add_problem(p, "stage_layers", "give stage_layers, or first_stage_layers / last_stage_layers, not both")
     if plan.global_batch % (plan.micro_batch * plan.dp):
         add_problem(p, "global_batch", f"global_batch={plan.global_batch} is not divisible by "
                                        f"micro_batch×dp={plan.micro_batch}×{plan.dp}={plan.micro_batch * plan.dp}")
@@ -175,6 +195,9 @@ def engine_problems(plan: Plan) -> Problems:
         if plan.tp > 1 or plan.sequence_parallel:
             add_problem(p, "tp", f"the deepspeed engine does not do tensor or sequence parallel (tp={plan.tp}); "
                                  f"use engine='native'")
+        if plan.cp > 1:
+            add_problem(p, "cp", f"the deepspeed engine does not do context parallel (cp={plan.cp}); "
+                                 f"use engine='native'")
         if plan.pp > 1 and plan.zero_stage != 1:
             # Stage 2/3 partition gradients that the pipeline engine accumulates over micro-batches; at stage 0 its
             # clipping does not use the global gradient norm (measured: losses drift 2.5e-4 from the native run).
@@ -211,13 +234,21 @@ def check_plan(model: Model, plan: Plan, cluster: Cluster | None = None) -> Prob
             add_problem(p, "tp", f"tp={plan.tp} does not divide n_kv_heads={model.kv_heads}")
         if model.ffn % plan.tp:
             add_problem(p, "tp", f"tp={plan.tp} does not divide ffn_hidden={model.ffn}")
-    if plan.sequence_parallel and model.seq_len % plan.tp:
-        add_problem(p, "sequence_parallel", f"tp={plan.tp} does not divide seq_len={model.seq_len}")
-    chunks = plan.pp * plan.virtual_stages
-    if plan.pp > 1 and model.n_layers % chunks:
-        what = f"pp×virtual_stages={plan.pp}×{plan.virtual_stages}={chunks}" if plan.virtual_stages > 1 \
-            else f"pp={plan.pp}"
-        add_problem(p, "pp", f"{what} does not divide n_layers={model.n_layers}")
+        if model.is_moe and model.moe_ffn % plan.tp:
+            add_problem(p, "tp", f"tp={plan.tp} does not divide moe_ffn_hidden={model.moe_ffn}")
+        if model.is_moe and model.shared_expert_ffn % plan.tp:
+            add_problem(p, "tp", f"tp={plan.tp} does not divide shared_expert_ffn={model.shared_expert_ffn}")
+    if plan.sequence_parallel and (model.seq_len // plan.cp) % plan.tp:
+        share = f"seq_len={model.seq_len}" if plan.cp == 1 else \
+            f"the {model.seq_len // plan.cp} positions of a rank's share (cp={plan.cp}) of seq_len={model.seq_len}"
+        add_problem(p, "sequence_parallel", f"tp={plan.tp} does not divide {share}")
+    if plan.cp > 1 and model.seq_len % (2 * plan.cp):
+        add_problem(p, "cp", f"cp={plan.cp} cuts each sequence into 2·cp={2 * plan.cp} equal chunks (two a rank, "
+                             f"to balance the causal mask): 2·cp does not divide seq_len={model.seq_len}")
+    if plan.pp > 1:
+        problem = layout_problem(model.n_layers, plan)
+        if problem:
+            add_problem(p, "stage_layers" if is_uneven(plan) else "pp", problem)
     if plan.ep > 1 and not model.is_moe:
         add_problem(p, "ep", f"ep={plan.ep} needs a mixture-of-experts model; this one is dense")
     if model.is_moe and plan.ep > 1 and model.n_experts % plan.ep:
@@ -234,8 +265,8 @@ def check_plan(model: Model, plan: Plan, cluster: Cluster | None = None) -> Prob
         add_problem(p, "zero_stage", "the native engine does not shard mixture-of-experts models with FSDP2 "
                                      "(zero_stage=3); use zero_stage=0, or engine='deepspeed' with zero_stage ≤ 2")
     if cluster is not None and plan.world_size != cluster.world_size:
-        add_problem(p, "", f"dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} but the cluster has "
-                           f"{cluster.world_size} GPUs ({cluster.nodes} node(s) × {cluster.gpus_per_node})")
+        add_problem(p, "", f"dp×cp×tp×pp={plan.dp}×{plan.cp}×{plan.tp}×{plan.pp}={plan.world_size} but the "
+                           f"cluster has {cluster.world_size} GPUs ({cluster.nodes} node(s) × {cluster.gpus_per_node})")
     if cluster is not None:
         for key, messages in device_problems(plan, cluster).items():
             p.setdefault(key, []).extend(messages)

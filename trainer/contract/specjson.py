@@ -11,7 +11,10 @@ import types
 import typing
 from typing import Any, Literal, Union
 
-SCHEMA_VERSION = 1
+# 2 added the Llama/Mixtral/Qwen2-MoE model fields, context parallel and stage layouts. Every field added since 1 has
+# a default that means what version 1 meant, so a version-1 spec reads unchanged and writes back as version 2.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
 
 class SpecError(ValueError):
@@ -126,9 +129,10 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
             for k, v in exc.errors.items():
                 errors.setdefault(k, []).extend(v)
     version = data.get("schema_version", SCHEMA_VERSION)
-    if version != SCHEMA_VERSION:
+    if version not in READABLE_VERSIONS:
         errors.setdefault(_join(path, "schema_version"), []).append(
-            f"schema_version {version!r} is not supported; this version reads {SCHEMA_VERSION}")
+            f"schema_version {version!r} is not supported; this version reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))}")
     if errors:
         raise SpecError(errors)
     return cls(**kwargs)

@@ -24,11 +24,13 @@ Engine = Literal["native", "deepspeed"]
 Checkpointing = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Positions = Literal["learned", "rope"]
-Activation = Literal["gelu", "gelu_tanh"]
+Activation = Literal["gelu", "gelu_tanh", "swiglu"]
+Norm = Literal["layernorm", "rmsnorm"]
+TopKNorm = Literal["auto", "renormalize", "none"]
 LRSchedule = Literal["cosine", "linear", "constant"]
 
-__all__ = ["ModelSpec", "ParallelPlan", "GPUSpec", "ClusterSpec", "DatasetSpec", "OptimizerSpec", "ProfileSpec",
-           "RunSpec", "check_run"]
+__all__ = ["RopeScaling", "ModelSpec", "ParallelPlan", "GPUSpec", "ClusterSpec", "DatasetSpec", "OptimizerSpec",
+           "ProfileSpec", "InitFrom", "RunSpec", "check_run"]
 
 
 @functools.cache
@@ -80,15 +82,52 @@ class _Spec:
 
 
 @dataclass(frozen=True)
+class RopeScaling(_Spec):
+    """Llama 3.1's scaling of rotary frequencies for long contexts (``rope_type: llama3``): wavelengths longer than
+    original_max_positions / low_freq_factor are divided by ``factor``, those shorter than original_max_positions /
+    high_freq_factor are kept, and those between are blended smoothly."""
+
+    factor: float = 8.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_positions: int = 8192
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        if self.factor < 1.0:
+            _add(p, "factor", f"factor={self.factor} must be at least 1 (it stretches wavelengths)")
+        if not 0 < self.low_freq_factor < self.high_freq_factor:
+            _add(p, "low_freq_factor", f"low_freq_factor={self.low_freq_factor} must be positive and below "
+                                       f"high_freq_factor={self.high_freq_factor}")
+        if not 0 < self.original_max_positions <= 1_048_576:
+            _add(p, "original_max_positions", f"original_max_positions={self.original_max_positions} must be "
+                                              f"between 1 and 1,048,576")
+        return p
+
+
+@dataclass(frozen=True)
 class ModelSpec(_Spec):
-    """A GPT: decoder-only transformer, pre-LayerNorm, GELU MLP; optionally mixture-of-experts MLPs.
+    """A decoder-only transformer: GPT-2-style (LayerNorm, GELU MLP, learned positions) or Llama-style (RMSNorm,
+    SwiGLU MLP, rotary positions), dense or with mixture-of-experts MLPs (Mixtral, Qwen2-MoE).
 
     ``n_kv_heads`` < ``n_heads`` gives grouped-query attention; 0 means "same as n_heads".
-    ``ffn_hidden`` 0 means 4 × d_model, the GPT-2/3 ratio.
-    ``activation`` is the MLP's GELU: "gelu" the exact x·Φ(x), "gelu_tanh" the approximation
-    0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) that GPT-2 was trained with (so its imported weights need it).
-    ``n_experts`` ≤ 1 is a dense model; otherwise every ``moe_every``-th block (counting from 1) routes each token to
-    ``top_k`` of ``n_experts`` MLPs, each expert taking at most capacity_factor × tokens × top_k / n_experts tokens.
+    ``norm``: pre-normalisation of each block and of the output, LayerNorm (with a bias when ``bias``) or RMSNorm
+    (no bias), both with ``norm_eps``.
+    ``activation``: the MLP. "gelu" is the exact x·Φ(x) and "gelu_tanh" the approximation GPT-2 was trained with,
+    each x → GELU(x W_up) W_down; "swiglu" is (SiLU(x W_gate) ⊙ x W_up) W_down, three matrices.
+    ``ffn_hidden``: the MLP's (gated) width; 0 means 4 × d_model for GELU and Llama's 8/3 × d_model rounded up to a
+    multiple of 256 for SwiGLU.
+    ``rope_base`` θ of the rotary frequencies θ^(−2i/D); ``rope_scaling`` Llama 3.1's long-context scaling.
+    Biases: ``bias`` is every bias's default (LayerNorm, attention, MLP); ``attention_bias`` (q, k, v and the
+    output projection), ``qkv_bias`` (q, k, v only: Qwen2) and ``mlp_bias`` override it where given.
+    Mixture of experts: ``n_experts`` ≤ 1 is a dense model; otherwise every ``moe_every``-th block (counting from 1)
+    after the first ``first_dense_layers`` routes each token to ``top_k`` of ``n_experts`` MLPs of width
+    ``moe_ffn_hidden`` (0: ffn). ``capacity_factor`` caps each expert at capacity_factor × tokens × top_k / n_experts
+    tokens; 0 drops no token (as Hugging Face's models compute). ``topk_norm``: the chosen experts' weights are
+    their router probabilities renormalised to sum to 1 ("renormalize": Mixtral, GShard) or as they are ("none":
+    Qwen2-MoE, Switch); "auto" renormalises when top_k > 1. ``shared_expert_ffn`` > 0 adds one MLP of that width
+    that every token passes through beside the routed experts, scaled by sigmoid(x·w) when ``shared_expert_gate``
+    (Qwen2-MoE; DeepSeek's shared experts have no gate).
     """
 
     n_layers: int
@@ -109,30 +148,83 @@ class ModelSpec(_Spec):
     capacity_factor: float = 1.25
     moe_every: int = 1
     aux_loss_coef: float = 0.01
+    norm: Norm = "layernorm"
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    rope_scaling: Optional[RopeScaling] = None
+    attention_bias: Optional[bool] = None
+    qkv_bias: Optional[bool] = None
+    mlp_bias: Optional[bool] = None
+    moe_ffn_hidden: int = 0
+    first_dense_layers: int = 0
+    topk_norm: TopKNorm = "auto"
+    shared_expert_ffn: int = 0
+    shared_expert_gate: bool = False
 
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
 
     @property
+    def is_gated(self) -> bool:
+        """The MLP has three matrices (gate, up, down) rather than two."""
+        return self.activation == "swiglu"
+
+    @property
     def ffn(self) -> int:
-        return self.ffn_hidden or 4 * self.d_model
+        if self.ffn_hidden:
+            return self.ffn_hidden
+        if self.is_gated:
+            return -(-(8 * self.d_model) // (3 * 256)) * 256
+        return 4 * self.d_model
+
+    @property
+    def moe_ffn(self) -> int:
+        """One routed expert's width."""
+        return self.moe_ffn_hidden or self.ffn
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
     @property
+    def has_qkv_bias(self) -> bool:
+        return self.qkv_bias if self.qkv_bias is not None else self.has_attention_out_bias
+
+    @property
+    def has_attention_out_bias(self) -> bool:
+        return self.attention_bias if self.attention_bias is not None else self.bias
+
+    @property
+    def has_mlp_bias(self) -> bool:
+        return self.mlp_bias if self.mlp_bias is not None else self.bias
+
+    @property
+    def has_norm_bias(self) -> bool:
+        return self.norm == "layernorm" and self.bias
+
+    @property
+    def renormalizes_topk(self) -> bool:
+        return self.topk_norm == "renormalize" or (self.topk_norm == "auto" and self.top_k > 1)
+
+    @property
     def is_moe(self) -> bool:
         return self.n_experts > 1
 
     def is_moe_layer(self, index: int) -> bool:
-        """Layer ``index`` (0-based) has experts: layers moe_every-1, 2·moe_every-1, … (every n-th, counting from 1)."""
-        return self.is_moe and (index + 1) % self.moe_every == 0
+        """Layer ``index`` (0-based) has experts: past the first ``first_dense_layers``, every moe_every-th layer
+        counting from 1 (layers moe_every-1, 2·moe_every-1, …)."""
+        return self.is_moe and index >= self.first_dense_layers and (index + 1) % self.moe_every == 0
 
     def moe_layers_among(self, k: int) -> int:
-        """How many of the first ``k`` layers have experts: every moe_every-th, so ⌊k / moe_every⌋."""
-        return k // self.moe_every if self.is_moe else 0
+        """How many of the first ``k`` layers have experts."""
+        if not self.is_moe:
+            return 0
+        return k // self.moe_every - min(k, self.first_dense_layers) // self.moe_every
+
+    def moe_layers_between(self, start: int, stop: int) -> int:
+        """How many of layers start … stop−1 have experts (a pipeline stage's)."""
+        return self.moe_layers_among(stop) - self.moe_layers_among(start)
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -149,28 +241,49 @@ class ModelSpec(_Spec):
         elif self.n_kv_heads and self.n_heads > 0 and self.n_heads % self.n_kv_heads:
             _add(p, "n_kv_heads", f"n_kv_heads={self.n_kv_heads} does not divide n_heads={self.n_heads}")
         if self.ffn_hidden < 0:
-            _add(p, "ffn_hidden", f"ffn_hidden={self.ffn_hidden} must be 0 (4 × d_model) or positive")
+            _add(p, "ffn_hidden", f"ffn_hidden={self.ffn_hidden} must be 0 (the activation's default) or positive")
         if self.positions == "rope" and self.n_heads > 0 and self.d_model % self.n_heads == 0 and self.head_dim % 2:
             _add(p, "positions", f"rotary positions need an even head_dim, got {self.head_dim}")
         if not 0.0 <= self.dropout < 1.0:
             _add(p, "dropout", f"dropout={self.dropout} must be in [0, 1)")
+        if not 0.0 < self.norm_eps < 1.0:
+            _add(p, "norm_eps", f"norm_eps={self.norm_eps} must be in (0, 1); models use 1e-5 or 1e-6")
+        if self.rope_base <= 1.0:
+            _add(p, "rope_base", f"rope_base={self.rope_base} must be above 1 (Llama 3 uses 500,000)")
+        if self.rope_scaling is not None:
+            if self.positions != "rope":
+                _add(p, "rope_scaling", "rope_scaling needs positions='rope'")
+            for key, messages in self.rope_scaling.problems().items():
+                p[f"rope_scaling.{key}"] = messages
         if self.n_experts < 0:
             _add(p, "n_experts", f"n_experts={self.n_experts} must be 0 or more")
         if self.is_moe:
-            if not 1 <= self.top_k <= min(2, self.n_experts):
-                _add(p, "top_k", f"top_k={self.top_k} must be 1 or 2 and at most n_experts={self.n_experts}")
-            if self.capacity_factor <= 0:
-                _add(p, "capacity_factor", f"capacity_factor={self.capacity_factor} must be positive")
-            if not 1 <= self.moe_every <= max(self.n_layers, 1):
-                _add(p, "moe_every", f"moe_every={self.moe_every} must be between 1 and n_layers={self.n_layers}")
-            if self.aux_loss_coef < 0:
-                _add(p, "aux_loss_coef", f"aux_loss_coef={self.aux_loss_coef} must not be negative")
+            self._moe_problems(p)
         return p
+
+    def _moe_problems(self, p: dict[str, list[str]]) -> None:
+        if not 1 <= self.top_k <= self.n_experts:
+            _add(p, "top_k", f"top_k={self.top_k} must be between 1 and n_experts={self.n_experts}")
+        if self.capacity_factor < 0:
+            _add(p, "capacity_factor", f"capacity_factor={self.capacity_factor} must be positive, or 0 to drop "
+                                       f"no token")
+        if not 1 <= self.moe_every <= max(self.n_layers, 1):
+            _add(p, "moe_every", f"moe_every={self.moe_every} must be between 1 and n_layers={self.n_layers}")
+        if self.aux_loss_coef < 0:
+            _add(p, "aux_loss_coef", f"aux_loss_coef={self.aux_loss_coef} must not be negative")
+        for name in ("moe_ffn_hidden", "shared_expert_ffn", "first_dense_layers"):
+            if getattr(self, name) < 0:
+                _add(p, name, f"{name}={getattr(self, name)} must not be negative")
+        if self.shared_expert_gate and not self.shared_expert_ffn:
+            _add(p, "shared_expert_gate", "a shared expert's gate needs a shared expert: set shared_expert_ffn")
+        if self.n_layers > 0 and 1 <= self.moe_every and not self.moe_layers:
+            _add(p, "first_dense_layers", f"first_dense_layers={self.first_dense_layers} and moe_every="
+                                          f"{self.moe_every} leave none of the {self.n_layers} layers with experts")
 
 
 @dataclass(frozen=True)
 class ParallelPlan(_Spec):
-    """How one step is spread over dp × tp × pp ranks.
+    """How one step is spread over dp × cp × tp × pp ranks.
 
     gradient accumulation = global_batch / (micro_batch × dp); with pp > 1 those micro-batches feed the pipeline.
     ``ep`` experts-parallel degree divides dp: experts are spread over the data-parallel ranks.
@@ -194,10 +307,14 @@ class ParallelPlan(_Spec):
     virtual_stages: int = 1
     offload_optimizer: bool = False
     offload_params: bool = False
+    cp: int = 1
+    stage_layers: tuple[int, ...] = ()
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def model_chunks(self) -> int:
@@ -352,6 +469,22 @@ class ProfileSpec(_Spec):
 
 
 @dataclass(frozen=True)
+class InitFrom(_Spec):
+    """Start a run from a checkpoint's weights instead of the seeded initialisation: any checkpoint folder, of any
+    plan and engine, trained here or imported (``python -m deploy import-hf``). The run trains with its own plan and
+    optimizer from step 0; ``keep_tokenizer`` tokenizes the dataset with the checkpoint's tokenizer."""
+
+    checkpoint: str
+    keep_tokenizer: bool = True
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        if not self.checkpoint:
+            _add(p, "checkpoint", "give the checkpoint folder to start from")
+        return p
+
+
+@dataclass(frozen=True)
 class RunSpec(_Spec):
     """Everything one training run needs; written once as spec.json in the run folder before launch."""
 
@@ -370,6 +503,7 @@ class RunSpec(_Spec):
     log_every: int = 1
     profile: Optional[ProfileSpec] = None
     name: str = ""
+    init_from: Optional[InitFrom] = None
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
@@ -386,6 +520,8 @@ class RunSpec(_Spec):
                  "optimizer": self.optimizer}
         if self.profile is not None:
             parts["profile"] = self.profile
+        if self.init_from is not None:
+            parts["init_from"] = self.init_from
         for prefix, part in parts.items():
             for key, messages in part.problems().items():
                 p[f"{prefix}.{key}" if key else prefix] = messages

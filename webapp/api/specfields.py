@@ -13,7 +13,7 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from trainer.contract import SpecError
-from trainer.contract.specjson import SCHEMA_VERSION
+from trainer.contract.specjson import READABLE_VERSIONS
 
 from ..spec_errors import spec_field_errors
 
@@ -32,7 +32,7 @@ def json_schema(tp: Any) -> dict:
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
         fields = [f for f in dataclasses.fields(tp) if f.init]
-        properties = {"schema_version": {"type": "integer", "enum": [SCHEMA_VERSION]}}
+        properties = {"schema_version": {"type": "integer", "enum": list(READABLE_VERSIONS)}}
         required = []
         for f in fields:
             properties[f.name] = json_schema(hints[f.name])

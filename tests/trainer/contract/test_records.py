@@ -1,7 +1,7 @@
 """The run folder's records: metrics rows, events, the launch record and checkpoint manifests read back as written."""
 import json
 
-from trainer.contract import ParallelPlan
+from trainer.contract import SCHEMA_VERSION, ParallelPlan
 from trainer.contract.manifest import (FORMAT_DCP, CheckpointManifest, complete_checkpoints, incomplete_before,
                                        latest_checkpoint, read_manifest, step_dir)
 from trainer.contract.presets import MODELS
@@ -44,7 +44,7 @@ def test_it_keeps_a_manifest_to_the_fields_the_engine_filled(tmp_path):
     folder.mkdir(parents=True)
     _manifest(4).write(folder)
     data = json.loads((folder / "manifest.json").read_text())
-    assert "zero_stage" not in data and "loss_scaler" not in data and data["schema_version"] == 1
+    assert "zero_stage" not in data and "loss_scaler" not in data and data["schema_version"] == SCHEMA_VERSION
     back = read_manifest(folder)
     assert back == _manifest(4) and back.model_spec() == MODELS["tiny"]
     assert back.same_layout(ParallelPlan(dp=2, micro_batch=1, global_batch=2))

@@ -38,7 +38,7 @@ def test_it_derives_gradient_accumulation_from_the_batches():
 @pytest.mark.parametrize("plan, expected", [
     (ParallelPlan(tp=4, dp=2, micro_batch=1, global_batch=2), ("tp", "tp=4 does not divide n_heads=6")),
     (ParallelPlan(pp=4, dp=2, micro_batch=1, global_batch=2), ("pp", "pp=4 does not divide n_layers=6")),
-    (ParallelPlan(dp=12, micro_batch=1, global_batch=12), ("", "dp×tp×pp=12×1×1=12 but the cluster has 8 GPUs")),
+    (ParallelPlan(dp=12, micro_batch=1, global_batch=12), ("", "dp×cp×tp×pp=12×1×1×1=12 but the cluster has 8 GPUs")),
     (ParallelPlan(tp=2, dp=4, sequence_parallel=True, micro_batch=1, global_batch=4),
      ("sequence_parallel", "tp=2 does not divide seq_len=33")),
     (ParallelPlan(dp=8, ep=2, micro_batch=1, global_batch=8), ("ep", "ep=2 needs a mixture-of-experts model")),
@@ -110,8 +110,8 @@ def test_it_refuses_non_finite_numbers_and_nul_characters():
 def test_it_describes_moe_layers_every_nth_block():
     model = presets.MODELS["tiny-moe"]
     assert model.is_moe and model.moe_layers == (1, 3)
-    with pytest.raises(SpecError, match="top_k=3 must be 1 or 2"):
-        model.replace(top_k=3).validate()
+    with pytest.raises(SpecError, match="top_k=5 must be between 1 and n_experts=4"):
+        model.replace(top_k=5).validate()
 
 
 def test_it_checks_clusters_and_gpus():

@@ -16,7 +16,7 @@ from trainer.planner.tune.space import SearchSpace
 def test_it_names_the_numbers_when_a_plan_does_not_fit_the_cluster():
     with pytest.raises(SpecError) as err:
         estimate(MODELS["gpt2-small"], ParallelPlan(dp=3, tp=2, global_batch=6), cluster("A100-SXM-80GB", 1))
-    assert "dp×tp×pp=3×2×1=6" in str(err.value) and "8 GPUs" in str(err.value)
+    assert "dp×cp×tp×pp=3×1×2×1=6" in str(err.value) and "8 GPUs" in str(err.value)
 
 
 def test_it_collects_every_problem_of_every_spec():

@@ -95,7 +95,7 @@ def test_an_invalid_tp_is_refused_next_to_the_field_naming_the_numbers(signed_in
     html = signed_in.post(ESTIMATE, fields(alice, plan__dp=1, plan__tp=3)).content.decode()
     assert "estimate-none" in html
     assert "tp=3 does not divide n_heads=4" in error_list(html, "plan-tp")
-    assert "dp×tp×pp=1×3×1=3 but the cluster has 2 GPUs" in error_list(html, "plan")
+    assert "dp×cp×tp×pp=1×1×3×1=3 but the cluster has 2 GPUs" in error_list(html, "plan")
     # a model figure and a run figure land on their own fields
     html = signed_in.post(ESTIMATE, fields(alice, model__n_heads=5, run__steps=0)).content.decode()
     assert "n_heads=5 does not divide d_model=64" in error_list(html, "model-n_heads")
