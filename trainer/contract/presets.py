@@ -10,10 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from trainer.contract.gpus import GPU_FIGURES, PRESET_INTER_NODE_GBS, gpu_fields
-from trainer.contract.specs import ClusterSpec, GPUSpec, ModelSpec
+from trainer.contract.specs import ClusterSpec, GPUSpec, ModelSpec, RopeScaling
 
 _GPT2 = dict(seq_len=1024, vocab_size=50257)
 _GPT3 = dict(seq_len=2048, vocab_size=50257)
+_TINY_LLAMA = dict(n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, seq_len=64, vocab_size=512, ffn_hidden=176,
+                   positions="rope", activation="swiglu", norm="rmsnorm", bias=False, tied_embeddings=False,
+                   rope_base=500000.0, rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                                               original_max_positions=32))
 
 MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec(name="gpt2-small", n_layers=12, d_model=768, n_heads=12, **_GPT2),
@@ -37,6 +41,15 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec(name="tiny", n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512),
     ModelSpec(name="tiny-moe", n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512,
               n_experts=4, top_k=2, moe_every=2),
+    # Tiny members of the Llama, Mixtral and Qwen2-MoE families: every feature of the full-size model (RMSNorm,
+    # SwiGLU, grouped-query attention, Llama 3.1's rope scaling, untied head; routed experts without dropping
+    # tokens; Qwen2's q/k/v biases and gated shared expert) at a size the CPU trains in seconds.
+    ModelSpec(name="tiny-llama", **_TINY_LLAMA),
+    ModelSpec(name="tiny-mixtral", **{**_TINY_LLAMA, "rope_scaling": None, "rope_base": 1e6}, n_experts=4, top_k=2,
+              moe_ffn_hidden=128, topk_norm="renormalize", capacity_factor=0.0, aux_loss_coef=0.02),
+    ModelSpec(name="tiny-qwen-moe", **{**_TINY_LLAMA, "rope_scaling": None, "rope_base": 1e6, "norm_eps": 1e-6},
+              qkv_bias=True, n_experts=4, top_k=2, moe_ffn_hidden=64, topk_norm="none", capacity_factor=0.0,
+              shared_expert_ffn=128, shared_expert_gate=True, aux_loss_coef=0.001),
 )}
 
 GPUS: dict[str, GPUSpec] = {name: GPUSpec(**gpu_fields(name)) for name in GPU_FIGURES}
