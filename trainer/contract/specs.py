@@ -211,6 +211,17 @@ class ModelSpec(_Spec):
     def is_moe(self) -> bool:
         return self.n_experts > 1
 
+    @property
+    def family(self) -> str:
+        """The published family this shape belongs to, by its blocks: "gpt" (LayerNorm, GELU), "llama" (RMSNorm,
+        SwiGLU), "qwen2" (Llama's blocks with q/k/v biases only), "mixtral" (Llama's blocks with routed experts),
+        "qwen2-moe" (with a shared expert too)."""
+        if not self.is_gated and self.norm == "layernorm":
+            return "gpt"
+        if self.is_moe:
+            return "qwen2-moe" if self.shared_expert_ffn else "mixtral"
+        return "qwen2" if self.has_qkv_bias and not self.has_attention_out_bias else "llama"
+
     def is_moe_layer(self, index: int) -> bool:
         """Layer ``index`` (0-based) has experts: past the first ``first_dense_layers``, every moe_every-th layer
         counting from 1 (layers moe_every-1, 2·moe_every-1, …)."""

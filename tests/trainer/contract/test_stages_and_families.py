@@ -92,3 +92,10 @@ def test_a_run_may_start_from_a_checkpoint():
         "model": MODELS["tiny"].to_dict(), "plan": {}, "cluster": local_cpu_cluster(1).to_dict(),
         "dataset": {"path": "x"}, "output_dir": "out", "init_from": {"checkpoint": ""}}), validate=False)
     assert spec.problems()["init_from.checkpoint"] == ["give the checkpoint folder to start from"]
+
+
+@pytest.mark.parametrize("preset, family", [("tiny", "gpt"), ("tiny-moe", "gpt"), ("tiny-llama", "llama"),
+                                            ("tiny-mixtral", "mixtral"), ("tiny-qwen-moe", "qwen2-moe")])
+def test_each_preset_names_its_family(preset, family):
+    assert MODELS[preset].family == family
+    assert MODELS["tiny-llama"].replace(qkv_bias=True).family == "qwen2"
