@@ -38,20 +38,28 @@ MODEL_HELP = {
     "d_model": "hidden width",
     "n_heads": "attention heads; they divide d_model",
     "n_kv_heads": "key/value heads; 0: as many as n_heads, fewer: grouped-query attention",
-    "ffn_hidden": "MLP width; 0: 4 × d_model",
+    "ffn_hidden": "MLP width; 0: 4 × d_model (GELU), 8/3 × d_model rounded up to 256 (SwiGLU)",
     "seq_len": "tokens per sequence",
     "vocab_size": "tokens in the vocabulary",
+    "norm": "LayerNorm (GPT) or RMSNorm (Llama, Mixtral, Qwen) before each block",
+    "activation": "the MLP: GELU (GPT) or SwiGLU, three matrices (Llama, Mixtral, Qwen)",
     "positions": "learned position embeddings, or rotary",
+    "rope_base": "the rotary base θ (10,000; Llama 3: 500,000)",
     "tied_embeddings": "the output head is the token embedding",
     "n_experts": "experts per MoE block; 0: a dense model",
-    "top_k": "experts each token is routed to (1 or 2)",
+    "top_k": "experts each token is routed to",
+    "moe_ffn_hidden": "each expert's MLP width; 0: ffn_hidden",
     "moe_every": "every n-th block has experts",
-    "capacity_factor": "tokens an expert may take, as a multiple of its share",
+    "first_dense_layers": "leading blocks that keep a dense MLP",
+    "shared_expert_ffn": "width of a shared expert every token also passes through; 0: none",
+    "topk_norm": "the chosen experts' weights: renormalised to sum to 1, or the router's as they are",
+    "capacity_factor": "tokens an expert may take, as a multiple of its share; 0: no token dropped",
 }
 PLAN_HELP = {
     "dp": "data-parallel replicas",
     "tp": "tensor-parallel degree: each layer's heads and MLP split over tp ranks of a node",
     "pp": "pipeline stages",
+    "cp": "context-parallel degree: each sequence split over cp ranks, attention passed around a ring",
     "micro_batch": "sequences per micro-batch on one rank",
     "global_batch": "sequences per step, a multiple of micro_batch × dp",
     "sequence_parallel": "split LayerNorm and dropout activations over the tensor-parallel group (tp > 1)",
@@ -63,6 +71,9 @@ PLAN_HELP = {
     "pipeline_schedule": "how micro-batches flow through the stages (pp > 1)",
     "virtual_stages": "model chunks per pipeline rank: 2 or more for interleaved, any for zb-interleaved, "
                       "2 for zbv and dualpipev",
+    "stage_layers": "layers of each stage, e.g. 7, 8, 8, 7; empty: equal stages",
+    "first_stage_layers": "layers of the first stage, the rest spread evenly; 0: an equal share",
+    "last_stage_layers": "layers of the last stage, the rest spread evenly; 0: an equal share",
     "offload_optimizer": "optimizer states in host memory (deepspeed, ZeRO ≥ 1)",
     "offload_params": "parameters in host memory (deepspeed, ZeRO 3)",
 }
@@ -98,7 +109,23 @@ def _spec_field(cls: type, name: str, help_text: str) -> forms.Field:
         return forms.IntegerField(help_text=help_text, label=name)
     if hint is float:
         return forms.FloatField(help_text=help_text, label=name)
+    if hint == tuple[int, ...]:
+        return IntListField(required=False, help_text=help_text, label=name)
     raise TypeError(f"{cls.__name__}.{name}: no form field for {hint}")
+
+
+class IntListField(forms.CharField):
+    """Whole numbers separated by commas or spaces (a plan's stage_layers), as a tuple; empty is ()."""
+
+    def to_python(self, value):
+        text = super().to_python(value)
+        try:
+            return tuple(int(part) for part in text.replace(",", " ").split())
+        except ValueError:
+            raise ValidationError("give whole numbers separated by commas, e.g. 7, 8, 8, 7") from None
+
+    def prepare_value(self, value):
+        return ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
 
 
 class _Described(forms.Form):
@@ -124,12 +151,23 @@ def error_list_id(html_name: str) -> str:
     return f"errors-{html_name}"
 
 
+FAMILY_NAMES = {"gpt": "GPT", "llama": "Llama", "qwen2": "Qwen2", "mixtral": "Mixtral", "qwen2-moe": "Qwen2-MoE"}
+
+
+def shape_text(spec: ModelSpec) -> str:
+    """A preset's shape in a few words: layers × width, heads, and its experts."""
+    heads = f"{spec.n_heads} heads" + (f", {spec.kv_heads} KV" if spec.kv_heads != spec.n_heads else "")
+    experts = f", {spec.n_experts} experts top-{spec.top_k}" if spec.is_moe else ""
+    return f"{spec.n_layers} × {spec.d_model}, {heads}{experts}"
+
+
 def _source_choices(user) -> tuple[list, dict[str, dict[str, str]], dict[str, Any]]:
     """The model select's grouped choices, each option's spec for the page's script, and each value's source."""
-    presets, configs, attrs, sources = [], [], {}, {}
+    families: dict[str, list] = {}
+    configs, attrs, sources = [], {}, {}
     for name, spec in MODELS.items():
         value = f"preset:{name}"
-        presets.append((value, name))
+        families.setdefault(spec.family, []).append((value, f"{name} ({shape_text(spec)})"))
         attrs[value] = {"data-spec": json.dumps(spec.to_dict())}
         sources[value] = (name, spec.to_dict(), None)
     visible = visible_with_owners(ModelConfig.objects.all(), user).order_by("-created_at", "-id")
@@ -139,7 +177,8 @@ def _source_choices(user) -> tuple[list, dict[str, dict[str, str]], dict[str, An
         configs.append((value, f"{config.name} ({whose})"))
         attrs[value] = {"data-spec": json.dumps(config.spec)}
         sources[value] = (config.name, config.spec, config)
-    choices = [("Presets", presets)] + ([("Model configs", configs)] if configs else [])
+    choices = [(f"{FAMILY_NAMES[family]} presets", presets) for family, presets in families.items()]
+    choices += [("Model configs", configs)] if configs else []
     return choices, attrs, sources
 
 
@@ -230,6 +269,8 @@ def _flat(values: dict[str, Any]) -> dict[str, str]:
     for key, value in values.items():
         if value is True:
             data[key] = "on"
+        elif isinstance(value, tuple):
+            data[key] = ", ".join(map(str, value))
         elif value is not None and value is not False:
             data[key] = str(value)
     return data

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from trainer.contract import presets
+from trainer.contract import SCHEMA_VERSION, presets
 from trainer.planner.tune.api import tune_json
 from webapp import models
 from webapp.pages.wizard_forms import default_data
@@ -64,7 +64,7 @@ def test_it_opens_on_the_demo_defaults_with_their_estimate(signed_in, alice):
     cluster, dataset = demo_ready(alice)
     assert f'<option value="{cluster.pk}" selected data-world="2">local</option>' in html
     assert f'<option value="{dataset.pk}" selected>shakespeare (demo)</option>' in html
-    assert ('<option value="preset:tiny" selected data-spec="{&quot;schema_version&quot;: 1, '
+    assert (f'<option value="preset:tiny" selected data-spec="{{&quot;schema_version&quot;: {SCHEMA_VERSION}, '
             '&quot;n_layers&quot;: 4') in html  # the preset's own figures, for the page's script
     for name, value in (("model-n_layers", 2), ("plan-dp", 2), ("plan-tp", 1), ("plan-micro_batch", 2),
                         ("plan-global_batch", 4), ("run-steps", 30), ("run-checkpoint_every", 30)):
@@ -196,7 +196,7 @@ def test_launch_makes_the_config_the_plan_and_a_queued_run_and_opens_its_page(si
     assert answer.status_code == 302 and answer["Location"] == f"/runs/{run.pk}/"
     assert run.owner == alice and run.status == models.RunStatus.QUEUED and sent == [("workbench.runs.launch", run.pk)]
     assert (run.name, run.steps, run.checkpoint_every, run.eval_every) == ("tiny demo", 30, 30, 10)
-    assert run.profile == {"schema_version": 1, "start_step": 5, "steps": 3, "warmup": 1, "name": "default"}
+    assert run.profile == {"schema_version": SCHEMA_VERSION, "start_step": 5, "steps": 3, "warmup": 1, "name": "default"}
     assert run.model_config.owner == alice and run.model_config.name == "tiny"
     assert run.model_config.model_spec() == presets.MODELS["tiny"].replace(n_layers=2)
     assert run.plan.plan_spec().world_size == 2 and run.plan.cluster.name == "local"

@@ -1,5 +1,5 @@
 // The New-run wizard's conveniences; the page works without them (the estimate then waits for Launch):
-// dp follows tp and pp so that dp × tp × pp fills the chosen cluster, choosing a preset or a model config fills
+// dp follows tp, pp and cp so that dp × cp × tp × pp fills the chosen cluster, choosing a preset or a model config fills
 // the model's fields with its figures, "Use this plan" fills the plan's fields with a tuned plan, Enter in a field
 // re-estimates rather than launches, and an input whose error list (sent back with each estimate) is not empty is
 // marked invalid.
@@ -13,15 +13,17 @@
     const element = input(name);
     if (!element) return;
     if (element.type === "checkbox") element.checked = Boolean(value);
+    else if (Array.isArray(value)) element.value = value.join(", ");
     else element.value = String(value);
   }
 
   function fillCluster() {
     const option = input("run-cluster")?.selectedOptions[0];
     const world = Number(option?.dataset.world || 0);
-    const tp = Number(input("plan-tp").value), pp = Number(input("plan-pp").value);
-    if (world > 0 && tp > 0 && pp > 0 && Number.isInteger(tp) && Number.isInteger(pp) && world % (tp * pp) === 0) {
-      set("plan-dp", world / (tp * pp));
+    const shares = ["plan-tp", "plan-pp", "plan-cp"].map((name) => Number(input(name)?.value ?? 1));
+    const others = shares.reduce((a, b) => a * b, 1);
+    if (world > 0 && shares.every((n) => n > 0 && Number.isInteger(n)) && world % others === 0) {
+      set("plan-dp", world / others);
     }
   }
 
@@ -32,12 +34,13 @@
   }
 
   // Capture: these run before htmx (listening on the form, bubbling) sends the fields for an estimate.
+  const SHARES = ["plan-tp", "plan-pp", "plan-cp"];
   form.addEventListener("input", (event) => {
-    if (event.target.name === "plan-tp" || event.target.name === "plan-pp") fillCluster();
+    if (SHARES.includes(event.target.name)) fillCluster();
   }, true);
   form.addEventListener("change", (event) => {
     const name = event.target.name;
-    if (name === "plan-tp" || name === "plan-pp" || name === "run-cluster") fillCluster();
+    if (SHARES.includes(name) || name === "run-cluster") fillCluster();
     if (name === "model-source") fillModel();
   }, true);
 
