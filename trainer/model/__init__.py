@@ -4,8 +4,8 @@ Parallel plans (``trainer.parallel``) cut, shard and wrap these modules from out
 those of the whole model under every plan, so checkpoints move between plans.
 """
 from trainer.model.gpt import (GPT, MLP, Attention, Block, Embedding, KVCache, Rotary, build_model, count_parameters,
-                               initial_value, loss_fn, tie_weights)
+                               initial_value, loss_fn, make_norm, rotary_frequencies, tie_weights)
 from trainer.model.moe import MoE
 
 __all__ = ["GPT", "MLP", "Attention", "Block", "Embedding", "KVCache", "Rotary", "MoE", "build_model",
-           "count_parameters", "initial_value", "loss_fn", "tie_weights"]
+           "count_parameters", "initial_value", "loss_fn", "make_norm", "rotary_frequencies", "tie_weights"]

@@ -1,4 +1,6 @@
-"""A GPT: token embedding (+ learned or rotary positions), pre-LayerNorm blocks, final LayerNorm, LM head.
+"""A GPT: token embedding (+ learned or rotary positions), pre-norm blocks, final norm, LM head. The spec's
+choices make it a GPT-2 (LayerNorm, GELU MLP, learned positions, biases) or a Llama (RMSNorm, SwiGLU MLP, rotary
+positions with Llama 3.1's scaling, no biases), dense or with experts (Mixtral, Qwen2-MoE: trainer.model.moe).
 
 Shapes: B batch, T sequence, C = d_model, H heads, K key/value heads (H % K == 0), D = C / H head size, V vocabulary.
 The model knows nothing about parallelism or recomputation. Three choices let that code work on it unchanged:
@@ -20,17 +22,39 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.contract import ModelSpec
+from trainer.contract import ModelSpec, RopeScaling
 from trainer.model.moe import MoE
+
+
+def rotary_frequencies(head_dim: int, base: float, scaling: Optional[RopeScaling] = None,
+                       device: torch.device | str | None = None) -> torch.Tensor:
+    """θ_i = base^(−2i/D) for i < D/2, fp32; with ``scaling`` (Llama 3.1, rope type "llama3") the wavelengths
+    2π/θ_i longer than original_max_positions / low_freq_factor are stretched ``factor`` times, those shorter than
+    original_max_positions / high_freq_factor kept, and those between blended linearly in original_max / wavelength,
+    so the model reads contexts ``factor`` times longer than it was pre-trained on without moving its local
+    frequencies."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim)
+    if scaling is None:
+        return inv_freq
+    wavelength = 2 * math.pi / inv_freq
+    old = scaling.original_max_positions
+    # 1 at the short-wavelength end (kept), 0 at the long end (divided by factor), linear in old / wavelength between
+    keep = ((old / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor))
+    blended = (1 - keep) * inv_freq / scaling.factor + keep * inv_freq
+    scaled = torch.where(wavelength > old / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    between = (wavelength >= old / scaling.high_freq_factor) & (wavelength <= old / scaling.low_freq_factor)
+    return torch.where(between, blended, scaled)
 
 
 class Rotary(nn.Module):
     """Rotary position embedding (Su et al. 2021): rotate each pair (x[2i], x[2i+1]) of q and k by angle t·θ_i,
-    θ_i = 10000^(−2i/D), so q·k depends on the distance between positions only. No parameters."""
+    θ_i = base^(−2i/D) (``rotary_frequencies``), so q·k depends on the distance between positions only. No
+    parameters. Pairs are adjacent (interleaved), not the halves (x[i], x[i+D/2]) Hugging Face's Llama rotates:
+    importing such a model permutes the rows of its q and k projections instead (deploy.hf_import)."""
 
-    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0):
+    def __init__(self, head_dim: int, max_len: int, base: float = 10000.0, scaling: Optional[RopeScaling] = None):
         super().__init__()
-        self.head_dim, self.max_len, self.base = head_dim, max_len, base
+        self.head_dim, self.max_len, self.base, self.scaling = head_dim, max_len, base, scaling
         # Not persistent: derived from the shape, so checkpoints stay free of it.
         self.register_buffer("cos", torch.empty(max_len, head_dim // 2), persistent=False)
         self.register_buffer("sin", torch.empty(max_len, head_dim // 2), persistent=False)
@@ -41,16 +65,22 @@ class Rotary(nn.Module):
         if self.cos.is_meta:
             return
         device = self.cos.device
-        inv_freq = 1.0 / self.base ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
-                                       / self.head_dim)
+        inv_freq = rotary_frequencies(self.head_dim, self.base, self.scaling, device)
         angles = torch.outer(torch.arange(self.max_len, dtype=torch.float32, device=device), inv_freq)  # (max_len, D/2)
         self.cos.copy_(angles.cos())
         self.sin.copy_(angles.sin())
 
-    def forward(self, x: torch.Tensor, start: int = 0) -> torch.Tensor:
-        # x: (B, heads, T, D)
-        T = x.size(-2)
-        cos, sin = self.cos[start:start + T].to(x.dtype), self.sin[start:start + T].to(x.dtype)
+    def forward(self, x: torch.Tensor, start: int = 0, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (B, heads, T, D) at positions start … start+T−1, or at ``positions`` (T,) or (B, T) when given (a
+        context-parallel rank's rows are not contiguous)."""
+        if positions is None:
+            T = x.size(-2)
+            cos, sin = self.cos[start:start + T], self.sin[start:start + T]  # (T, D/2)
+        else:
+            cos, sin = self.cos[positions], self.sin[positions]  # (T, D/2) or (B, T, D/2)
+            if positions.dim() == 2:
+                cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)  # (B, 1, T, D/2): the same for every head
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
@@ -82,20 +112,21 @@ class Attention(nn.Module):
         C, D = spec.d_model, spec.head_dim
         self.layer, self.head_dim = layer, D
         self.group = spec.n_heads // spec.kv_heads  # query heads sharing one key/value head
-        self.q = nn.Linear(C, spec.n_heads * D, bias=spec.bias)
-        self.k = nn.Linear(C, spec.kv_heads * D, bias=spec.bias)
-        self.v = nn.Linear(C, spec.kv_heads * D, bias=spec.bias)
-        self.out = nn.Linear(spec.n_heads * D, C, bias=spec.bias)
-        self.rotary = Rotary(D, spec.seq_len) if spec.positions == "rope" else None
+        qkv_bias = spec.has_qkv_bias  # Qwen2 has q/k/v biases but none on the output projection
+        self.q = nn.Linear(C, spec.n_heads * D, bias=qkv_bias)
+        self.k = nn.Linear(C, spec.kv_heads * D, bias=qkv_bias)
+        self.v = nn.Linear(C, spec.kv_heads * D, bias=qkv_bias)
+        self.out = nn.Linear(spec.n_heads * D, C, bias=spec.has_attention_out_bias)
+        self.rotary = Rotary(D, spec.seq_len, spec.rope_base, spec.rope_scaling) if spec.positions == "rope" else None
         self.dropout = spec.dropout
         self.resid_drop = nn.Dropout(spec.dropout)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int = 0,
-               cache: Optional[KVCache] = None) -> torch.Tensor:
+               cache: Optional[KVCache] = None, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Rotary positions, shared key/value heads, softmax(q kᵀ / √D + causal mask) v: the part of attention
         with no weights, cheap to recompute, whose saved tensors grow with T² (unfused) or with H/K (GQA)."""
         if self.rotary is not None:
-            q, k = self.rotary(q, start), self.rotary(k, start)
+            q, k = self.rotary(q, start, positions), self.rotary(k, start, positions)
         if cache is not None:
             k, v = cache.extend(self.layer, k, v)  # (B, K, past + T, D)
         if self.group > 1:
@@ -106,17 +137,31 @@ class Attention(nn.Module):
         drop = self.dropout if self.training else 0.0
         return F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=causal)
 
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None,
+                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (B, T, C) → (B, T, C); ``positions`` (T,) or (B, T): the absolute positions of the rows when they are
+        not 0 … T−1 (or after the cache)."""
         B, T, _ = x.shape
         q = self.q(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, H, T, D); H/t heads under tensor parallel
         k = self.k(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, K, T, D)
         v = self.v(x).view(B, T, -1, self.head_dim).transpose(1, 2)  # (B, K, T, D)
-        if cache is None:
-            y = self.attend(q, k, v)  # (B, H, T, D)
+        # Arguments only where needed: a checkpoint function or a wrapper may take positional tensors only.
+        if cache is not None:
+            y = self.attend(q, k, v, cache.length(), cache, positions)
+        elif positions is not None:
+            y = self.attend(q, k, v, 0, None, positions)
         else:
-            y = self.attend(q, k, v, cache.length(), cache)
+            y = self.attend(q, k, v)  # (B, H, T, D)
         y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, C)
         return self.resid_drop(self.out(y))
+
+
+def make_norm(spec: ModelSpec) -> nn.Module:
+    """The spec's normalisation over d_model: LayerNorm (with a bias when the spec has biases) or RMSNorm, both with
+    a gain named ``weight`` (checkpoints keep their names whichever it is) and ``norm_eps``."""
+    if spec.norm == "rmsnorm":
+        return nn.RMSNorm(spec.d_model, eps=spec.norm_eps)
+    return nn.LayerNorm(spec.d_model, eps=spec.norm_eps, bias=spec.has_norm_bias)
 
 
 # ModelSpec.activation → F.gelu's ``approximate``: the exact x·Φ(x), or GPT-2's tanh approximation of it.
@@ -124,32 +169,50 @@ _GELU_APPROXIMATION = {"gelu": "none", "gelu_tanh": "tanh"}
 
 
 class MLP(nn.Module):
-    """x → GELU(x W1 + b1) W2 + b2 with W1: C × F, W2: F × C; GELU exact or tanh-approximated (spec.activation)."""
+    """GELU: x → GELU(x W_up + b) W_down + b, W_up: C × F, W_down: F × C, GELU exact or tanh-approximated;
+    SwiGLU (Shazeer 2020, Llama): x → (SiLU(x W_gate) ⊙ x W_up) W_down with W_gate, W_up: C × F.
+    F = ``width``: spec.ffn for a dense layer, spec.moe_ffn for a routed expert, spec.shared_expert_ffn for a
+    shared one."""
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, width: int = 0):
         super().__init__()
-        self.up = nn.Linear(spec.d_model, spec.ffn, bias=spec.bias)
-        self.down = nn.Linear(spec.ffn, spec.d_model, bias=spec.bias)
+        width = width or spec.ffn
+        bias = spec.has_mlp_bias
+        self.gated = spec.is_gated
+        self.gate = nn.Linear(spec.d_model, width, bias=bias) if self.gated else None
+        self.up = nn.Linear(spec.d_model, width, bias=bias)
+        self.down = nn.Linear(width, spec.d_model, bias=bias)
         self.drop = nn.Dropout(spec.dropout)
-        self.approximate = _GELU_APPROXIMATION[spec.activation]
+        self.approximate = _GELU_APPROXIMATION.get(spec.activation, "none")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.down(F.gelu(self.up(x), approximate=self.approximate)))
+        if self.gated:
+            hidden = F.silu(self.gate(x)) * self.up(x)
+        else:
+            hidden = F.gelu(self.up(x), approximate=self.approximate)
+        return self.drop(self.down(hidden))
 
 
 class Block(nn.Module):
-    """x + attn(LN(x)), then + mlp(LN(x)): pre-LayerNorm keeps the residual stream unnormalised (GPT-2)."""
+    """x + attn(norm(x)), then + mlp(norm(x)): pre-normalisation keeps the residual stream unnormalised (GPT-2)."""
 
     def __init__(self, spec: ModelSpec, layer: int):
         super().__init__()
-        self.ln1 = nn.LayerNorm(spec.d_model, bias=spec.bias)
+        self.ln1 = make_norm(spec)
         self.attn = Attention(spec, layer)
-        self.ln2 = nn.LayerNorm(spec.d_model, bias=spec.bias)
-        # Every moe_every-th block routes tokens to experts (trainer.model.moe); the others keep one dense MLP.
-        self.mlp = MoE(spec, lambda: MLP(spec)) if spec.is_moe_layer(layer) else MLP(spec)
+        self.ln2 = make_norm(spec)
+        # Layers past the first_dense_layers, every moe_every-th, route tokens to experts (trainer.model.moe); the
+        # others keep one dense MLP.
+        if spec.is_moe_layer(layer):
+            shared = (lambda: MLP(spec, spec.shared_expert_ffn)) if spec.shared_expert_ffn else None
+            self.mlp = MoE(spec, lambda: MLP(spec, spec.moe_ffn), shared)
+        else:
+            self.mlp = MLP(spec)
 
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), cache)
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None,
+                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        # positions by keyword: tensor parallel's input hook on attn lays out the positional arguments only
+        x = x + self.attn(self.ln1(x), cache, positions=positions)
         return x + self.mlp(self.ln2(x))
 
 
@@ -162,11 +225,12 @@ class Embedding(nn.Module):
         self.positions = nn.Embedding(spec.seq_len, spec.d_model) if spec.positions == "learned" else None
         self.drop = nn.Dropout(spec.dropout)
 
-    def forward(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, start: int = 0, positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """idx (B, T) at positions start … start+T−1, or at ``positions`` (T,) or (B, T) when given."""
         x = self.tokens(idx)  # (B, T, C)
         if self.positions is not None:
-            pos = torch.arange(start, start + idx.size(1), device=idx.device)
-            x = x + self.positions(pos)  # (T, C) broadcast over B
+            pos = torch.arange(start, start + idx.size(1), device=idx.device) if positions is None else positions
+            x = x + self.positions(pos)  # (T, C) broadcast over B, or (B, T, C)
         return self.drop(x)
 
 
@@ -176,17 +240,20 @@ class GPT(nn.Module):
         self.spec = spec
         self.embed: Optional[Embedding] = Embedding(spec)
         self.layers = nn.ModuleDict({str(i): Block(spec, i) for i in range(spec.n_layers)})
-        self.norm: Optional[nn.LayerNorm] = nn.LayerNorm(spec.d_model, bias=spec.bias)
+        self.norm: Optional[nn.Module] = make_norm(spec)
         self.head: Optional[nn.Linear] = nn.Linear(spec.d_model, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
             self.head.weight = self.embed.tokens.weight  # one V × C matrix reads tokens in and scores them out
 
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
-        """Token ids (B, T) → logits (B, T, V); on a pipeline stage, whatever its first and last parts make of it."""
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None,
+                positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Token ids (B, T) → logits (B, T, V); on a pipeline stage, whatever its first and last parts make of it.
+        ``positions`` (T,) or (B, T): the rows' absolute positions when they are not 0 … T−1 (context parallel)."""
         if self.embed is not None:
-            x = self.embed(x, cache.length() if cache is not None else 0)  # (B, T, C)
+            x = self.embed(x, cache.length() if cache is not None else 0, positions)  # (B, T, C)
         for block in self.layers.values():
-            x = block(x) if cache is None else block(x, cache)
+            # Only the input when that is all there is: a checkpoint function may take tensors only.
+            x = block(x) if cache is None and positions is None else block(x, cache, positions)
         if cache is not None:
             cache.offset += x.size(1)
         if self.norm is not None:
@@ -222,8 +289,10 @@ class GPT(nn.Module):
 
 
 def initial_value(spec: ModelSpec, name: str, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    """The full initial tensor of parameter ``name``: N(0, 0.02) for matrices and embeddings, zeros for biases,
-    ones for LayerNorm gains; the projections back into the residual stream get 0.02/√(2L) (GPT-2), so the
+    """The full initial tensor of parameter ``name``: N(0, 0.02) for matrices and embeddings (q, k, v, the MLPs'
+    gate and up, routers, the shared expert's gate), zeros for biases, ones for the gains of LayerNorm and RMSNorm
+    (ln1, ln2, norm); the projections back into the residual stream (attn.out, every MLP's down, experts' and the
+    shared expert's included) get 0.02/√(2L) (GPT-2), so the
     stream's variance does not grow with depth. Each parameter draws from its own generator, seeded by the run's
     seed and the parameter's name: a rank can make the parameters it holds without drawing the others'."""
     if name.endswith("bias"):

@@ -4,12 +4,17 @@ Lepikhin et al. 2020; Switch, Fedus et al. 2021).
 Shapes: N tokens (B·T flattened), C = d_model, E experts, k = top_k, cap = expert capacity.
 
 Router:   p = softmax(x W_r) over the E experts (N, E), computed in fp32; the k largest p_e pick the experts.
-          With k = 1 the chosen expert's output is weighted by its p (Switch); with k = 2 by p renormalised over the
-          two chosen (GShard), so the weights sum to 1.
+          Each chosen expert's output is weighted by its p as it is (Switch, Qwen2-MoE), or by p renormalised over
+          the k chosen so the weights sum to 1 (GShard, Mixtral): spec.renormalizes_topk.
 Capacity: each expert takes at most cap = ⌈capacity_factor · N · k / E⌉ tokens of one micro-batch (N counts this
-          rank's tokens). Slots are filled first-choice first, in token order: every token's first choice is placed
-          before any second choice. A choice past capacity is dropped: that expert contributes nothing and the token
-          keeps only its residual (and its other choice). The dropped fraction is reported.
+          rank's tokens); capacity_factor 0 means cap = N, room for every token, so none is dropped (what Hugging
+          Face's Mixtral and Qwen2-MoE compute). Slots are filled first-choice first, in token order: every
+          token's first choice is placed before any second choice. A choice past capacity is dropped: that expert
+          contributes nothing and the token keeps only its residual (and its other choice). The dropped fraction
+          is reported.
+Shared:   with spec.shared_expert_ffn, one more MLP (``shared``) that every token passes through, added to the
+          routed experts' sum; with spec.shared_expert_gate it is scaled by sigmoid(x · w) per token
+          (``shared_gate``, C → 1), as in Qwen2-MoE.
 Aux loss: aux = E · Σ_e f_e · P_e, f_e the fraction of tokens whose first choice is e, P_e the mean router
           probability of e. It is 1 when routing is uniform and grows as load concentrates; only P carries gradient.
           The training loss adds aux_loss_coef · Σ over MoE layers of aux.
@@ -31,7 +36,10 @@ from trainer.contract import ModelSpec
 
 
 def capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
-    """Slots per expert: ⌈capacity_factor · tokens · k / E⌉ (at least 1)."""
+    """Slots per expert: ⌈capacity_factor · tokens · k / E⌉ (at least 1); every token (a token chooses an expert at
+    most once) when capacity_factor is 0."""
+    if capacity_factor == 0:
+        return max(1, tokens)
     return max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
 
 
@@ -56,13 +64,19 @@ class Experts(nn.ModuleDict):
 
 
 class MoE(nn.Module):
-    """Drop-in replacement of the MLP: (B, T, C) → (B, T, C)."""
+    """Drop-in replacement of the MLP: (B, T, C) → (B, T, C). ``make_expert`` builds one routed expert,
+    ``make_shared`` the shared expert (None: no shared expert)."""
 
-    def __init__(self, spec: ModelSpec, make_expert: Callable[[], nn.Module]):
+    def __init__(self, spec: ModelSpec, make_expert: Callable[[], nn.Module],
+                 make_shared: Optional[Callable[[], nn.Module]] = None):
         super().__init__()
         self.n_experts, self.top_k, self.capacity_factor = spec.n_experts, spec.top_k, spec.capacity_factor
+        self.renormalize = spec.renormalizes_topk
         self.router = nn.Linear(spec.d_model, spec.n_experts, bias=False)
         self.experts = Experts({str(e): make_expert() for e in range(spec.n_experts)})
+        self.shared = make_shared() if make_shared is not None else None
+        self.shared_gate = (nn.Linear(spec.d_model, 1, bias=False)
+                            if self.shared is not None and spec.shared_expert_gate else None)
         self.stats: Optional[RoutingStats] = None
 
     def route(self, tokens: torch.Tensor):
@@ -71,7 +85,7 @@ class MoE(nn.Module):
         N, E, k = tokens.size(0), self.n_experts, self.top_k
         probs = F.softmax(self.router(tokens).float(), dim=-1)  # (N, E)
         top_p, top_e = probs.topk(k, dim=-1)  # (N, k)
-        gate = top_p / top_p.sum(-1, keepdim=True) if k > 1 else top_p
+        gate = top_p / top_p.sum(-1, keepdim=True) if self.renormalize else top_p
         cap = capacity(N, E, k, self.capacity_factor)
         filled = torch.zeros(E, dtype=torch.long, device=tokens.device)
         positions = []
@@ -97,6 +111,11 @@ class MoE(nn.Module):
         out = self.experts(buf.view(self.n_experts, cap, C)).reshape(-1, C)  # (E·cap, C)
         weighted = out[slots] * gate[kept].unsqueeze(-1).to(out.dtype)  # (M, C)
         y = tokens.new_zeros(tokens.shape, dtype=weighted.dtype).index_add(0, rows, weighted)
+        if self.shared is not None:
+            shared = self.shared(tokens)  # (N, C)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(tokens)) * shared  # (N, 1) per-token scale
+            y = y + shared.to(y.dtype)
         return y.view(B, T, C).to(x.dtype)
 
 

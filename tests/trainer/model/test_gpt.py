@@ -110,6 +110,6 @@ def test_it_uses_the_tanh_approximation_of_gelu_when_asked():
 
 
 def test_it_refuses_an_unknown_activation_naming_the_choices():
-    with pytest.raises(SpecError, match="activation: must be one of 'gelu' \\| 'gelu_tanh', got 'relu'"):
+    with pytest.raises(SpecError, match="activation: must be one of 'gelu' \\| 'gelu_tanh' \\| 'swiglu', got 'relu'"):
         ModelSpec.from_dict({**TINY.to_dict(), "activation": "relu"})
     assert ModelSpec.from_dict(TINY.replace(activation="gelu_tanh").to_dict()).activation == "gelu_tanh"
