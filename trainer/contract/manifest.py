@@ -37,6 +37,7 @@ class CheckpointManifest:
     loss_scaler: Optional[dict[str, Any]] = None  # native engine: the fp16 loss scaler's state
     zero_stage: Optional[int] = None             # DeepSpeed: the ZeRO stage of its partitions
     consolidated: Optional[str] = None           # the consolidated weights' file name, when written at save
+    started_from: Optional[str] = None           # lineage: the checkpoint folder the run's weights started from
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,6 +58,22 @@ class CheckpointManifest:
 
     def write(self, folder: str | Path) -> None:
         write_json_atomic(Path(folder) / MANIFEST, self.to_dict())
+
+
+# Fields that change how a model trains, not what its weights mean: a run started from a checkpoint may set its own.
+TRAINING_ONLY_FIELDS = ("name", "dropout", "aux_loss_coef", "capacity_factor")
+
+
+def model_differences(saved: dict[str, Any], wanted: ModelSpec) -> list[str]:
+    """The model fields in which ``wanted`` differs from a checkpoint's model (its manifest's ``model``), compared
+    as specs so that a manifest of an older schema compares by its defaults. Training-only fields may differ, and
+    so may seq_len when both use rotary positions (their weights hold no table of positions)."""
+    have = ModelSpec.from_dict(saved, validate=False)
+    skip = set(TRAINING_ONLY_FIELDS)
+    if have.positions == "rope" and wanted.positions == "rope":
+        skip.add("seq_len")
+    return [f.name for f in fields(ModelSpec)
+            if f.name not in skip and getattr(have, f.name) != getattr(wanted, f.name)]
 
 
 def read_manifest(folder: str | Path) -> CheckpointManifest | None:

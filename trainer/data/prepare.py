@@ -8,6 +8,9 @@
 
 The prepared dir is ``DatasetSpec.prepared_dir`` when set (the files go straight into it), otherwise
 ``<path>.prepared/vocab-<N>`` beside the file or folder, so that two vocabulary sizes never overwrite each other.
+A run started from a checkpoint that keeps its tokenizer (``RunSpec.init_from``) passes that tokenizer.json: it is
+copied in instead of trained, and the files go to ``tokenizer-<sha256[:12]>`` of its bytes, inside the prepared dir
+when set, else in ``<path>.prepared/`` (unless the prepared dir's own tokenizer is that very file).
 Files of a folder are taken recursively in sorted order of their relative paths (hidden files skipped), each encoded
 on its own and joined with the EOS id.
 
@@ -26,6 +29,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -36,7 +40,8 @@ import numpy as np
 
 from trainer.contract.datapath import DataPathError, data_files
 from trainer.data.errors import DataError
-from trainer.data.tokenizer import BYTE_ALPHABET, MIN_VOCAB, SPECIALS, TOKENIZER, load_tokenizer, train_tokenizer
+from trainer.data.tokenizer import (BYTE_ALPHABET, MIN_VOCAB, SPECIALS, TOKENIZER, TOKENIZER_CONFIG, load_tokenizer,
+                                    train_tokenizer)
 
 FORMAT_VERSION = 1
 TRAIN, VAL, META, LOCK = "train.bin", "val.bin", "meta.json", ".lock"
@@ -176,26 +181,55 @@ def _source_sha(path: str | Path, files: list[Path], stat: list[list], meta: dic
     return _source_hash(Path(path), files)
 
 
-def _reusable(out: Path, meta: dict | None, source_sha: str, vocab: int, val_fraction: float) -> str:
+def _reusable(out: Path, meta: dict | None, source_sha: str, vocab: int, val_fraction: float,
+              tokenizer_sha: str | None = None) -> str:
     """What a previous preparation in ``out`` still serves: 'all', 'tokenizer' (same text and vocabulary, another
-    split) or 'nothing'."""
-    if not meta or meta.get("format_version") != FORMAT_VERSION:
+    split) or 'nothing'. ``tokenizer_sha``: the given tokenizer's (None: one trained here); a folder whose tokenizer
+    is that very file serves it, whether it was given or trained here (a checkpoint of a run on this dataset)."""
+    if not meta or meta.get("format_version") != FORMAT_VERSION or meta.get("source_sha256") != source_sha:
         return "nothing"
-    if meta.get("source_sha256") != source_sha or meta.get("requested_vocab") != vocab:
+    if tokenizer_sha is None:
+        if meta.get("requested_vocab") != vocab or meta.get("tokenizer_source"):
+            return "nothing"
+    elif (meta.get("tokenizer_sha256") or _file_sha(out / TOKENIZER)) != tokenizer_sha:
         return "nothing"
     if meta.get("val_fraction") != val_fraction or not all((out / n).is_file() for n in (TRAIN, VAL)):
         return "tokenizer" if (out / TOKENIZER).is_file() else "nothing"
     return "all" if (out / TOKENIZER).is_file() else "nothing"
 
 
-def prepare_dataset(spec, vocab_size: int) -> PreparedData:
+def _file_sha(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _given_tokenizer(tokenizer: str | os.PathLike, vocab_size: int) -> tuple[Path, str, int]:
+    """A tokenizer.json to tokenize with, checked: its path, the sha256 of its bytes, its vocabulary size."""
+    path = Path(tokenizer).expanduser()
+    tok = load_tokenizer(path)
+    if tok.vocab_size > vocab_size:
+        raise DataError(f"the tokenizer {path} has {tok.vocab_size} tokens but model.vocab_size={vocab_size}: token "
+                        f"ids would not fit the embedding")
+    return path, _file_sha(path), tok.vocab_size
+
+
+def prepare_dataset(spec, vocab_size: int, tokenizer: str | os.PathLike | None = None) -> PreparedData:
     """Tokenize ``spec.path`` into train/val token files (see the module docstring); reuse them when up to date.
 
     ``vocab_size`` is the model's embedding size; the tokenizer is trained for ``spec.tokenizer_vocab`` tokens
-    when set, else for ``vocab_size``, and must not have more than ``vocab_size``.
+    when set, else for ``vocab_size``, and must not have more than ``vocab_size``. ``tokenizer``: a tokenizer.json
+    to use as it is instead (a checkpoint's, for a run that starts from it); ``spec.tokenizer_vocab`` is then
+    not used.
     """
-    requested = spec.tokenizer_vocab or vocab_size
-    if requested < MIN_VOCAB:
+    if tokenizer is not None:
+        return _prepare_with(spec, vocab_size, *_given_tokenizer(tokenizer, vocab_size))
+    return _prepare_with(spec, vocab_size, None, None, spec.tokenizer_vocab or vocab_size)
+
+
+def _prepare_with(spec, vocab_size: int, given: Path | None, given_sha: str | None, requested: int) -> PreparedData:
+    if requested < MIN_VOCAB and given is None:
         raise DataError(f"a byte-level BPE vocabulary needs at least {BYTE_ALPHABET} byte tokens + {len(SPECIALS)} "
                         f"special = {MIN_VOCAB} tokens; got {requested}: raise "
                         f"{'dataset.tokenizer_vocab' if spec.tokenizer_vocab else 'model.vocab_size'}")
@@ -206,6 +240,9 @@ def prepare_dataset(spec, vocab_size: int) -> PreparedData:
         raise DataError(f"dataset.val_fraction={spec.val_fraction} must be in (0, 0.5)")
     path = Path(spec.path).expanduser()
     out = Path(spec.prepared_dir).expanduser() if spec.prepared_dir else default_prepared_dir(path, requested)
+    if given_sha is not None and _file_sha(out / TOKENIZER) != given_sha:
+        # another tokenizer's files: beside the dataset's own, never over them
+        out = (out if spec.prepared_dir else out.parent) / f"tokenizer-{given_sha[:12]}"
     files = _source_files(path, out)
     stat = _source_stat(path, files)
     try:
@@ -214,7 +251,8 @@ def prepare_dataset(spec, vocab_size: int) -> PreparedData:
     except OSError as exc:
         # A read-only folder prepared elsewhere (a shared dataset copy) still serves if it is up to date.
         meta = _read_meta(out)
-        if _reusable(out, meta, _source_sha(path, files, stat, meta), requested, spec.val_fraction) == "all":
+        if _reusable(out, meta, _source_sha(path, files, stat, meta), requested, spec.val_fraction,
+                     given_sha) == "all":
             return _prepared(out, meta, vocab_size)
         raise DataError(f"cannot write in the prepared-data folder {out} ({exc.strerror}): set "
                         f"dataset.prepared_dir to a writable folder") from None
@@ -222,10 +260,13 @@ def prepare_dataset(spec, vocab_size: int) -> PreparedData:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         meta = _read_meta(out)
         source_sha = _source_sha(path, files, stat, meta)
-        reuse = _reusable(out, meta, source_sha, requested, spec.val_fraction)
+        reuse = _reusable(out, meta, source_sha, requested, spec.val_fraction, given_sha)
         if reuse != "all":
+            if given is not None and reuse == "nothing":
+                _copy_tokenizer(given, out)
             meta = _build(path, files, out, source_sha, stat, requested, spec.val_fraction,
-                          reuse_tokenizer=reuse == "tokenizer")
+                          reuse_tokenizer=reuse == "tokenizer" or given is not None,
+                          given=(given, given_sha) if given is not None else None)
         elif meta.get("source_stat") != stat:  # touched but unchanged: remember, so the next call needs no hash
             meta = {**meta, "source_stat": stat}
             _write_json(out / META, meta)
@@ -240,8 +281,21 @@ def _prepared(out: Path, meta: dict[str, Any], vocab_size: int) -> PreparedData:
                         vocab_size=meta["vocab_size"], dtype=meta["dtype"], meta=meta)
 
 
+def _copy_tokenizer(given: Path, out: Path) -> None:
+    """The given tokenizer.json (and the tokenizer_config.json beside it, which may name its eos token) copied into
+    the prepared folder, so the run's checkpoints name a tokenizer that stays where their data is."""
+    (out / META).unlink(missing_ok=True)  # it no longer vouches for the folder's files
+    for name, source in ((TOKENIZER, given), (TOKENIZER_CONFIG, given.parent / TOKENIZER_CONFIG)):
+        if name == TOKENIZER_CONFIG and not source.is_file():
+            (out / name).unlink(missing_ok=True)
+            continue
+        tmp = _tmp_path(out / name)
+        shutil.copyfile(source, tmp)
+        _publish(tmp, out / name)
+
+
 def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list[list], requested: int,
-           val_fraction: float, reuse_tokenizer: bool) -> dict[str, Any]:
+           val_fraction: float, reuse_tokenizer: bool, given: tuple[Path, str] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     # A meta.json that no longer describes the files must go first: a crash half-way must not leave it vouching
     # for a mix of old and new files.
@@ -257,6 +311,9 @@ def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list
         tok = load_tokenizer(out / TOKENIZER)
     t_train = time.perf_counter() - t0
     dtype = _dtype_for(tok.vocab_size)
+    if tok.eos_id is None and len(files) > 1:
+        raise DataError(f"the tokenizer in {out} has no end-of-text token to join the {len(files)} files of {path} "
+                        f"with: give one text file, or a tokenizer whose tokenizer_config.json names its eos_token")
 
     # Stream all ids into one temporary file, then cut it: the split point needs the total count.
     all_tmp = _tmp_path(out / "all.bin")
@@ -303,6 +360,7 @@ def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list
         "val_fraction": val_fraction,
         "bytes_per_token": n_bytes / n,
         "tokenizer_reused": reuse_tokenizer,
+        **({"tokenizer_source": str(given[0].resolve()), "tokenizer_sha256": given[1]} if given else {}),
         "tokenizer_train_s": round(t_train, 3),
         "prepare_s": round(time.perf_counter() - t0, 3),
     }

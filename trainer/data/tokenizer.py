@@ -4,6 +4,7 @@ Deployment reads a checkpoint's tokenizer through ``load_tokenizer`` alone, with
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Iterator
@@ -17,14 +18,20 @@ SPECIALS = (EOS,)
 BYTE_ALPHABET = 256
 MIN_VOCAB = BYTE_ALPHABET + len(SPECIALS)
 TOKENIZER = "tokenizer.json"
+TOKENIZER_CONFIG = "tokenizer_config.json"  # Hugging Face's, beside an imported tokenizer.json: names its eos_token
+# End-of-text tokens of the model families a checkpoint may be imported from, for a tokenizer without ours and
+# without a tokenizer_config.json that names one (Llama 3 base, Llama 2 / Mistral / Mixtral, Qwen2 chat)
+FOREIGN_EOS = ("<|end_of_text|>", "</s>", "<|im_end|>")
 
 
 class TextTokenizer:
     """A trained tokenizer as the trainer and the deployment use it: text ↔ ids, nothing else."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, eos: str = EOS):
         self._tok = tokenizer
-        self.eos_id: int = tokenizer.token_to_id(EOS)
+        # None only for a foreign tokenizer with no end-of-text token known here
+        self.eos_id: int | None = next((i for t in (eos, EOS, *FOREIGN_EOS)
+                                        if (i := tokenizer.token_to_id(t)) is not None), None)
         self.vocab_size: int = tokenizer.get_vocab_size()
 
     def encode(self, text: str) -> list[int]:
@@ -45,7 +52,19 @@ def load_tokenizer(path: str | os.PathLike) -> TextTokenizer:
         path = path / TOKENIZER
     if not path.is_file():
         raise DataError(f"no tokenizer at {path}: prepare the dataset first (python -m trainer.data prepare ...)")
-    return TextTokenizer(Tokenizer.from_file(str(path)))
+    return TextTokenizer(Tokenizer.from_file(str(path)), _configured_eos(path.parent / TOKENIZER_CONFIG))
+
+
+def _configured_eos(config: Path) -> str:
+    """The eos_token a Hugging Face tokenizer_config.json beside the tokenizer names (a string, or an added token's
+    {"content": ...}); ours when there is none."""
+    try:
+        eos = json.loads(config.read_text()).get("eos_token")
+    except (OSError, ValueError, AttributeError):
+        return EOS
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) and eos else EOS
 
 
 def train_tokenizer(pieces: Iterator[str], vocab_size: int):

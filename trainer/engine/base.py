@@ -90,4 +90,8 @@ class Engine(Protocol):
     def load(self, folder: Path) -> CheckpointManifest:
         """Collective: restore model, optimizer (and, when the layout is unchanged, random states)."""
 
+    def load_weights(self, folder: Path) -> CheckpointManifest:
+        """Collective: the model's weights from a checkpoint of any plan and engine (or an import), nothing else:
+        the optimizer stays fresh. Refuses a checkpoint of another model (trainer.checkpoint.weights)."""
+
     def close(self) -> None: ...

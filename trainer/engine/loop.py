@@ -18,7 +18,7 @@ from trainer.contract import RunSpec
 from trainer.contract.records import Event, EvalMetrics
 from trainer.data import BatchSampler, load_tokens, prepare_dataset, validation_batches
 from trainer.engine.base import Engine
-from trainer.engine.checkpointer import Checkpointer, start_from
+from trainer.engine.checkpointer import Checkpointer, init_tokenizer, start_from
 from trainer.engine.native import NativeEngine
 from trainer.engine.recorder import StepRecorder
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
@@ -59,7 +59,7 @@ def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
 def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Engine, files: RunFiles,
            stop: StopRequest) -> str:
     plan = spec.plan
-    data = prepare_dataset(spec.dataset, spec.model.vocab_size)
+    data = prepare_dataset(spec.dataset, spec.model.vocab_size, tokenizer=init_tokenizer(spec))
     train_tokens, val_tokens = load_tokens(data.train_path), load_tokens(data.val_path)
     engine.build()
     engine.announce(files)
@@ -68,7 +68,8 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     start = start_from(engine, run_dir, resume, spec, files)
     started, layout = engine.describe()
     files.event(Event.STARTED, step=start.step, world_size=engine.world_size,
-                resumed_from=str(start.resumed_from) if start.resumed_from else None, **started)
+                resumed_from=str(start.resumed_from) if start.resumed_from else None,
+                started_from=str(start.started_from) if start.started_from else None, **started)
     files.log(layout)
 
     profiler = StepProfiler(spec.profile, run_dir, engine.rank, first_step=start.step)

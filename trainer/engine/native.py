@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from trainer.checkpoint.dcp import load_checkpoint, save_checkpoint
+from trainer.checkpoint.weights import load_weights
 from trainer.contract import RunSpec
 from trainer.contract.manifest import FORMAT_DCP, CheckpointManifest
 from trainer.engine.base import Backward, MicroBatches, StepResult
@@ -27,6 +28,7 @@ from trainer.model import loss_fn
 from trainer.model.moe import aux_loss, moe_layers, step_stats
 from trainer.optim import LossScaler, build_optimizer, set_lr
 from trainer.parallel.clip import clip_grads_
+from trainer.parallel.context import zigzag_slice
 from trainer.parallel.expert import routing_metrics
 from trainer.parallel.mesh import init_distributed
 from trainer.parallel.parallelize import DTYPES, ParallelModel, parallelize
@@ -40,8 +42,12 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if isinstance(t, DTensor) else t
 
 
-def _tensor(batch, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(batch).to(device, non_blocking=True)
+def _tensor(batch, device: torch.device, cp: int = 1, cp_rank: int = 0) -> torch.Tensor:
+    """A batch (B, T) of token ids on the device; under context parallel this rank's zig-zag share (B, T/cp) of it."""
+    t = torch.from_numpy(batch)
+    if cp > 1:
+        t = zigzag_slice(t, cp, cp_rank)
+    return t.to(device, non_blocking=True)
 
 
 class _ScaledLoss(nn.Module):
@@ -69,7 +75,8 @@ class NativeEngine:
     # ---- build ---------------------------------------------------------------------------------------------
     def build(self) -> None:
         spec = self.spec
-        self.pm = parallelize(spec.model, spec.plan, self.device, spec.seed, self.pipeline_loss)
+        self.pm = parallelize(spec.model, spec.plan, self.device, spec.seed, self.pipeline_loss,
+                              aux_scale=lambda: spec.model.aux_loss_coef * self.scaler.scale)
         self.topo = self.pm.topo
         self.dp_rank = self.topo.dp_rank
         self.optimizers = [build_optimizer(m, spec.optimizer) for m in self.pm.modules]
@@ -79,9 +86,9 @@ class NativeEngine:
     def describe(self) -> tuple[dict[str, Any], str]:
         plan, pm = self.spec.plan, self.pm
         held = sum(_plain(p).numel() for p in self.params)  # a DTensor's numel() is the whole tensor's
-        return ({"plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp}, "device": str(self.device)},
-                f"mesh pp={plan.pp} dp={plan.dp} tp={plan.tp}; stages {pm.stage_ids}; this rank holds {held:,} "
-                f"of the model's {count(self.spec.model).total:,} parameters")
+        return ({"plan": {"dp": plan.dp, "cp": plan.cp, "tp": plan.tp, "pp": plan.pp}, "device": str(self.device)},
+                f"mesh pp={plan.pp} dp={plan.dp} cp={plan.cp} tp={plan.tp}; stages {pm.stage_ids}; this rank holds "
+                f"{held:,} of the model's {count(self.spec.model).total:,} parameters")
 
     def announce(self, files: RunFiles) -> None:
         """Nothing beyond the loop's own "started" event."""
@@ -92,6 +99,11 @@ class NativeEngine:
         torch.manual_seed(hash((self.spec.seed, self.topo.dp_rank, self.topo.pp_rank, step)) % (2 ** 63))
 
     # ---- one step ------------------------------------------------------------------------------------------
+    def _share(self, batch) -> torch.Tensor:
+        """This rank's share of a batch: all of it, or its zig-zag share of each sequence under context parallel
+        (every cp rank of a dp replica draws the same sequences)."""
+        return _tensor(batch, self.device, self.topo.cp, self.topo.cp_rank)
+
     def _autocast(self):
         precision = self.spec.plan.precision
         enabled = precision != "fp32" and not self.pm.fsdp  # FSDP2 casts parameters itself
@@ -140,7 +152,7 @@ class NativeEngine:
         routing = None
         n = len(micro)
         for i, (x, y) in enumerate(micro):
-            x, y = _tensor(x, self.device), _tensor(y, self.device)
+            x, y = self._share(x), self._share(y)
             with pm.gradient_sync(i == n - 1), self._loss_context():
                 with probe if probe is not None and i == 0 else contextlib.nullcontext():
                     with self._autocast():
@@ -157,8 +169,8 @@ class NativeEngine:
         """The schedule runs every micro-batch; the probe sees the first forward of each stage this rank holds, and
         the first loss."""
         pm = self.pm
-        x = torch.cat([_tensor(a, self.device) for a, _ in micro])
-        y = torch.cat([_tensor(b, self.device) for _, b in micro])
+        x = torch.cat([self._share(a) for a, _ in micro])
+        y = torch.cat([self._share(b) for _, b in micro])
         losses: list[torch.Tensor] = []
         args = (x,) if pm.has_first_stage else ()
         kwargs = {"target": y, "losses": losses} if pm.has_last_stage else {}
@@ -166,18 +178,22 @@ class NativeEngine:
             else contextlib.nullcontext()
         with measured, self._loss_context(), self._autocast():
             pm.schedule.step(*args, **kwargs)
+        # MoE stages attached their aux losses to backward themselves; their routing, gathered over the stages
+        routing = pm.routing.take(len(micro), self.device) if pm.routing is not None else None
         if not losses:
-            return Backward(loss=torch.zeros((), device=self.device), activations=probe)
+            return Backward(loss=torch.zeros((), device=self.device), routing=routing, activations=probe)
         # The loss function returned scale × loss; report the loss itself.
         loss = torch.stack([_plain(l.detach()).float() for l in losses]).mean() / self.scaler.scale
-        return Backward(loss=loss, activations=probe)
+        return Backward(loss=loss, routing=routing, activations=probe)
 
     def _mean_loss(self, local: torch.Tensor) -> float:
-        """Sum over the world of what the last stages saw, over the dp·tp replicas that each saw it."""
+        """Sum over the world of what the last stages saw, over the dp·tp replicas that each saw it; under context
+        parallel each of the cp ranks saw the mean of an equal share of every sequence's tokens, so their mean is
+        the sequences' mean."""
         value = local.detach().double().clone()
         if self.world_size > 1:
             dist.all_reduce(value)
-        return float(value) / (self.topo.dp * self.topo.tp)
+        return float(value) / (self.topo.dp * self.topo.cp * self.topo.tp)
 
     def pipeline_schedule_record(self) -> dict[str, Any] | None:
         plan = self.spec.plan
@@ -196,7 +212,7 @@ class NativeEngine:
                 if pm.schedule is None:
                     total = torch.zeros((), device=device, dtype=torch.float64)
                     for x, y in batches:
-                        total += _plain(loss_fn(pm.callables[0](_tensor(x, device)), _tensor(y, device))).double()
+                        total += _plain(loss_fn(pm.callables[0](self._share(x)), self._share(y))).double()
                     value = total / len(batches)
                 else:
                     value = self._pipeline_evaluate(batches)
@@ -211,8 +227,8 @@ class NativeEngine:
         losses: list[torch.Tensor] = []
         for start in range(0, len(batches), m):  # the schedule's unit: grad_accum micro-batches
             group = batches[start:start + m]
-            x = torch.cat([_tensor(a, device) for a, _ in group])
-            y = torch.cat([_tensor(b, device) for _, b in group])
+            x = torch.cat([self._share(a) for a, _ in group])
+            y = torch.cat([self._share(b) for _, b in group])
             args = (x,) if pm.has_first_stage else ()
             kwargs = {"target": y, "losses": losses} if pm.has_last_stage else {}
             pm.schedule.eval(*args, **kwargs)
@@ -228,6 +244,9 @@ class NativeEngine:
         manifest = load_checkpoint(folder, self.pm.modules, self.optimizers, self.rank, self.spec.plan)
         self.scaler.load_state_dict(manifest.loss_scaler or {})
         return manifest
+
+    def load_weights(self, folder: Path) -> CheckpointManifest:
+        return load_weights(folder, self.pm.modules, self.spec.model)
 
     def close(self) -> None:
         pass

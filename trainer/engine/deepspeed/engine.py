@@ -179,6 +179,9 @@ class DeepSpeedEngine:
     def load(self, folder: Path) -> CheckpointManifest:
         return checkpoint.load(self.engine, folder, self.rank, self.spec.plan, self.spec.model.to_dict())
 
+    def load_weights(self, folder: Path) -> CheckpointManifest:
+        return checkpoint.load_weights(self.engine, folder, self.spec)
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.destroy()
