@@ -14,10 +14,16 @@ possibly this rank's tensor-parallel shard (``deploy.reshard``). The maths is th
   holds H/t heads and F/t hidden units; the attention output and the MLP's down projection are split by input rows,
   so each rank's product is a partial sum Y = Σ_r X_r A_r that one all-reduce completes (its bias added once, by
   rank 0). Embedding, norms, the router and the head are whole on every rank.
+Every family the trainer builds is served: LayerNorm or RMSNorm; a GELU MLP or SwiGLU (gate and up split like up);
+rotary positions of any base, with Llama 3.1's scaling; grouped-query attention; biases wherever the weights have
+them (q/k/v only, as Qwen2, or everywhere); routed experts, renormalised or not, after dense first layers, and a
+shared expert with its sigmoid gate. Which biases and how wide each MLP is are read from the weights; the rest
+(norm, activation, rotary frequencies, routing) from the model spec the exporter writes.
 This file stands alone (torch only): the exporter copies it into the model repository beside the Triton model.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Callable, Optional
 
@@ -29,7 +35,9 @@ SCALE_SUFFIX = "_scale"
 
 @dataclass(frozen=True)
 class ServingSpec:
-    """The model's shape, from the model spec the exporter writes (the trainer's ModelSpec as JSON)."""
+    """The model's shape, from the model spec the exporter writes (the trainer's ModelSpec as JSON): the fields
+    serving needs, under the same names and with the same defaults (a spec written before a field existed means
+    the default). Widths of the MLPs and which biases exist are not here: the weights say them."""
 
     n_layers: int
     d_model: int
@@ -37,14 +45,18 @@ class ServingSpec:
     seq_len: int
     vocab_size: int
     n_kv_heads: int = 0
-    ffn_hidden: int = 0
     positions: str = "learned"
     tied_embeddings: bool = True
-    bias: bool = True
     activation: str = "gelu"
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    rope_scaling: Optional[dict] = None  # Llama 3.1: factor, low_freq_factor, high_freq_factor, original_max_positions
     n_experts: int = 0
     top_k: int = 2
     moe_every: int = 1
+    first_dense_layers: int = 0
+    topk_norm: str = "auto"
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServingSpec":
@@ -59,8 +71,28 @@ class ServingSpec:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
+    @property
+    def renormalizes_topk(self) -> bool:
+        """The chosen experts' weights sum to 1 ("renormalize"; "auto" when k > 1) or stay router probabilities."""
+        return self.topk_norm == "renormalize" or (self.topk_norm == "auto" and self.top_k > 1)
+
     def is_moe_layer(self, index: int) -> bool:
-        return self.n_experts > 1 and (index + 1) % self.moe_every == 0
+        """Past the first ``first_dense_layers``, every moe_every-th layer counting from 1 (the trainer's rule)."""
+        return self.n_experts > 1 and index >= self.first_dense_layers and (index + 1) % self.moe_every == 0
+
+
+def inverse_frequencies(head_dim: int, base: float, scaling: Optional[dict]) -> torch.Tensor:
+    """θ_i = base^(−2i/D) for each rotated pair i, in fp32; with Llama 3.1's scaling, wavelengths 2π/θ longer than
+    original_max_positions / low_freq_factor are stretched ``factor`` times, those shorter than
+    original_max_positions / high_freq_factor kept, and those between blended linearly in original / wavelength."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    if not scaling:
+        return inv_freq
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_positions"]
+    wavelength = 2 * math.pi / inv_freq
+    smooth = ((original / wavelength - low) / (high - low)).clamp(0.0, 1.0)  # 0: stretched … 1: kept
+    return (1 - smooth) * inv_freq / factor + smooth * inv_freq
 
 
 AllReduce = Callable[[torch.Tensor], None]  # sums a tensor over the tensor-parallel ranks, in place
@@ -106,12 +138,17 @@ class Weights:
         return self.tensor(name) if name in self.state else None
 
 
-class LayerNorm:
-    def __init__(self, w: Weights, name: str, d_model: int):
-        self.gain, self.bias, self.d_model = w.tensor(f"{name}.weight"), w.optional(f"{name}.bias"), d_model
+class Norm:
+    """The block's and the output's normalisation: LayerNorm (its bias if the weights have one) or RMSNorm."""
+
+    def __init__(self, w: Weights, name: str, spec: ServingSpec):
+        self.gain, self.bias = w.tensor(f"{name}.weight"), w.optional(f"{name}.bias")
+        self.shape, self.eps, self.rms = (spec.d_model,), spec.norm_eps, spec.norm == "rmsnorm"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (self.d_model,), self.gain, self.bias)
+        if self.rms:
+            return F.rms_norm(x, self.shape, self.gain, self.eps)
+        return F.layer_norm(x, self.shape, self.gain, self.bias, self.eps)
 
 
 class RowParallel:
@@ -128,36 +165,51 @@ class RowParallel:
 
 
 class MLP:
-    """x → act(x W1 + b1) W2 (+ b2): W1 split by columns, W2 by rows under tensor parallel (reduced by the caller)."""
+    """GELU: x → GELU(x W_up + b) W_down (+ b); SwiGLU: x → (SiLU(x W_gate) ⊙ x W_up) W_down. Under tensor parallel
+    W_gate and W_up are split by columns, W_down by rows (its partial sum reduced by the caller)."""
 
-    def __init__(self, w: Weights, name: str, approximate: str, rank: int):
-        self.up, self.down, self.approximate, self.first = w.linear(f"{name}.up"), w.linear(f"{name}.down"), \
-            approximate, rank == 0
+    def __init__(self, w: Weights, name: str, activation: str, rank: int):
+        self.up, self.down, self.first = w.linear(f"{name}.up"), w.linear(f"{name}.down"), rank == 0
+        self.gate = w.linear(f"{name}.gate") if activation == "swiglu" else None
+        self.approximate = "tanh" if activation == "gelu_tanh" else "none"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x), approximate=self.approximate), bias=self.first)
+        if self.gate is not None:
+            h = F.silu(self.gate(x)) * self.up(x)
+        else:
+            h = F.gelu(self.up(x), approximate=self.approximate)
+        return self.down(h, bias=self.first)
 
 
 class MoE:
-    """Top-k routing without capacity drops (serving keeps every token; the trainer's capacity only bounds a
-    training batch): y = Σ_j g_j · expert_{e_j}(x), g the router's top-k probabilities, renormalised when k > 1."""
+    """Top-k routing that drops nothing (serving computes every chosen expert of every token; the trainer's
+    capacity only bounds a training batch): y = Σ_j g_j · expert_{e_j}(x) (+ σ(x w_g) · shared(x)), g the router's
+    top-k probabilities, renormalised to sum to 1 or not (topk_norm), and the shared expert, gated when the
+    weights have its gate, that every token passes through."""
 
-    def __init__(self, w: Weights, name: str, spec: ServingSpec, approximate: str, rank: int):
+    def __init__(self, w: Weights, name: str, spec: ServingSpec, rank: int):
         self.router = w.linear(f"{name}.router")
-        self.experts = [MLP(w, f"{name}.experts.{e}", approximate, rank) for e in range(spec.n_experts)]
-        self.top_k = spec.top_k
+        self.experts = [MLP(w, f"{name}.experts.{e}", spec.activation, rank) for e in range(spec.n_experts)]
+        self.shared = MLP(w, f"{name}.shared", spec.activation, rank) if w.has(f"{name}.shared.up") else None
+        self.shared_gate = w.linear(f"{name}.shared_gate") if w.has(f"{name}.shared_gate") else None
+        self.top_k, self.renormalize = spec.top_k, spec.renormalizes_topk
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         tokens = x.reshape(-1, shape[-1])  # (N, C)
         probs = F.softmax(self.router(tokens).float(), dim=-1)  # (N, E), fp32 as in training
         top_p, top_e = probs.topk(self.top_k, dim=-1)
-        gate = (top_p / top_p.sum(-1, keepdim=True) if self.top_k > 1 else top_p).to(tokens.dtype)
+        gate = (top_p / top_p.sum(-1, keepdim=True) if self.renormalize else top_p).to(tokens.dtype)
         y = torch.zeros_like(tokens)
         for e, expert in enumerate(self.experts):
             rows, choice = (top_e == e).nonzero(as_tuple=True)
             if rows.numel():
                 y.index_add_(0, rows, expert(tokens[rows]) * gate[rows, choice].unsqueeze(-1))
+        if self.shared is not None:
+            shared = self.shared(tokens)
+            if self.shared_gate is not None:
+                shared = shared * torch.sigmoid(self.shared_gate(tokens))  # (N, 1): one gate per token
+            y = y + shared
         return y.view(shape)
 
 
@@ -191,26 +243,23 @@ class ServingGPT:
         self.spec, self.device, self.dtype = spec, torch.device(device), dtype
         w = Weights(state, dtype, self.device)
         reduce = all_reduce if world > 1 else None
-        approximate = "tanh" if spec.activation == "gelu_tanh" else "none"
         self.tokens = w.tensor("embed.tokens.weight")
         self.positions = w.optional("embed.positions.weight")
         self.layers = []
         for i in range(spec.n_layers):
             p = f"layers.{i}"
-            mlp = MoE(w, f"{p}.mlp", spec, approximate, rank) if spec.is_moe_layer(i) else \
-                MLP(w, f"{p}.mlp", approximate, rank)
+            mlp = MoE(w, f"{p}.mlp", spec, rank) if spec.is_moe_layer(i) else MLP(w, f"{p}.mlp", spec.activation, rank)
             self.layers.append(dict(
-                ln1=LayerNorm(w, f"{p}.ln1", spec.d_model), ln2=LayerNorm(w, f"{p}.ln2", spec.d_model),
+                ln1=Norm(w, f"{p}.ln1", spec), ln2=Norm(w, f"{p}.ln2", spec),
                 q=w.linear(f"{p}.attn.q"), k=w.linear(f"{p}.attn.k"), v=w.linear(f"{p}.attn.v"),
                 out=RowParallel(w.linear(f"{p}.attn.out"), rank, reduce), mlp=mlp, reduce=reduce))
-        self.norm = LayerNorm(w, "norm", spec.d_model)
+        self.norm = Norm(w, "norm", spec)
         self.head = self.tokens if spec.tied_embeddings or not w.has("head") else w.tensor("head.weight")
         self.group = spec.n_heads // spec.kv_heads
         self.cache = SlotCache(spec.n_layers, slots, spec.kv_heads // world, spec.seq_len, spec.head_dim, dtype,
                                self.device)
         if spec.positions == "rope":
-            D = spec.head_dim
-            inv_freq = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+            inv_freq = inverse_frequencies(spec.head_dim, spec.rope_base, spec.rope_scaling)
             angles = torch.outer(torch.arange(spec.seq_len, dtype=torch.float32), inv_freq)  # (L, D/2)
             self.cos, self.sin = angles.cos().to(self.device), angles.sin().to(self.device)
 

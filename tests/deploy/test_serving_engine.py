@@ -1,17 +1,24 @@
-"""The serving model and its engine, in this process: the trainer's tokens, batched, streamed, stopped, cancelled."""
+"""The serving model and its engine, in this process: the trainer's tokens, batched, streamed, stopped, cancelled;
+for every family of model (GPT-2, Llama, Mixtral, Qwen2-MoE), whole and reduced."""
 from __future__ import annotations
 
 import threading
 
 import pytest
+import torch
 
-from deploy.reduce import reduce_state
+from deploy.quality import model_with
+from deploy.reduce import REDUCTIONS, dequantize_state, reduce_state
 from deploy.serving.engine import Engine, Request, Result
-from deploy.serving.model import ServingGPT, ServingSpec
+from deploy.serving.model import ServingGPT, ServingSpec, inverse_frequencies
 from deploy.serving.sampling import Sampling
 from trainer.contract.presets import MODELS
 from trainer.generate import generate
 from trainer.model import build_model
+from trainer.model.gpt import rotary_frequencies
+from trainer.model.moe import moe_layers
+
+FAMILIES = ("tiny-llama", "tiny-mixtral", "tiny-qwen-moe")
 
 
 class ListSink:
@@ -184,3 +191,88 @@ def test_it_serves_int8_weights_as_their_dequantized_model():
     _drain(engine)
     reference = model_with(dequantize_state(reduced), spec)
     assert sink.result.token_ids == generate(reference, [5, 6, 7], 20, temperature=0)[3:]
+
+
+def family_model(name: str, **kw):
+    """The preset's model with every bias and norm gain moved off its initial 0 or 1, so that a bias or gain
+    served in the wrong place (or not at all) changes the tokens."""
+    spec = MODELS[name].replace(**kw)
+    model = build_model(spec, 3).eval()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.2)
+    return spec, model
+
+
+def _greedy_together(engine: Engine, prompts: list[list[int]], n: int) -> list[list[int]]:
+    sinks = [ListSink() for _ in prompts]
+    for prompt, sink in zip(prompts, sinks):
+        engine.submit(Request(prompt, sink, max_tokens=n))
+    _drain(engine)
+    return [sink.result.token_ids for sink in sinks]
+
+
+# the last prompt passes the 64-token window: the slot is filled again over a 63-token prompt (MoE: 63 tokens routed
+# at once, where a capacity would bite)
+FAMILY_PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 9, 10], [42], [7, 100, 3, 250] * 5]
+
+
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_it_gives_the_trainers_greedy_tokens_for_every_family(family, reduction):
+    """RMSNorm, SwiGLU, rotary base and Llama 3.1 scaling, GQA, q/k/v biases, routed experts renormalised or not,
+    a gated shared expert: served from the reduced weights, the tokens of the trainer's model of the same weights
+    (dequantised), for sequences decoded together."""
+    spec, model = family_model(family)
+    reduced = reduce_state(model.state_dict(), reduction)
+    reference = model_with(dequantize_state(reduced), spec) if reduction != "none" else model
+    engine = Engine(ServingGPT(ServingSpec.from_dict(spec.to_dict()), reduced, 4), ByteCodec(), spec.seq_len)
+    served = _greedy_together(engine, FAMILY_PROMPTS, 48)
+    assert served == [generate(reference, p, 48, temperature=0)[len(p):] for p in FAMILY_PROMPTS]
+    assert max(engine.metrics.batch_sizes) == 4
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_it_rotates_with_the_trainers_frequencies(family):
+    spec = MODELS[family]
+    scaling = spec.rope_scaling.to_dict() if spec.rope_scaling else None
+    assert torch.equal(inverse_frequencies(spec.head_dim, spec.rope_base, scaling),
+                       rotary_frequencies(spec.head_dim, spec.rope_base, spec.rope_scaling))
+    if spec.rope_scaling:  # the scaling changes the frequencies (of a 16-wide head, with a 32-position original)
+        assert not torch.equal(inverse_frequencies(spec.head_dim, spec.rope_base, None),
+                               inverse_frequencies(spec.head_dim, spec.rope_base, scaling))
+
+
+def test_it_serves_the_first_dense_layers_dense():
+    spec, model = family_model("tiny-mixtral", first_dense_layers=1, moe_every=1)
+    serving = ServingGPT(ServingSpec.from_dict(spec.to_dict()), model.state_dict(), 2)
+    assert [type(layer["mlp"]).__name__ for layer in serving.layers] == ["MLP", "MoE", "MoE", "MoE"]
+    engine = Engine(serving, ByteCodec(), spec.seq_len)
+    assert _greedy_together(engine, [[5, 6, 7]], 24) == [generate(model, [5, 6, 7], 24, temperature=0)[3:]]
+
+
+def test_the_trainers_reference_drops_no_token_when_the_capacity_factor_is_0():
+    """A capacity_factor 0 model (the presets of Mixtral and Qwen2-MoE) computes every chosen expert in the trainer
+    too, a whole window at once: so the trainer's tokens are what serving, which never drops, must give."""
+    for family in ("tiny-mixtral", "tiny-qwen-moe"):
+        spec, model = family_model(family)
+        with torch.no_grad():
+            model(torch.arange(spec.seq_len).unsqueeze(0) * 7 % spec.vocab_size)
+        assert [int(m.stats.dropped) for m in moe_layers([model])] == [0] * len(spec.moe_layers)
+
+
+def test_it_computes_every_chosen_expert_of_a_model_trained_with_a_capacity():
+    """A model trained with a capacity (1.0 here) is served without it: its tokens are those of the trainer's model
+    of the same weights with capacity_factor 0. The trainer's own generation drops choices past the capacity in a
+    prefill of many tokens (one token at a time never fills an expert), so there the two may differ."""
+    spec, model = family_model("tiny-mixtral", capacity_factor=1.0)
+    prompt = [7, 100, 3, 250, 11, 60] * 8
+    with torch.no_grad():
+        model(torch.tensor([prompt]))
+    assert sum(int(m.stats.dropped) for m in moe_layers([model])) > 0  # the trainer drops in this prefill
+    engine = Engine(ServingGPT(ServingSpec.from_dict(spec.to_dict()), model.state_dict(), 2), ByteCodec(),
+                    spec.seq_len)
+    unlimited = model_with(model.state_dict(), spec.replace(capacity_factor=0.0))
+    assert _greedy_together(engine, [prompt], 24) == [generate(unlimited, prompt, 24, temperature=0)[len(prompt):]]
