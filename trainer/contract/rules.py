@@ -245,6 +245,13 @@ def check_plan(model: Model, plan: Plan, cluster: Cluster | None = None) -> Prob
     if plan.cp > 1 and model.seq_len % (2 * plan.cp):
         add_problem(p, "cp", f"cp={plan.cp} cuts each sequence into 2·cp={2 * plan.cp} equal chunks (two a rank, "
                              f"to balance the causal mask): 2·cp does not divide seq_len={model.seq_len}")
+    if plan.cp > 1 and model.dropout > 0:
+        add_problem(p, "cp", f"context parallel (cp={plan.cp}) computes attention as a ring of blocks, with no "
+                             f"dropout mask shared between them: set dropout=0 (got {model.dropout}) or cp=1")
+    if plan.cp > 1 and model.is_moe:
+        add_problem(p, "cp", f"mixture-of-experts layers are not run under context parallel here (cp={plan.cp}): "
+                             f"their capacity and balance loss would count a rank's share of each sequence, not the "
+                             f"whole; use cp=1")
     if plan.pp > 1:
         problem = layout_problem(model.n_layers, plan)
         if problem:

@@ -1,14 +1,18 @@
 """The device mesh and its process groups, as one explicit object (never module globals).
 
-Ranks are laid out as a (pp, dp, tp) grid with tp innermost: tensor-parallel partners are neighbouring ranks,
-which on a GPU cluster means the same node (NVLink), where its per-layer all-reduces belong. Every group a rank
-talks to is a dimension of this mesh, or of a view of it: expert parallel splits dp into (edp, ep).
+Ranks are laid out as a (pp, dp, cp, tp) grid with tp innermost: tensor-parallel partners are neighbouring ranks,
+which on a GPU cluster means the same node (NVLink), where its per-layer all-reduces belong; context-parallel
+partners come next, their K/V ring per layer the next most frequent traffic. rank = ((stage·dp + d)·cp + c)·tp + j.
+Every group a rank talks to is a dimension of this mesh, or of a view of it: expert parallel splits dp into
+(edp, ep); the gradient average runs over dp and cp flattened into one dimension ("dp_cp"), since the cp ranks of
+one sequence, like dp replicas, each hold a share of the batch's tokens and whole copies of the weights.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 
 import torch
 import torch.distributed as dist
@@ -19,7 +23,7 @@ from trainer.contract import ParallelPlan
 
 @dataclass
 class Topology:
-    """Where this rank sits in the (pp, dp, tp) grid, with the groups it talks to."""
+    """Where this rank sits in the (pp, dp, cp, tp) grid, with the groups it talks to."""
 
     mesh: DeviceMesh
     device: torch.device
@@ -28,10 +32,36 @@ class Topology:
     dp: int
     tp: int
     pp: int
+    cp: int = 1
 
     @property
     def dp_mesh(self) -> DeviceMesh:
         return self.mesh["dp"]
+
+    @cached_property
+    def replica_mesh(self) -> DeviceMesh:
+        """The ranks gradients are averaged over: dp, or dp × cp flattened when the sequence is shared (FSDP2
+        shards over it, DDP and the flat average reduce over its group)."""
+        if self.cp == 1:
+            return self.mesh["dp"]
+        return self.mesh["dp", "cp"]._flatten("dp_cp")
+
+    @property
+    def replica_group(self):
+        return self.replica_mesh.get_group()
+
+    @property
+    def replicas(self) -> int:
+        """dp·cp: ranks holding the same weights and different tokens."""
+        return self.dp * self.cp
+
+    @property
+    def cp_group(self):
+        return self.mesh.get_group("cp")
+
+    @property
+    def cp_rank(self) -> int:
+        return self.mesh.get_local_rank("cp")
 
     @property
     def tp_mesh(self) -> DeviceMesh:
@@ -84,8 +114,8 @@ def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, torch.device]:
 def build_topology(plan: ParallelPlan, device: torch.device) -> Topology:
     world = dist.get_world_size()
     if world != plan.world_size:
-        raise RuntimeError(f"the plan needs dp×tp×pp={plan.dp}×{plan.tp}×{plan.pp}={plan.world_size} processes "
-                           f"but this job has {world}: launch with --nproc_per_node={plan.world_size}")
-    mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.tp), mesh_dim_names=("pp", "dp", "tp"))
+        raise RuntimeError(f"the plan needs dp×cp×tp×pp={plan.dp}×{plan.cp}×{plan.tp}×{plan.pp}={plan.world_size} "
+                           f"processes but this job has {world}: launch with --nproc_per_node={plan.world_size}")
+    mesh = init_device_mesh(device.type, (plan.pp, plan.dp, plan.cp, plan.tp), mesh_dim_names=("pp", "dp", "cp", "tp"))
     return Topology(mesh=mesh, device=device, rank=dist.get_rank(), world_size=world,
-                    dp=plan.dp, tp=plan.tp, pp=plan.pp)
+                    dp=plan.dp, tp=plan.tp, pp=plan.pp, cp=plan.cp)

@@ -1,11 +1,14 @@
 """A validated plan becomes this rank's part of the model, as an ordered list of apply_… steps on one device mesh:
 
-    device mesh (pp, dp, tp) → pipeline stages → tensor/sequence parallel → activation checkpointing
-      → expert parallel → FSDP2 or DDP (or a gradient sync after backward) → weights → pipeline schedule
+    device mesh (pp, dp, cp, tp) → pipeline stages → tensor/sequence parallel → context parallel
+      → activation checkpointing → expert parallel → FSDP2 or DDP (or a gradient sync after backward) → weights
+      → pipeline schedule
 
 The order matters: FSDP2 shards the DTensors that tensor parallel made (2-D: Shard over dp, then over tp), and
 wraps modules whose forward already recomputes where asked; pipeline stages are cut first so that each stage is
-sharded on its own; weights are filled last, each rank only its own shards. The plan was checked by the contract
+sharded on its own; ring attention replaces attention's core before recomputation wraps it (so a checkpointed
+block reruns the ring); gradients are averaged over dp·cp, the ranks that hold whole weights and different tokens;
+weights are filled last, each rank only its own shards. The plan was checked by the contract
 (``trainer.contract.rules``) before any process started; nothing here refuses a plan.
 """
 from __future__ import annotations
@@ -21,6 +24,7 @@ from trainer.contract import ModelSpec, ParallelPlan
 from trainer.model import GPT, tie_weights
 from trainer.parallel.ac import apply_ac
 from trainer.parallel.clip import global_grad_norm
+from trainer.parallel.context import apply_cp
 from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_fsdp
 from trainer.parallel.expert import ExpertParallel, MoEGradSync, apply_ep, expert_groups
 from trainer.parallel.init import init_sharded_weights
@@ -75,16 +79,17 @@ class ParallelModel:
     def gradient_sync(self, last: bool):
         """Around one micro-batch's backward: DDP and FSDP2 reduce gradients only on the last micro-batch of a step
         (one reduction per step, not per micro-batch)."""
-        if self.fsdp and self.topo.dp > 1:
+        if self.fsdp and self.topo.replicas > 1:
             self.modules[0].set_requires_gradient_sync(last)
         model = self.callables[0]
-        if not last and self.topo.dp > 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        if not last and self.topo.replicas > 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel):
             return model.no_sync()
         return contextlib.nullcontext()
 
     def grad_norm(self, device: torch.device) -> torch.Tensor:
-        """‖g‖₂ over the whole model. Expert weights under expert parallel are held by dp/ep ranks, not dp."""
-        dp_tp = self.topo.dp * self.topo.tp
+        """‖g‖₂ over the whole model. Expert weights under expert parallel are held by dp/ep ranks, not dp; the
+        cp ranks of one sequence hold the same (averaged) gradients, as dp replicas do."""
+        dp_tp = self.topo.replicas * self.topo.tp
         if isinstance(self.grad_sync, MoEGradSync):
             parts = [global_grad_norm(ps, replicas, device) for ps, replicas in self.grad_sync.norm_groups(dp_tp)]
             return torch.stack(parts).pow(2).sum().sqrt()
@@ -111,6 +116,8 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
     for m in modules:
         if plan.tp > 1:
             apply_tp(m, topo.tp_mesh, plan.sequence_parallel, loss_parallel)
+        if plan.cp > 1:
+            apply_cp(m, topo.cp_group, plan.cp, topo.cp_rank)
         apply_ac(m, plan.activation_checkpointing)
     experts = expert_groups(topo, plan.ep) if spec.is_moe and plan.ep > 1 else None
     if experts is not None:
@@ -119,7 +126,7 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
     if fsdp:
         for m in modules:
             # With a pipeline each block runs several micro-batches: keep it gathered from forward to backward.
-            apply_fsdp(m, topo.dp_mesh, DTYPES[plan.precision] if plan.precision == "bf16" else torch.float32,
+            apply_fsdp(m, topo.replica_mesh, DTYPES[plan.precision] if plan.precision == "bf16" else torch.float32,
                        reshard_after_forward=plan.pp == 1)
     for m in modules:
         m.to_empty(device=device)
@@ -131,11 +138,11 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
         pass  # FSDP2 reduce-scatters gradients itself
     elif spec.is_moe and plan.dp > 1:  # DDP would average expert gradients over ranks holding other experts
         grad_sync = MoEGradSync(modules, topo.dp_group, plan.dp, experts)
-    elif plan.dp > 1 and plan.tp == 1 and plan.pp == 1:
-        callables = [apply_ddp(m, topo.dp_group, device) for m in modules]
-    elif plan.dp > 1:
+    elif topo.replicas > 1 and plan.tp == 1 and plan.pp == 1:
+        callables = [apply_ddp(m, topo.replica_group, device) for m in modules]
+    elif topo.replicas > 1:
         grad_sync = ReplicatedGradSync(list({id(p): p for m in modules for p in m.parameters()}.values()),
-                                       topo.dp_group, plan.dp)
+                                       topo.replica_group, topo.replicas)
     pm = ParallelModel(topo=topo, modules=modules, callables=callables, stage_ids=ids, n_stages=n_stages,
                        grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel, experts=experts)
     if plan.pp > 1 and spec.tied_embeddings:

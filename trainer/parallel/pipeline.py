@@ -121,21 +121,20 @@ def _in_own_placement(param: nn.Parameter) -> torch.Tensor:
 
 def tied_embedding_sync(modules: list[GPT], mesh, pp: int, schedule: str) -> TiedEmbeddingSync:
     """Find this rank's copies of the tied weight; create the first/last-stage groups unless a V-shaped schedule
-    puts both ends on one rank. For each (dp, tp) position of the mesh the group holds the ranks at both ends of
+    puts both ends on one rank. For each (dp, cp, tp) position of the mesh the group holds the ranks at both ends of
     its pp dimension (every rank must take part in creating every group)."""
     embed = next((m.embed.tokens.weight for m in modules if m.embed is not None), None)
     head = next((m.head.weight for m in modules if m.head is not None), None)
     if schedule in V_SCHEDULES:
         return TiedEmbeddingSync(embed, None, False, partner=head)
-    grid = mesh.mesh  # (pp, dp, tp) tensor of global ranks
+    grid = mesh.mesh.reshape(pp, -1)  # (pp, dp, cp, tp) tensor of global ranks: one column per (dp, cp, tp)
     me = dist.get_rank()
     mine = None
-    for d in range(grid.size(1)):
-        for t in range(grid.size(2)):
-            ranks = [int(grid[0, d, t]), int(grid[pp - 1, d, t])]
-            group = dist.new_group(ranks)
-            if me in ranks:
-                mine = group
+    for column in range(grid.size(1)):
+        ranks = [int(grid[0, column]), int(grid[pp - 1, column])]
+        group = dist.new_group(ranks)
+        if me in ranks:
+            mine = group
     if embed is not None:
         return TiedEmbeddingSync(embed, mine, False)
     return TiedEmbeddingSync(head, mine, head is not None)
