@@ -1,4 +1,4 @@
-"""Llama- and Qwen2-MoE-style models train under parallel plans and recomputation as one process does: per-step
+"""Llama-, Qwen2- and Qwen2-MoE-style models train under parallel plans and recomputation as one process does: per-step
 losses equal within 1e-5 relative (fp32, 20 steps).
 
 The blocks (RMSNorm, SwiGLU's gate beside up, q/k/v biases, rotary scaling, routed and shared experts) must be cut,
@@ -19,6 +19,7 @@ from trainer.contract.presets import MODELS
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
 LLAMA, QWEN = MODELS["tiny-llama"], MODELS["tiny-qwen-moe"]
+QWEN2 = LLAMA.replace(name="", qkv_bias=True)  # dense Qwen2: Llama's blocks with q/k/v biases, split with their rows
 DS = dict(engine="deepspeed", dp=2)
 # name → (model, plan fields); each is compared with "<family>-ref", the same model on one process
 TWO_RANK = {
@@ -26,10 +27,12 @@ TWO_RANK = {
     "llama-fsdp2": (LLAMA, dict(dp=2, zero_stage=3)),
     "llama-ds-zero2": (LLAMA, dict(zero_stage=2, **DS)),
     "llama-ds-zero3": (LLAMA, dict(zero_stage=3, **DS)),
+    "qwen2-tp2": (QWEN2, dict(tp=2)),
     "qwen-moe-dp2-ep2": (QWEN, dict(dp=2, ep=2)),
 }
 ONE_RANK = {f"{family}-{mode}": (model, dict(activation_checkpointing=mode))
             for family, model in (("llama", LLAMA), ("qwen-moe", QWEN)) for mode in ("none", "selective", "full")}
+ONE_RANK["qwen2-none"] = (QWEN2, {})
 
 
 def _jobs(runs: Path, dataset, plans: dict) -> list[dict]:
@@ -49,7 +52,7 @@ def family_runs(tmp_path_factory, dataset) -> Path:
 
 
 def _reference(runs: Path, name: str) -> list[float]:
-    return losses(runs / f"{'llama' if name.startswith('llama') else 'qwen-moe'}-none")
+    return losses(runs / f"{name.split('-')[0] if name.startswith(('llama', 'qwen2')) else 'qwen-moe'}-none")
 
 
 @pytest.mark.parametrize("name", list(TWO_RANK))
