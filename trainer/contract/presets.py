@@ -3,6 +3,11 @@
 GPT-2 from Radford et al. 2019; GPT-3 from Brown et al. 2020, Table 2.1. Two GPT-3 rows in that table do not divide:
 1.3B lists 24 heads of 128 for d_model 2048 and 13B lists d_model 5140 for 40 heads of 128; like Megatron-LM's
 reproductions, the presets use 16 heads for 1.3B and d_model 5120 for 13B so that head_dim = d_model / n_heads.
+The Llama, Mixtral and Qwen2-MoE presets are the shapes of each model's published config.json (Meta's
+Llama 3 / 3.1 / 3.2 releases, Mistral AI's Mixtral-8x7B-v0.1, Qwen's Qwen1.5-MoE-A2.7B); their parameter counts
+equal Hugging Face transformers' models built from those configs, and the published totals (docs/formulas.md,
+Parameters). ``seq_len`` is the pre-training context (8192; Mixtral 32,768 as released), not the longest one rope
+scaling reaches.
 GPUs are those of ``gpus``, with their datasheet figures.
 """
 from __future__ import annotations
@@ -14,6 +19,8 @@ from trainer.contract.specs import ClusterSpec, GPUSpec, ModelSpec, RopeScaling
 
 _GPT2 = dict(seq_len=1024, vocab_size=50257)
 _GPT3 = dict(seq_len=2048, vocab_size=50257)
+_LLAMA3 = dict(seq_len=8192, vocab_size=128256, positions="rope", activation="swiglu", norm="rmsnorm", bias=False,
+               tied_embeddings=False, rope_base=500000.0)
 _TINY_LLAMA = dict(n_layers=4, d_model=64, n_heads=4, n_kv_heads=2, seq_len=64, vocab_size=512, ffn_hidden=176,
                    positions="rope", activation="swiglu", norm="rmsnorm", bias=False, tied_embeddings=False,
                    rope_base=500000.0, rope_scaling=RopeScaling(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -32,11 +39,27 @@ MODELS: dict[str, ModelSpec] = {m.name: m for m in (
     ModelSpec(name="gpt3-6.7b", n_layers=32, d_model=4096, n_heads=32, **_GPT3),
     ModelSpec(name="gpt3-13b", n_layers=40, d_model=5120, n_heads=40, **_GPT3),
     ModelSpec(name="gpt3-175b", n_layers=96, d_model=12288, n_heads=96, **_GPT3),
-    # Mixtral 8x7B's shape (32 layers, 4096 wide, 8 KV heads, 8 experts of FFN 14336, top-2, rotary, untied head)
-    # on this project's GELU MLP with biases, so its parameter count differs from Mixtral's SwiGLU 46.7 B.
-    ModelSpec(name="mixtral-like-8x7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
-              seq_len=4096, vocab_size=32000, positions="rope", tied_embeddings=False, bias=False,
-              n_experts=8, top_k=2, capacity_factor=1.25, moe_every=1),
+    # Llama 3 (Meta, April 2024; "The Llama 3 Herd of Models", arXiv:2407.21783): RMSNorm, SwiGLU, grouped-query
+    # attention of 8 KV heads, rotary θ = 500,000, a 128,256-token vocabulary, no biases, untied head (tied at 1B).
+    ModelSpec(name="llama3-8b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336, **_LLAMA3),
+    ModelSpec(name="llama3-70b", n_layers=80, d_model=8192, n_heads=64, n_kv_heads=8, ffn_hidden=28672, **_LLAMA3),
+    ModelSpec(name="llama3.1-405b", n_layers=126, d_model=16384, n_heads=128, n_kv_heads=8, ffn_hidden=53248,
+              rope_scaling=RopeScaling(factor=8.0), **_LLAMA3),
+    ModelSpec(name="llama3.2-1b", n_layers=16, d_model=2048, n_heads=32, n_kv_heads=8, ffn_hidden=8192,
+              rope_scaling=RopeScaling(factor=32.0), **{**_LLAMA3, "tied_embeddings": True}),
+    # Mixtral 8x7B (Jiang et al. 2024, arXiv:2401.04088): Mistral 7B's attention with 8 SwiGLU experts of 14,336,
+    # top-2 renormalised, no token dropped.
+    ModelSpec(name="mixtral-8x7b", n_layers=32, d_model=4096, n_heads=32, n_kv_heads=8, ffn_hidden=14336,
+              seq_len=32768, vocab_size=32000, positions="rope", activation="swiglu", norm="rmsnorm", bias=False,
+              tied_embeddings=False, rope_base=1e6, n_experts=8, top_k=2, topk_norm="renormalize",
+              capacity_factor=0.0, aux_loss_coef=0.02),
+    # Qwen1.5-MoE-A2.7B (Qwen2-MoE architecture): q/k/v biases, 60 experts of 1408, top-4 without renormalising,
+    # one shared expert of 5632 behind a sigmoid gate on every layer.
+    ModelSpec(name="qwen1.5-moe-a2.7b", n_layers=24, d_model=2048, n_heads=16, ffn_hidden=5632, seq_len=8192,
+              vocab_size=151936, positions="rope", activation="swiglu", norm="rmsnorm", norm_eps=1e-6, bias=False,
+              qkv_bias=True, tied_embeddings=False, rope_base=1e6, n_experts=60, top_k=4, moe_ffn_hidden=1408,
+              topk_norm="none", capacity_factor=0.0, shared_expert_ffn=5632, shared_expert_gate=True,
+              aux_loss_coef=0.001),
     # Small shapes for tests, smoke runs and the CPU.
     ModelSpec(name="tiny", n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512),
     ModelSpec(name="tiny-moe", n_layers=4, d_model=64, n_heads=4, seq_len=64, vocab_size=512,

@@ -33,7 +33,7 @@ def test_it_returns_json_with_a_formula_on_every_figure():
 
 
 def test_it_bounds_decode_time_by_memory_bandwidth():
-    m, c = MODELS["mixtral-like-8x7b"], cluster("H100-SXM", 1)
+    m, c = MODELS["mixtral-8x7b"], cluster("H100-SXM", 1)
     inf = inference_estimate(m, c, tp=2, batch=4, context=4096)
     per_token = 2 * m.n_layers * m.kv_heads * m.head_dim * 2
     assert inf["kv_per_token"].value == per_token == 131072

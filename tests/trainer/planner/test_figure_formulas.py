@@ -125,8 +125,11 @@ _CASES = [
     (MODELS["gpt2-xl"], cluster("A100-SXM-80GB", 4), 64, 40, None, _SPACE),
     (MODELS["gpt3-1.3b"], cluster("H100-SXM", 4), 128, 40, None, _SPACE),
     (MODELS["gpt3-175b"], cluster("A100-SXM-80GB", 128), 1536, 40, None, _SPACE),
-    (MODELS["mixtral-like-8x7b"], cluster("H100-SXM", 4), 64, 50, None, _SPACE),
-    (MODELS["mixtral-like-8x7b"], cluster("H100-SXM", 2), 32, 20, EstimateOptions(repeat_kv=False), _DEEPSPEED),
+    (MODELS["mixtral-8x7b"], cluster("H100-SXM", 4), 64, 50, None, _SPACE),
+    (MODELS["mixtral-8x7b"], cluster("H100-SXM", 2), 32, 20, EstimateOptions(repeat_kv=False), _DEEPSPEED),
+    (MODELS["llama3-8b"], cluster("H100-SXM", 2), 64, 30, None, _SPACE),
+    (MODELS["tiny-llama"], local_cpu_cluster(4), 8, 30, None, _SPACE),
+    (MODELS["tiny-qwen-moe"], local_cpu_cluster(4), 8, 30, None, _SPACE),
 ]
 _MEGATRON = ParallelPlan(dp=8, tp=8, pp=16, micro_batch=1, global_batch=1536, sequence_parallel=True,
                          precision="bf16", activation_checkpointing="selective", pipeline_schedule="interleaved",
@@ -153,7 +156,7 @@ def training_estimates():
 
 def inference_estimates():
     out = []
-    for name in ("tiny", "gpt2-small", "gpt3-175b", "mixtral-like-8x7b"):
+    for name in ("tiny", "gpt2-small", "gpt3-175b", "mixtral-8x7b"):
         model = MODELS[name]
         for tp in (1, 2, 8):
             if model.kv_heads % tp and tp % model.kv_heads:

@@ -20,13 +20,16 @@ def test_it_counts_model_flops_as_palm_and_narayanan_do():
 
 
 def _palm_flops_per_token(m: ModelSpec) -> int:
-    """6·N + 12·L·h·s with N summed weight matrix by weight matrix: attention q, k, v and out; the MLP, or in a
-    mixture-of-experts layer the router and k experts; the V·h head, tied or not."""
-    h, f, L, kv = m.d_model, m.ffn, m.n_layers, m.kv_heads * m.head_dim
+    """6·N + 12·L·h·s with N summed weight matrix by weight matrix: attention q, k, v and out; the MLP (two
+    matrices, three for SwiGLU), or in a mixture-of-experts layer the router, k routed experts of width moe_ffn and
+    the shared expert with its 1×h gate; the V·h head, tied or not."""
+    h, L, kv = m.d_model, m.n_layers, m.kv_heads * m.head_dim
     attention = h * h + 2 * h * kv + h * h
-    mlp = 2 * h * f
+    matrices = 3 if m.activation == "swiglu" else 2
+    shared = matrices * h * m.shared_expert_ffn + (h if m.shared_expert_gate else 0)
     n_moe = len(m.moe_layers)
-    n = L * attention + (L - n_moe) * mlp + n_moe * (m.top_k * mlp + h * m.n_experts) + m.vocab_size * h
+    n = L * attention + (L - n_moe) * matrices * h * m.ffn \
+        + n_moe * (m.top_k * matrices * h * m.moe_ffn + h * m.n_experts + shared) + m.vocab_size * h
     return 6 * n + 12 * L * h * m.seq_len
 
 

@@ -85,7 +85,7 @@ class Planner:
                 checkpointing=checkpointing, bytes_per_element=e, attention=self._attention,
                 small_terms=o.small_terms, mask_bytes=self.mask_bytes(e), sp_gathered=o.sp_gathered,
                 autocast=self.autocast(plan), stat_bytes=self.stat_bytes(plan, e), repeat_kv=o.repeat_kv,
-                loss_bytes=o.loss_bytes)
+                loss_bytes=o.loss_bytes, rmsnorm_composite=self._on_cpu)
             self._settings[key] = hit
         return hit
 

@@ -25,7 +25,7 @@ from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError, ch
 # MoE layers (memory.moe_activations): cap = max(1, ⌈c·T·k/E⌉) slots per expert, M = min(T·k, E·min(cap, T)) kept
 # assignments (exact when c ≥ E/k; an upper bound otherwise).
 ACTIVATION_FORMULAS = {
-    "layernorm_inputs": "2·T·h·e_stream / r",
+    "layernorm_inputs": "2·T·h·e_norm / r  (e_norm = e_stream, or 4 for RMSNorm upcasting on the CPU)",
     "layernorm_outputs": "ln_copies·T·h·e / r_ln",
     "layernorm_stats": "2·2·T·stat_bytes / r  (mean and 1/σ of two LayerNorms)",
     "dropout_masks": "2·T·h·mask_bytes / r",
@@ -38,10 +38,20 @@ ACTIVATION_FORMULAS = {
     "causal_mask": "s²",
     "attention_logsumexp": "T·a·4 / t",
     "mlp": "2·T·f·e / t  (up-projection output, GELU output)",
+    "swiglu": "4·T·f·e / t  (gate output, SiLU output, up output, their product)",
+    "gate_input_cast": "T·h·e / r_ln  (autocast's cast of the norm output for SwiGLU's gate)",
+    "rmsnorm_stats": "2·T·4 / r  (1/rms of two RMSNorms, fp32)",
+    "rmsnorm_normalized": "2·T·h·4 / r  (fp32 x/rms before the gain: RMSNorm as separate operations, on the CPU)",
+    "expert_gate_inputs": "E·cap·h·e  (each expert's gate's cast of its rows, under autocast)",
+    "expert_swiglu": "4·E·cap·f_e·e  (each expert's gate, SiLU, up and product outputs)",
+    "shared_expert": "mlp_saved·T·f_s·e  (the shared expert's MLP on every token)",
+    "shared_expert_input_casts": "shared_casts·T·h·e  (the shared expert's and its gate's casts, under autocast)",
+    "shared_expert_output": "T·h·e  (kept by the gate's multiply)",
+    "shared_gate_small": "T·e  (the gate's sigmoid)",
     "router_probs": "T·E·4  (softmax output, fp32)",
     "dispatched_tokens": "M·h·e_stream  (index_copy keeps its gathered source)",
     "expert_inputs": "E·cap·h·e  (the dispatch buffer at capacity)",
-    "expert_mlp": "2·E·cap·f·e  (each expert's up-projection and GELU outputs)",
+    "expert_mlp": "2·E·cap·f_e·e  (each expert's up-projection and GELU outputs)",
     "combine": "2·M·h·e  (gathered expert outputs, gated outputs kept by index_add)",
     "routing_small": "T·k·8 + T·k + 2·M·8 + M·e + E·4  (top-k indices, kept mask, row/slot indices, gates, aux "
                      "fractions)",
@@ -55,9 +65,11 @@ EDGE_FORMULAS = {
     "token_ids": "T·8",
     "position_ids": "s·8",
     "embedding_dropout_mask": "T·h·mask_bytes / r",
-    "final_layernorm_input": "T·h·e_stream / r",
+    "final_layernorm_input": "T·h·e_norm / r",
     "final_layernorm_output": "T·h·e / r_ln",
     "final_layernorm_stats": "2·T·stat_bytes / r",
+    "final_rmsnorm_stats": "T·4 / r",
+    "final_rmsnorm_normalized": "T·h·4 / r",
     "log_probs": "T·⌈V/t⌉·loss_bytes",
     "targets": "T·8",
     "loss_scalars": "4",
@@ -135,10 +147,13 @@ def _activation_symbols(model: ModelSpec, settings: M.ActivationSettings) -> dic
                    ln_copies=settings.ln_output_copies, stat_bytes=settings.stat_bytes,
                    mask_bytes=settings.mask_bytes, loss_bytes=settings.loss_bytes,
                    table_bytes=settings.rotary_table_bytes,
-                   kv_saved=settings.kv_saved(model.d_model, model.kv_heads * model.head_dim))
+                   kv_saved=settings.kv_saved(model.d_model, model.kv_heads * model.head_dim),
+                   e_norm=settings.norm_input_bytes(model.norm == "rmsnorm"))
     if model.is_moe:
         E, k, c = model.n_experts, model.top_k, model.capacity_factor
-        symbols.update(E=E, k=k, c=c, cap=M.expert_capacity(T, E, k, c), M=M.moe_kept(T, E, k, c))
+        symbols.update(E=E, k=k, c=c, cap=M.expert_capacity(T, E, k, c), M=M.moe_kept(T, E, k, c),
+                       f_e=model.moe_ffn, f_s=model.shared_expert_ffn, mlp_saved=4 if model.is_gated else 2,
+                       shared_casts=(2 if model.is_gated else 1) + (1 if model.shared_expert_gate else 0))
     return symbols
 
 
@@ -330,7 +345,7 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
     # a stage holds its first n_layers // pp layers' kinds (MoE models are not pipelined)
     n_moe = sum(1 for i in range(st.layers) if m.is_moe_layer(i)) if m.is_moe else 0
     counts = {False: ("n_dense_layers" if m.is_moe else "n_layers", st.layers - n_moe), True: ("n_moe_layers", n_moe)}
-    top_k = m.top_k if m.is_moe else 1
+    top_k = m.top_k if m.is_moe and m.renormalizes_topk else 1  # the routing formula with renormalisation or not
     per_mb = {}
     for name, value in st.activations_per_microbatch.items():
         if name in EDGE_FORMULAS:

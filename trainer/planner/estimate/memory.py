@@ -115,7 +115,11 @@ def deepspeed_shard(params: int, dp: int, expert_params: int = 0, ep: int = 1) -
 class MoEShape:
     n_experts: int            # E
     top_k: int                # k
-    capacity_factor: float    # c
+    capacity_factor: float    # c (0: no token dropped)
+    ffn: int = 0              # f_e, one routed expert's width (0: the layer's ffn)
+    shared_ffn: int = 0       # f_s, the shared expert's width (0: none)
+    shared_gate: bool = False  # the shared expert's output scaled by sigmoid(x·w)
+    renormalize: bool | None = None  # the top-k weights renormalised to sum to 1 (None: when k > 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,13 +135,28 @@ class LayerShape:
     rope: bool = False        # rotary positions
     dropout: bool = False
     moe: MoEShape | None = None  # a mixture-of-experts layer: its experts replace the MLP
+    gated: bool = False       # SwiGLU MLPs (gate, up, down) rather than GELU (up, down)
+    rmsnorm: bool = False     # RMSNorm (one statistic per token) rather than LayerNorm (two)
 
     @classmethod
     def of(cls, model: ModelSpec, moe: bool = False) -> "LayerShape":
         """A dense layer of ``model``, or (``moe``) one of its mixture-of-experts layers."""
+        experts = MoEShape(model.n_experts, model.top_k, model.capacity_factor, model.moe_ffn,
+                           model.shared_expert_ffn, model.shared_expert_gate, model.renormalizes_topk)
         return cls(model.d_model, model.ffn, model.kv_heads * model.head_dim, model.n_heads, model.seq_len,
-                   model.head_dim, model.positions == "rope", model.dropout > 0,
-                   MoEShape(model.n_experts, model.top_k, model.capacity_factor) if moe else None)
+                   model.head_dim, model.positions == "rope", model.dropout > 0, experts if moe else None,
+                   model.is_gated, model.norm == "rmsnorm")
+
+    @property
+    def norm_stats(self) -> int:
+        """Statistics a norm saves per token: mean and 1/σ (LayerNorm), 1/rms (RMSNorm)."""
+        return 1 if self.rmsnorm else 2
+
+    @property
+    def mlp_saved(self) -> int:
+        """f-wide tensors one MLP saves per token: up output and GELU output; or for SwiGLU the gate output (SiLU
+        reads it), SiLU's output and the up output (their product reads both) and the product (down reads it)."""
+        return 4 if self.gated else 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +179,9 @@ class ActivationSettings:
     the kernel saves h-wide copies — unless selective recompute reruns the kernel, which then keeps only the
     kv-wide projections.
     ``loss_bytes``: bytes per element of the logits the loss works on (the last stage's terms only).
+    ``rmsnorm_composite``: RMSNorm runs as separate operations (PyTorch on the CPU: pow, mean, rsqrt, two
+    multiplies), which save the fp32 normalised x/rms before the gain and the input upcast to fp32; the fused kernel
+    (CUDA) saves the input and 1/rms only.
     """
 
     micro_batch: int          # b
@@ -175,6 +197,7 @@ class ActivationSettings:
     stat_bytes: int = LN_STAT_BYTES
     repeat_kv: bool = False
     loss_bytes: int = 4
+    rmsnorm_composite: bool = False
 
     @property
     def sp_split(self) -> int:
@@ -207,6 +230,29 @@ class ActivationSettings:
         the kernel and keeps the kv-wide projections only."""
         return d_model if (self.repeat_kv and self.checkpointing != "selective") else kv_dim
 
+    def norm_terms(self, tokens: int, d_model: int, rmsnorm: bool, norms: int, prefix: str) -> list[tuple[str, float]]:
+        """What ``norms`` norms save besides their input and output: the statistics (small terms), and for a
+        composite RMSNorm its fp32 x/rms (and the fp32 upcast of a 16-bit input, which replaces the input)."""
+        r, terms = self.sp_split, []
+        if rmsnorm:
+            if self.small_terms:
+                terms.append((f"{prefix}rmsnorm_stats", norms * tokens * self.rms_stat_bytes / r))
+            if self.rmsnorm_composite:
+                terms.append((f"{prefix}rmsnorm_normalized", norms * tokens * d_model * 4 / r))
+        elif self.small_terms:
+            terms.append((f"{prefix}layernorm_stats", norms * 2 * tokens * self.stat_bytes / r))
+        return terms
+
+    @property
+    def rms_stat_bytes(self) -> int:
+        """Bytes of RMSNorm's 1/rms per token: fp32 always (the fused kernel and the composite one compute in fp32)."""
+        return 4
+
+    def norm_input_bytes(self, rmsnorm: bool) -> int:
+        """Bytes per element of a saved norm input: the residual stream's, or fp32 for a composite RMSNorm, which
+        saves its input upcast to fp32."""
+        return 4 if (rmsnorm and self.rmsnorm_composite) else self.stream_bytes
+
 
 @lru_cache(maxsize=8192)
 def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
@@ -223,10 +269,12 @@ def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
     if settings.checkpointing == "full":
         return (("layer_input", T * h * stream / r),)
     small, mask_bytes = settings.small_terms, settings.mask_bytes
-    terms = [("layernorm_inputs", 2 * T * h * stream / r),
+    terms = [("layernorm_inputs", 2 * T * h * settings.norm_input_bytes(shape.rmsnorm) / r),
              ("layernorm_outputs", settings.ln_output_copies * T * h * e / settings.ln_output_split)]
-    if small:
-        terms.append(("layernorm_stats", 2 * 2 * T * settings.stat_bytes / r))
+    if settings.autocast and shape.gated and not shape.moe:
+        # under autocast SwiGLU's gate casts the norm output once more, beside up's cast
+        terms.append(("gate_input_cast", T * h * e / settings.ln_output_split))
+    terms += settings.norm_terms(T, h, shape.rmsnorm, 2, "")
     if shape.dropout:
         terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
     selective = settings.checkpointing == "selective"
@@ -248,6 +296,8 @@ def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
             terms.append(("attention_logsumexp", T * a * 4 / t))
     if shape.moe:
         terms += moe_activations(T, shape, settings)
+    elif shape.gated:
+        terms.append(("swiglu", 4 * T * f * e / t))
     else:
         terms.append(("mlp", 2 * T * f * e / t))
     return tuple(terms)
@@ -255,7 +305,9 @@ def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
 
 def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
     """Slots per expert for one micro-batch of ``tokens`` on one rank, as the trainer's MoE layer sizes them:
-    cap = max(1, ⌈capacity_factor · tokens · k / E⌉)."""
+    cap = max(1, ⌈capacity_factor · tokens · k / E⌉), or every token (T) when capacity_factor is 0 (drop none)."""
+    if capacity_factor == 0:
+        return max(1, tokens)
     return max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
 
 
@@ -287,17 +339,43 @@ def moe_activations(tokens: int, shape: LayerShape, settings: ActivationSettings
     Expert parallel does not change these per-rank sizes: every rank dispatches its own T tokens into E·cap
     slots, and each of its E/ep experts runs on ep·cap received rows. Tensor parallel is refused for MoE models.
     """
-    T, h, f, e = tokens, shape.d_model, shape.ffn, settings.bytes_per_element
-    E, k, c = shape.moe.n_experts, shape.moe.top_k, shape.moe.capacity_factor
+    moe = shape.moe
+    T, h, f, e = tokens, shape.d_model, moe.ffn or shape.ffn, settings.bytes_per_element
+    E, k, c = moe.n_experts, moe.top_k, moe.capacity_factor
     cap = expert_capacity(T, E, k, c)
     M = moe_kept(T, E, k, c)
     terms = [("router_probs", T * E * 4.0), ("dispatched_tokens", M * h * settings.stream_bytes),
-             ("expert_inputs", E * cap * h * e), ("expert_mlp", 2 * E * cap * f * e), ("combine", 2 * M * h * e)]
+             ("expert_inputs", E * cap * h * e)]
+    if shape.gated:
+        if settings.autocast:  # each expert's gate casts its rows too
+            terms.append(("expert_gate_inputs", E * cap * h * e))
+        terms.append(("expert_swiglu", 4 * E * cap * f * e))
+    else:
+        terms.append(("expert_mlp", 2 * E * cap * f * e))
+    terms.append(("combine", 2 * M * h * e))
+    if moe.shared_ffn:
+        terms += shared_expert_activations(T, shape, settings)
     if settings.small_terms:
         routing = T * k * 8 + T * k + 2 * M * 8 + M * e + E * 4
-        if k > 1:
+        if moe.renormalize or (moe.renormalize is None and k > 1):
             routing += T * k * 4 + T * 4
         terms.append(("routing_small", float(routing)))
+    return terms
+
+
+def shared_expert_activations(tokens: int, shape: LayerShape, settings: ActivationSettings) -> list[tuple[str, float]]:
+    """The shared expert of an MoE layer (Qwen2-MoE): an MLP of width f_s on all T tokens, its input the norm output
+    (counted with the norms; under autocast each of its input matmuls saves its own 16-bit cast), and with a gate
+    sigmoid(x·w) the expert's output (kept by the gate multiply), the gate input's cast and the sigmoid output."""
+    moe, T, h, e = shape.moe, tokens, shape.d_model, settings.bytes_per_element
+    terms = [("shared_expert", shape.mlp_saved * T * moe.shared_ffn * e)]
+    casts = (2 if shape.gated else 1) + (1 if moe.shared_gate else 0)
+    if settings.autocast:
+        terms.append(("shared_expert_input_casts", casts * T * h * e))
+    if moe.shared_gate:
+        terms.append(("shared_expert_output", T * h * e))
+        if settings.small_terms:
+            terms.append(("shared_gate_small", T * e))
     return terms
 
 
@@ -316,12 +394,13 @@ def edge_activations(model: ModelSpec, settings: ActivationSettings, first: bool
         if model.dropout > 0:
             terms.append(("embedding_dropout_mask", T * h * settings.mask_bytes / r))
     if last:
-        terms += [("final_layernorm_input", T * h * settings.stream_bytes / r),
+        rmsnorm = model.norm == "rmsnorm"
+        terms += [("final_layernorm_input", T * h * settings.norm_input_bytes(rmsnorm) / r),
                   ("final_layernorm_output", T * h * e / settings.ln_output_split),
                   ("log_probs", T * -(-V // settings.tp) * settings.loss_bytes)]
+        terms += settings.norm_terms(T, h, rmsnorm, 1, "final_")
         if settings.small_terms:
-            terms += [("final_layernorm_stats", 2 * T * settings.stat_bytes / r), ("targets", T * INDEX_BYTES),
-                      ("loss_scalars", 4)]
+            terms += [("targets", T * INDEX_BYTES), ("loss_scalars", 4)]
     return tuple(terms)
 
 

@@ -6,9 +6,12 @@ A GPT block (docs/formulas.md, Parameters) holds, with kv = n_kv_heads·head_dim
                out        h·h + h                   row-parallel (columns split by t, bias replicated)
     MLP        up         f·h + f                   column-parallel
                down       h·f + h                   row-parallel
-= 12h² + 13h for kv = h, f = 4h. A mixture-of-experts block swaps the MLP for E experts (2hf + f + h each) and a
-router h·E. Outside the blocks: token embedding V·h (vocabulary split by t), learned positions s·h, final LayerNorm
-2h and, when untied, an LM head V·h.
+= 12h² + 13h for kv = h, f = 4h. A Llama block: RMSNorms of h (no bias), q/k/v biases only where the model has them
+(Qwen2), and a SwiGLU MLP of three matrices, gate and up (column-parallel) and down: 3hf. A mixture-of-experts
+block swaps the MLP for E routed experts of width f_e = moe_ffn (2hf_e + f_e + h, or 3hf_e, each), a router h·E
+and, in Qwen2-MoE, a shared expert of width f_s and its 1×h gate; the first ``first_dense_layers`` keep the dense
+MLP. Outside the blocks: token embedding V·h (vocabulary split by t), learned positions s·h, the final norm and,
+when untied, an LM head V·h.
 
 Placement on ranks: a pipeline's first stage holds the embeddings, its last the final LayerNorm and the head. A tied
 head on the last stage of a pipeline (pp > 1) is a copy of the embedding: counted on both stages, once in the total.
@@ -46,7 +49,8 @@ def chunk(size: int, parts: int, index: int) -> int:
     return max(0, min(step, size - index * step))
 
 
-def _layernorm(name: str, h: int, bias: bool) -> list[ParamTensor]:
+def _norm(name: str, h: int, bias: bool) -> list[ParamTensor]:
+    """A LayerNorm (gain, and a bias when ``bias``) or an RMSNorm (gain only: pass bias=False)."""
     return [ParamTensor(f"{name}.weight", h)] + ([ParamTensor(f"{name}.bias", h)] if bias else [])
 
 
@@ -57,17 +61,30 @@ def _linear(name: str, out: int, inp: int, bias: bool, tp_dim: int | None, exper
     return tensors
 
 
+def mlp_tensors(model: ModelSpec, name: str, width: int, expert: bool = False) -> list[ParamTensor]:
+    """One MLP of ``width``: up (column-parallel) and down (row-parallel), and for SwiGLU the gate beside up."""
+    h, bias = model.d_model, model.has_mlp_bias
+    gate = _linear(f"{name}.gate", width, h, bias, 0, expert) if model.is_gated else []
+    return gate + _linear(f"{name}.up", width, h, bias, 0, expert) + _linear(f"{name}.down", h, width, bias, 1, expert)
+
+
 def block_tensors(model: ModelSpec, moe: bool) -> list[ParamTensor]:
     """The tensors of one block, named as the native trainer names them (q, k, v are separate tensors, which
-    matters for FSDP's per-tensor chunks); a MoE block lists one expert's tensors (× n_experts in the counts)."""
-    h, f, kv, bias = model.d_model, model.ffn, model.kv_heads * model.head_dim, model.bias
-    tensors = _layernorm("ln1", h, bias) + _linear("attn.q", h, h, bias, 0) + _linear("attn.k", kv, h, bias, 0) \
-        + _linear("attn.v", kv, h, bias, 0) + _linear("attn.out", h, h, bias, 1) + _layernorm("ln2", h, bias)
-    if moe:
-        tensors += [ParamTensor("moe.router.weight", model.n_experts, h)]
-        tensors += _linear("moe.expert.up", f, h, bias, 0, True) + _linear("moe.expert.down", h, f, bias, 1, True)
-    else:
-        tensors += _linear("mlp.up", f, h, bias, 0) + _linear("mlp.down", h, f, bias, 1)
+    matters for FSDP's per-tensor chunks); a MoE block lists one routed expert's tensors (× n_experts in the
+    counts), then its shared expert and that expert's gate, which every token passes through."""
+    h, kv = model.d_model, model.kv_heads * model.head_dim
+    norm_bias, qkv_bias = model.has_norm_bias, model.has_qkv_bias
+    tensors = _norm("ln1", h, norm_bias) + _linear("attn.q", h, h, qkv_bias, 0) \
+        + _linear("attn.k", kv, h, qkv_bias, 0) + _linear("attn.v", kv, h, qkv_bias, 0) \
+        + _linear("attn.out", h, h, model.has_attention_out_bias, 1) + _norm("ln2", h, norm_bias)
+    if not moe:
+        return tensors + mlp_tensors(model, "mlp", model.ffn)
+    tensors += [ParamTensor("mlp.router.weight", model.n_experts, h)]
+    tensors += mlp_tensors(model, "mlp.experts.e", model.moe_ffn, expert=True)
+    if model.shared_expert_ffn:
+        tensors += mlp_tensors(model, "mlp.shared", model.shared_expert_ffn)
+        if model.shared_expert_gate:
+            tensors.append(ParamTensor("mlp.shared_gate.weight", 1, h))
     return tensors
 
 
@@ -79,8 +96,8 @@ def embedding_tensors(model: ModelSpec) -> list[ParamTensor]:
 
 
 def final_tensors(model: ModelSpec, pipelined: bool) -> list[ParamTensor]:
-    """Final LayerNorm and the head; a tied head is a separate copy only when the last stage is not the first."""
-    tensors = _layernorm("norm", model.d_model, model.bias)
+    """Final norm and the head; a tied head is a separate copy only when the last stage is not the first."""
+    tensors = _norm("norm", model.d_model, model.has_norm_bias)
     if not model.tied_embeddings or pipelined:
         tensors.append(ParamTensor("head.weight", model.vocab_size, model.d_model, 0))
     return tensors
@@ -112,12 +129,13 @@ def block_matmul_params(model: ModelSpec, moe: bool) -> int:
 
 
 def expert_params(model: ModelSpec) -> int:
-    """Parameters of one expert of an MoE block (up and down projections); 0 for a dense model."""
+    """Parameters of one routed expert of an MoE block (up and down projections, and gate for SwiGLU); 0 for a
+    dense model."""
     return _sum(t for t in block_tensors(model, True) if t.expert) if model.is_moe else 0
 
 
 def final_layernorm_params(model: ModelSpec) -> int:
-    return _sum(_layernorm("norm", model.d_model, model.bias))
+    return _sum(_norm("norm", model.d_model, model.has_norm_bias))
 
 
 @lru_cache(maxsize=256)
