@@ -206,6 +206,12 @@ def engine_problems(plan: Plan) -> Problems:
         if plan.pp > 1 and plan.pipeline_schedule != "1f1b":
             add_problem(p, "pipeline_schedule", f"DeepSpeed's pipeline engine runs its own 1F1B schedule, "
                                                 f"not '{plan.pipeline_schedule}'")
+        if plan.pp > 1 and is_uneven(plan):
+            # PipelineModule cuts its layers itself (partition_method 'uniform', 'parameters' or 'type:…', each a
+            # balanced split) and takes no count per stage
+            add_problem(p, "stage_layers", "DeepSpeed's pipeline engine balances the layers over its stages itself "
+                                           "and takes no layout of its own: leave stage_layers, first_stage_layers "
+                                           "and last_stage_layers unset, or use engine='native'")
         if plan.offload_params and plan.zero_stage != 3:
             add_problem(p, "offload_params", f"parameter offload needs zero_stage=3, got {plan.zero_stage}")
         if plan.offload_optimizer and plan.zero_stage == 0:

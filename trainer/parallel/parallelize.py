@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from trainer.contract import ModelSpec, ParallelPlan
+from trainer.contract.stages import stage_layer_ranges
 from trainer.model import GPT, tie_weights
 from trainer.parallel.ac import apply_ac
 from trainer.parallel.clip import global_grad_norm
@@ -111,7 +112,8 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
         full = GPT(spec)
     n_stages = plan.pp * plan.virtual_stages
     ids = stage_ids(topo.pp_rank, plan.pp, plan.virtual_stages, plan.pipeline_schedule) if plan.pp > 1 else [0]
-    modules = [split_stage(full, i, n_stages) for i in ids] if plan.pp > 1 else [full]
+    layers = stage_layer_ranges(spec.n_layers, plan) if plan.pp > 1 else ()
+    modules = [split_stage(full, i, layers) for i in ids] if plan.pp > 1 else [full]
     loss_parallel = plan.tp > 1
     for m in modules:
         if plan.tp > 1:

@@ -1,8 +1,10 @@
 """Pipeline parallel with torch.distributed.pipelining: the blocks are cut into pp·v contiguous stages.
 
-Stage s holds blocks [s·L/(pp·v), (s+1)·L/(pp·v)); the first stage also holds the embedding, the last the final
-norm and LM head. Rank r of the pp group holds stage r (v = 1) or stages r, r+pp, …, r+(v−1)·pp (interleaved,
-"looped" placement). One step feeds m = grad_accum micro-batches through the stages:
+Stage s holds the blocks ``trainer.contract.stages.stage_layer_ranges`` gives it: L/(pp·v) each by default, or the
+plan's own layout (``stage_layers``, or Megatron-LM's lighter first and last stages), in model order; the first stage
+also holds the embedding, the last the final norm and LM head. Stages of unequal size change nothing else: each
+PipelineStage learns its input and output shapes from its own module, and names stay those of the whole model.
+Rank r of the pp group holds stage r (v = 1) or stages r, r+pp, …, r+(v−1)·pp (interleaved, "looped" placement). One step feeds m = grad_accum micro-batches through the stages:
 - GPipe: all m forwards, then all m backwards; up to m micro-batches' activations in flight.
 - 1F1B: after a warm-up of pp−1−r forwards, alternate one forward and one backward: at most pp in flight.
   Both idle (p−1)/(m+p−1) of the step (the bubble).
@@ -47,11 +49,12 @@ def stage_ids(pp_rank: int, pp: int, virtual_stages: int, schedule: str = "1f1b"
     return [pp_rank + i * pp for i in range(virtual_stages)]
 
 
-def split_stage(full: GPT, stage: int, n_stages: int) -> GPT:
-    """A copy of ``full`` keeping only what stage ``stage`` of ``n_stages`` computes; parameter names unchanged."""
+def split_stage(full: GPT, stage: int, layers: tuple[range, ...]) -> GPT:
+    """A copy of ``full`` keeping only what stage ``stage`` computes, of the stages whose block indices are
+    ``layers`` (``stage_layer_ranges``: one range a stage, in model order); parameter names unchanged."""
     model = copy.deepcopy(full)
-    per = full.spec.n_layers // n_stages
-    keep = {str(i) for i in range(stage * per, (stage + 1) * per)}
+    n_stages = len(layers)
+    keep = {str(i) for i in layers[stage]}
     for name in list(model.layers.keys()):
         if name not in keep:
             del model.layers[name]

@@ -20,6 +20,7 @@ import torch
 from trainer import model as model_mod
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.contract.presets import local_cpu_cluster
+from trainer.contract.stages import stage_layer_ranges
 from trainer.parallel import ac as ac_mod
 from trainer.parallel import pipeline as pipeline_mod
 from trainer.planner.estimate.core import Planner
@@ -72,7 +73,8 @@ CASES += [(name, {**MOE, **fields}, *rest) for name, fields, *rest in [  # whole
 def _measure(spec: ModelSpec, b: int, checkpointing: str, pp: int, stage: int, precision: str, zero_stage: int):
     torch.manual_seed(0)
     full = model_mod.build_model(spec, seed=0)
-    module = pipeline_mod.split_stage(full, stage, pp) if pp > 1 else full
+    layers = stage_layer_ranges(spec.n_layers, ParallelPlan(pp=pp)) if pp > 1 else ()
+    module = pipeline_mod.split_stage(full, stage, layers) if pp > 1 else full
     module.train()
     ac_mod.apply_ac(module, checkpointing)
     cast = precision == "bf16" and zero_stage == 3       # FSDP2's bf16 policy runs the model in bf16
