@@ -10,7 +10,7 @@
     reduce     once, to the asked reduction (deploy.reduce)
     measure    what the reduction cost (deploy.quality) and the checkpoint's own greedy tokens for a prompt, which a
                deployment's smoke check compares with what the server answers; both on one model of the reduced
-               weights
+               weights, computed as a server computes it (``as_served``: experts drop no token)
     shard      the reduced weights split into tensor-parallel ranks (deploy.reshard)
 
 and returns a ``PreparedExport`` holding all of it. A writer only writes it out: it reads no checkpoint and reduces
@@ -81,6 +81,14 @@ def _checkpoint_problems(checkpoint: Path, manifest: CheckpointManifest | None, 
     return shard_problems(manifest.model_spec(), tensor_parallel)
 
 
+def as_served(spec: ModelSpec) -> ModelSpec:
+    """The spec of the model a server computes: its mixture-of-experts layers compute every chosen expert of every
+    token (capacity_factor 0), whatever capacity bounded the training batches. A model trained with capacity 0
+    (Mixtral's and Qwen2-MoE's way) is served as it is; one trained with a capacity may drop tokens in the
+    trainer's forward of a long prompt, where a server does not."""
+    return spec.replace(capacity_factor=0.0) if spec.is_moe else spec
+
+
 def smoke_reference(model, tokenizer: Path) -> dict[str, Any]:
     """The model's greedy continuation of SMOKE_PROMPT: what a served copy of the same weights must answer."""
     codec = Codec(tokenizer)
@@ -102,10 +110,13 @@ def prepare(checkpoint: str | Path, options: PrepareOptions) -> PreparedExport:
     spec = manifest.model_spec()
     state = checkpoint_state(checkpoint, manifest)
     reduced = reduce_state(state, options.reduction)
-    # the model a server computes (up to its arithmetic precision): measured, and the smoke check's reference
-    served = model_with(dequantize_state(reduced), spec)
+    # the model a server computes (up to its arithmetic precision): the smoke check's reference, and measured
+    # unless it differs from the trained one by more than the reduction (a capacity: the report is the reduction's)
+    served_spec = as_served(spec)
+    served = model_with(dequantize_state(reduced), served_spec)
     val_tokens = validation_tokens_for(manifest) if options.measure else None
-    quality = reduction_report(state, reduced, options.reduction, spec, val_tokens, reduced_model=served)
+    quality = reduction_report(state, reduced, options.reduction, spec, val_tokens,
+                               reduced_model=served if served_spec == spec else None)
     smoke = smoke_reference(served, Path(manifest.tokenizer))
     shards = tuple(shard_state(reduced, spec, options.tensor_parallel))
     return PreparedExport(checkpoint=checkpoint, manifest=manifest, spec=spec, options=options, weights=reduced,
