@@ -160,7 +160,8 @@ def test_it_computes_qwen2_moe_logits_like_transformers(first_dense):
 
 def test_it_normalises_with_rmsnorm_or_layernorm_as_the_spec_says():
     rms, layer = make_norm(MODELS["tiny-qwen-moe"]), make_norm(MODELS["tiny"])
-    assert isinstance(rms, torch.nn.RMSNorm) and rms.eps == 1e-6 and [n for n, _ in rms.named_parameters()] == ["weight"]
+    assert isinstance(rms, torch.nn.RMSNorm) and rms.eps == 1e-6
+    assert [n for n, _ in rms.named_parameters()] == ["weight"]
     assert isinstance(layer, torch.nn.LayerNorm) and layer.bias is not None
     x = torch.randn(3, 64) * 5 + 2
     with torch.no_grad():

@@ -3,8 +3,9 @@ losses equal within 1e-5 relative (fp32, 20 steps).
 
 The blocks (RMSNorm, SwiGLU's gate beside up, q/k/v biases, rotary scaling, routed and shared experts) must be cut,
 sharded and wrapped like GPT-2's: tensor and sequence parallel, FSDP2, DeepSpeed's ZeRO-2 and ZeRO-3 (its engine
-wraps the native model), full and selective recompute. One 2-rank launch runs every parallel job, one single-process
-launch the references and the recomputing runs.
+wraps the native model) and its pipeline (which builds the final norm itself), expert parallel, full and selective
+recompute. One 2-rank launch runs every parallel job, one single-process launch the references and the recomputing
+runs.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ TWO_RANK = {
     "llama-fsdp2": (LLAMA, dict(dp=2, zero_stage=3)),
     "llama-ds-zero2": (LLAMA, dict(zero_stage=2, **DS)),
     "llama-ds-zero3": (LLAMA, dict(zero_stage=3, **DS)),
+    "llama-ds-pp2": (LLAMA, dict(engine="deepspeed", pp=2, zero_stage=1)),  # its PipelineModule's own final norm
     "qwen2-tp2": (QWEN2, dict(tp=2)),
     "qwen-moe-dp2-ep2": (QWEN, dict(dp=2, ep=2)),
 }

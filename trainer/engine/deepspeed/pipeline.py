@@ -1,7 +1,8 @@
 """The native GPT as a DeepSpeed PipelineModule, for plans with pp > 1 on the deepspeed engine (ZeRO 0 or 1).
 
-Layers in order: embedding, the L blocks, the final LayerNorm, the LM head. ``partition_method="type:PipeBlock"``
-gives each of the pp stages L/pp blocks; the embedding rides on the first stage and norm and head on the last.
+Layers in order: embedding, the L blocks, the final norm (LayerNorm or RMSNorm, as the spec says), the LM head.
+``partition_method="type:PipeBlock"`` gives each of the pp stages L/pp blocks; the embedding rides on the first stage
+and norm and head on the last.
 A tied head is DeepSpeed's TiedLayerSpec: both ends build the embedding, and DeepSpeed all-reduces the tied
 weight's gradient between the two stages after backward (the sum of the lookup's and the head's gradients).
 Each layer initialises its parameters with ``trainer.model.initial_value`` under the native names, so the pipeline
@@ -42,7 +43,15 @@ class PipeBlock(Block):
 
 class PipeNorm(nn.LayerNorm):
     def __init__(self, spec: ModelSpec, seed: int):
-        super().__init__(spec.d_model, bias=spec.bias)
+        super().__init__(spec.d_model, eps=spec.norm_eps, bias=spec.has_norm_bias)
+        _init(self, spec, "norm.", seed)
+
+
+class PipeRMSNorm(nn.RMSNorm):
+    """The final norm of a model with RMSNorm (Llama and its kin); a class of its own, as LayerSpec builds one."""
+
+    def __init__(self, spec: ModelSpec, seed: int):
+        super().__init__(spec.d_model, eps=spec.norm_eps)
         _init(self, spec, "norm.", seed)
 
 
@@ -63,7 +72,7 @@ def build_pipeline(spec: ModelSpec, pp: int, seed: int, loss_fn, activation_chec
     else:
         layers.append(LayerSpec(PipeEmbed, spec, seed))
     layers += [LayerSpec(PipeBlock, spec, i, seed) for i in range(spec.n_layers)]
-    layers.append(LayerSpec(PipeNorm, spec, seed))
+    layers.append(LayerSpec(PipeRMSNorm if spec.norm == "rmsnorm" else PipeNorm, spec, seed))
     if spec.tied_embeddings:
         layers.append(TiedLayerSpec("embed", PipeEmbed, spec, seed, forward_fn=_tied_head,
                                     tied_weight_attr="tokens.weight"))
