@@ -34,7 +34,7 @@ each distinct pair are computed once however many plans share it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from trainer.contract import ModelSpec, ParallelPlan
@@ -252,6 +252,14 @@ class ActivationSettings:
         """Bytes per element of a saved norm input: the residual stream's, or fp32 for a composite RMSNorm, which
         saves its input upcast to fp32."""
         return 4 if (rmsnorm and self.rmsnorm_composite) else self.stream_bytes
+
+
+@lru_cache(maxsize=256)
+def context_share(shape: LayerShape, cp: int) -> LayerShape:
+    """A layer as one context-parallel rank holds it: s/cp positions of each sequence (docs/formulas.md, Context
+    parallel). Every term ∝ T = s·b then shrinks cp times; ring attention keeps only its block's output and
+    log-sum-exp, never a score matrix across ranks, and the rotary tables it saves are its positions' rows."""
+    return shape if cp == 1 else replace(shape, seq_len=shape.seq_len // cp)
 
 
 @lru_cache(maxsize=8192)
