@@ -319,6 +319,12 @@ def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: fl
     return max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
 
 
+def routed_capacity_factor(model: ModelSpec) -> float:
+    """The capacity factor the dispatch buffer is sized by: the model's, or E/k when it is 0 (no token dropped: the
+    trainer gives every expert T slots, E·T = (E/k)·T·k in all), so that E·cap ≈ c·T·k either way."""
+    return model.capacity_factor or model.n_experts / model.top_k
+
+
 def moe_kept(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:
     """Kept (token, choice) assignments M at most: min(T·k, E·min(cap, T)). Exact when capacity_factor ≥ E/k (no
     expert can overflow); below that the drops depend on the routing, and this bound (every expert full) is what a
