@@ -4,7 +4,8 @@ Stage s holds the blocks ``trainer.contract.stages.stage_layer_ranges`` gives it
 plan's own layout (``stage_layers``, or Megatron-LM's lighter first and last stages), in model order; the first stage
 also holds the embedding, the last the final norm and LM head. Stages of unequal size change nothing else: each
 PipelineStage learns its input and output shapes from its own module, and names stay those of the whole model.
-Rank r of the pp group holds stage r (v = 1) or stages r, r+pp, …, r+(v−1)·pp (interleaved, "looped" placement). One step feeds m = grad_accum micro-batches through the stages:
+Rank r of the pp group holds stage r (v = 1) or stages r, r+pp, …, r+(v−1)·pp (interleaved, "looped" placement).
+One step feeds m = grad_accum micro-batches through the stages:
 - GPipe: all m forwards, then all m backwards; up to m micro-batches' activations in flight.
 - 1F1B: after a warm-up of pp−1−r forwards, alternate one forward and one backward: at most pp in flight.
   Both idle (p−1)/(m+p−1) of the step (the bubble).

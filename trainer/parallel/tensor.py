@@ -30,13 +30,10 @@ from typing import Callable
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
-from torch import nn
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
-                                               PrepareModuleOutput, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                               RowwiseParallel, SequenceParallel, parallelize_module)
 
 from trainer.model import GPT
-from trainer.model.moe import MoE
 
 
 def _own_stream(fn: Callable, tp_rank: int) -> Callable:
@@ -58,36 +55,7 @@ def _rank_local_dropout(model: GPT, tp_rank: int, sequence_parallel: bool) -> No
         block.attn.attend = _own_stream(block.attn.attend, tp_rank)
         if sequence_parallel:  # the stream between blocks holds this rank's positions only
             block.attn.resid_drop.forward = _own_stream(block.attn.resid_drop.forward, tp_rank)
-            if not isinstance(block.mlp, MoE):  # experts' outputs are whole on every rank: one shared mask
-                block.mlp.drop.forward = _own_stream(block.mlp.drop.forward, tp_rank)
-
-
-def _mlp_plan(mlp: nn.Module, path: str, output) -> dict:
-    """An MLP's column splits (up, and SwiGLU's gate: the product of the two is elementwise, so each rank's F/t
-    hidden units need only its own columns of both) and its row split, whose partial sums become ``output``."""
-    plan = {f"{path}.up": ColwiseParallel(), f"{path}.down": RowwiseParallel(output_layouts=output)}
-    if getattr(mlp, "gate", None) is not None:
-        plan[f"{path}.gate"] = ColwiseParallel()
-    return plan
-
-
-def _moe_plan(moe: MoE, sp: bool) -> dict:
-    """A mixture-of-experts layer (Megatron-LM's tensor-parallel experts): the router is replicated, so every
-    tensor-parallel partner routes the same tokens to the same slots; each routed expert and the shared expert is
-    split like the dense MLP over its own width (moe_ffn/t, shared_expert_ffn/t hidden units a rank), its output
-    all-reduced whole, so the gate weights, the combine and the shared expert's sigmoid gate (replicated) see the
-    same values as one process. With sequence parallel the layer takes the all-gathered sequence and keeps its
-    T/t positions of the result (no communication back: every rank holds the whole output)."""
-    plan: dict = {}
-    for e, expert in moe.experts.items():
-        plan.update(_mlp_plan(expert, f"mlp.experts.{e}", Replicate()))
-    if moe.shared is not None:
-        plan.update(_mlp_plan(moe.shared, "mlp.shared", Replicate()))
-    if sp:
-        plan["mlp"] = PrepareModuleInputOutput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                               use_local_input=True, output_layouts=(Replicate(),),
-                                               desired_output_layouts=(Shard(1),), use_local_output=True)
-    return plan
+            block.mlp.drop.forward = _own_stream(block.mlp.drop.forward, tp_rank)
 
 
 def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool) -> None:
@@ -120,8 +88,9 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_para
         plan: dict = {
             "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
             "attn.out": RowwiseParallel(output_layouts=stream),
+            "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(output_layouts=stream),
         }
-        plan.update(_moe_plan(block.mlp, sp) if isinstance(block.mlp, MoE) else _mlp_plan(block.mlp, "mlp", stream))
         if sp:
             plan.update({
                 "ln1": SequenceParallel(use_local_output=True),
@@ -129,10 +98,9 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_para
                 # all-gather the T/t positions before the column splits
                 "attn": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None),
                                            use_local_output=True),
+                "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                          use_local_output=True),
             })
-            if not isinstance(block.mlp, MoE):
-                plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                                 use_local_output=True)
         parallelize_module(block, tp_mesh, plan)
     if model.spec.dropout > 0:
         _rank_local_dropout(model, tp_mesh.get_local_rank(), sp)

@@ -7,7 +7,7 @@ import pytest
 from trainer.contract.presets import MODELS, cluster
 from trainer.contract import ModelSpec, ParallelPlan, check_plan
 from trainer.contract.schedules import Schedule
-from trainer.planner.tune.space import SearchSpace, divisors, enumerate_plans
+from trainer.planner.tune.space import SearchSpace, divisors, enumerate_plans, lighter_ends
 
 SPACE = SearchSpace(precisions=("fp32", "bf16", "fp16"), checkpointing=("none", "full"), max_micro_batch=1 << 20,
                     max_virtual_stages=3)
@@ -28,10 +28,14 @@ def _raw_grid(model, clu, global_batch):
                 divisors(global_batch), (False, True), divisors(dp), ("native", "deepspeed"), (0, 1, 2, 3),
                 (False, True), (False, True), SPACE.checkpointing, SPACE.precisions,
                 get_args(Schedule), range(1, SPACE.max_virtual_stages + 1)):
-            yield ParallelPlan(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch, sequence_parallel=sp,
-                               ep=ep, engine=engine, zero_stage=zero, offload_optimizer=off_o, offload_params=off_p,
-                               activation_checkpointing=ckpt, precision=prec, pipeline_schedule=sched,
-                               virtual_stages=v)
+            plan = ParallelPlan(dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch, sequence_parallel=sp,
+                                ep=ep, engine=engine, zero_stage=zero, offload_optimizer=off_o, offload_params=off_p,
+                                activation_checkpointing=ckpt, precision=prec, pipeline_schedule=sched,
+                                virtual_stages=v)
+            yield plan
+            ends = lighter_ends(model.n_layers, pp * plan.model_chunks)  # the uneven layout the tuner tries
+            if ends:
+                yield plan.replace(first_stage_layers=ends[0], last_stage_layers=ends[1])
 
 
 def _spec_valid(model, clu, global_batch):
@@ -52,7 +56,8 @@ def _spec_valid(model, clu, global_batch):
     (MODELS["tiny-moe"], cluster("A100-SXM-80GB", 1, gpus_per_node=4), 8),
     (GQA, cluster("A100-SXM-80GB", 2, gpus_per_node=2), 6),
     (MOE_E6, cluster("A100-SXM-80GB", 2, gpus_per_node=4), 8),
-], ids=["dense", "moe", "gqa-two-nodes", "moe-e6-two-nodes"])
+    (GQA.replace(n_layers=5, name="gqa-5-layers"), cluster("A100-SXM-80GB", 1, gpus_per_node=4), 4),
+], ids=["dense", "moe", "gqa-two-nodes", "moe-e6-two-nodes", "uneven-stages"])
 def test_it_enumerates_exactly_the_plans_the_spec_accepts(model, clu, global_batch):
     rejected = {}
     enumerated = list(enumerate_plans(model, clu, global_batch, SPACE, rejected))

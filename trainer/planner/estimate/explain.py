@@ -91,10 +91,6 @@ TIME_FORMULAS = {
                "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak_flops · efficiency) at p = 1)",
     "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / bandwidth_bytes_per_s + latency_s  "
                        "(ring all-reduces; n_allreduce = 4 a layer, 6 with full recompute)",
-    "context_parallel": "m · layers_per_stage · [(cp − 1)·max(0, S_kv/bw − a) "
-                        "+ (cp − 1)·max(0, (S_kv + S_grad)/bw − 2a) + S_grad/bw] + latency_s  (the K/V ring of each attention, S_kv = 2·T·kv·e/t, S_grad = "
-                        "2·T·kv·4/t, each hop hidden behind a half-block of attention, a = 2·T²·h/t / "
-                        "(peak_flops · efficiency); T = b·s/cp; the forward ring twice with full recompute)",
     "expert_all_to_all": "m · moe_layers · 4 · (ep − 1)/ep · T·k·c·h·e / bandwidth_bytes_per_s + latency_s  "
                          "(dispatch and combine, forward and backward)",
     "pipeline_p2p": "m · v · 2 · (T·h·e / r) / bandwidth_bytes_per_s + latency_s  (an activation forward and its "
@@ -114,7 +110,7 @@ TIME_FORMULAS = {
 
 
 # a micro-batch's work, in the order step_time adds it: what a pipeline's bubble stretches
-IN_STAGE = ("compute", "host_overhead", "expert_overhead", "tensor_parallel", "context_parallel", "expert_all_to_all")
+IN_STAGE = ("compute", "host_overhead", "expert_overhead", "tensor_parallel", "expert_all_to_all")
 
 
 def _outer_sum(expr: str) -> bool:
@@ -155,9 +151,7 @@ def _activation_symbols(model: ModelSpec, settings: M.ActivationSettings) -> dic
                    e_norm=settings.norm_input_bytes(model.norm == "rmsnorm"))
     if model.is_moe:
         E, k, c = model.n_experts, model.top_k, model.capacity_factor
-        # c = 0 (no token dropped) sizes the buffers and the all-to-all as c = E/k would
-        symbols.update(E=E, k=k, c=M.routed_capacity_factor(model), cap=M.expert_capacity(T, E, k, c),
-                       M=M.moe_kept(T, E, k, c),
+        symbols.update(E=E, k=k, c=c, cap=M.expert_capacity(T, E, k, c), M=M.moe_kept(T, E, k, c),
                        f_e=model.moe_ffn, f_s=model.shared_expert_ffn, mlp_saved=4 if model.is_gated else 2,
                        shared_casts=(2 if model.is_gated else 1) + (1 if model.shared_expert_gate else 0))
     return symbols
@@ -253,9 +247,10 @@ def _parameters(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         out["active"] = fig(c.active, "parameters", "total − n_moe_layers·(E − k)·expert  (k of E experts per MoE "
                             "layer)", total=c.total, n_moe_layers=n_moe, E=m.n_experts, k=m.top_k,
                             expert=P.expert_params(m))
+    counts, v_shape = planner.layout(plan)
     for st in numbers.stages:
         parts = P.rank_param_parts(m, plan.tp, plan.pp, plan.model_chunks, st.stage, plan.ep,
-                                   last=M.holds_last_stage(plan, st.stage))
+                                   last=M.holds_last_stage(plan, st.stage), counts=counts, v_shape=v_shape)
         named = [f"{n}·{b}" for n, b in (("n_dense_layers", "dense_block"), ("n_moe_layers", "moe_block"))
                  if parts[n]] + [n for n in ("embedding", "final") if parts[n]]
         out[f"stage_{st.stage}_rank"] = fig(
@@ -348,8 +343,8 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
                   checkpointing=plan.activation_checkpointing)
     if m.is_moe:
         common.update({n: symbols[n] for n in ("E", "k", "c", "cap", "M")}, f=m.ffn, moe_layers=len(m.moe_layers))
-    # a stage holds its first n_layers // pp layers' kinds (MoE models are not pipelined)
-    n_moe = sum(1 for i in range(st.layers) if m.is_moe_layer(i)) if m.is_moe else 0
+    held = planner.rank_layers(plan, st.stage)
+    n_moe = sum(1 for i in held if m.is_moe_layer(i))
     counts = {False: ("n_dense_layers" if m.is_moe else "n_layers", st.layers - n_moe), True: ("n_moe_layers", n_moe)}
     top_k = m.top_k if m.is_moe and m.renormalizes_topk else 1  # the routing formula with renormalisation or not
     per_mb = {}
@@ -386,9 +381,20 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
                    overhead_bytes=planner.overhead_bytes, fragmentation=planner.options.fragmentation,
                    activations=activations.value, buffers=buffers.value)
     parts = {**states, "activations": activations, "buffers": buffers, "overhead": overhead}
-    return {"stage": st.stage, "rank": rank_of(plan, st.stage), **parts,
+    return {"stage": st.stage, "rank": rank_of(plan, st.stage), "layers": _runs(held), **parts,
             "activations_per_microbatch": per_mb_total,
             "total": total("bytes", parts), "host_bytes": st.states["host"]}
+
+
+def _runs(layers: list[int]) -> list[list[int]]:
+    """Layer indices as [first, last] runs of consecutive layers: a rank's model chunks."""
+    out: list[list[int]] = []
+    for i in layers:
+        if out and out[-1][1] == i - 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return out
 
 
 def _offload_formula(plan: ParallelPlan) -> str:
@@ -408,8 +414,9 @@ def _offload_formula(plan: ParallelPlan) -> str:
 
 def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     plan, m, o = numbers.plan, planner.model, planner.options
-    first = numbers.stages[0]
-    layers = m.n_layers // plan.pp
+    moved = max(numbers.stages, key=lambda st: st.params) if planner.layout(plan)[0] else numbers.stages[0]
+    pace_rank, pace_head, held = planner.pace(plan)
+    layers = len(held)
     e = M.activation_bytes_per_element(plan.precision)
     time = numbers.time
     symbols: dict[str, Any] = dict(
@@ -417,21 +424,25 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         m=plan.grad_accum, v=plan.model_chunks, T=m.seq_len * plan.micro_batch, h=m.d_model, e=e,
         r=plan.tp if plan.sequence_parallel else 1, layers_per_stage=layers,
         n_allreduce=6 if plan.activation_checkpointing == "full" else 4,
-        moe_layers=sum(1 for i in range(layers) if m.is_moe_layer(i)) if m.is_moe and plan.ep > 1 else 0,
-        k=m.top_k, c=M.routed_capacity_factor(m), overlap=o.dp_overlap, P_rank=first.params,
-        P_shard=first.params_sharded,
+        moe_layers=sum(1 for i in held if m.is_moe_layer(i)) if m.is_moe and plan.ep > 1 else 0,
+        k=m.top_k, c=m.capacity_factor, overlap=o.dp_overlap, P_rank=moved.params, P_shard=moved.params_sharded,
         grad_bytes=M.state_bytes_per_param(plan.precision, plan.engine).gradients,
         pcie_bandwidth_bytes_per_s=o.pcie_bandwidth_gbs * GB,
         host_memory_bandwidth_bytes_per_s=o.host_memory_bandwidth_gbs * GB, step_overhead_s=o.step_overhead_s,
         passes=1.5 if plan.activation_checkpointing == "full" else 1.0, layer_overhead_s=o.layer_overhead_s,
         microbatch_overhead_s=o.microbatch_overhead_s, expert_overhead_s=o.expert_overhead_s,
-        moe_layers_per_stage=m.moe_layers_among(layers), experts_per_rank=m.n_experts // plan.ep,
+        moe_layers_per_stage=sum(1 for i in held if m.is_moe_layer(i)), experts_per_rank=m.n_experts // plan.ep,
         F_blocks=planner.block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
         peak_flops=planner.peak_flops, **{n: time[n] for n in IN_STAGE if n in time})
     symbols["efficiency"] = fig(numbers.efficiency, "fraction", "compute_efficiency · w / (w + w_half)  "
                                 "(w = b·s·h/t)", compute_efficiency=o.compute_efficiency,
                                 w_half=o.efficiency_half_work, w=plan.micro_batch * m.seq_len * m.d_model / plan.tp)
     formulas = dict(TIME_FORMULAS)
+    if planner.layout(plan)[0]:
+        symbols.update(L=m.n_layers, pace_rank=pace_rank, head_on_pace_rank=int(pace_head))
+        formulas["compute"] = (f"B·s/dp · (F_blocks·layers_per_stage/L{' + F_head' if pace_head else ''}) / t / "
+                               f"(peak_flops · efficiency)  (an uneven layout: the slowest pipeline rank, "
+                               f"{pace_rank}, sets the pace{', with the head' if pace_head else ''})")
     if plan.zero_stage >= 3:
         formulas["data_parallel"] = TIME_FORMULAS["data_parallel_zero3"]
     before = [n for n in IN_STAGE if n in time]
@@ -441,8 +452,7 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         else " · (p − 1)/(v·m)  (the work of a micro-batch, idle in the fill and drain)")
     if "offload" in time:
         formulas["offload"] = _offload_formula(plan)
-    groups = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep",
-              "context_parallel": "cp"}
+    groups = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep"}
     terms = {}
     for name, value in time.items():
         own = dict(symbols)

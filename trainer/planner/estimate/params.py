@@ -13,7 +13,8 @@ and, in Qwen2-MoE, a shared expert of width f_s and its 1×h gate; the first ``f
 MLP. Outside the blocks: token embedding V·h (vocabulary split by t), learned positions s·h, the final norm and,
 when untied, an LM head V·h.
 
-Placement on ranks: a pipeline's first stage holds the embeddings, its last the final LayerNorm and the head. A tied
+Placement on ranks: a pipeline's first stage holds the embeddings, its last the final LayerNorm and the head; each
+stage its layers, L/(p·v) or the plan's own layout's (``layout``, ``stage_layers``). A tied
 head on the last stage of a pipeline (pp > 1) is a copy of the embedding: counted on both stages, once in the total.
 Tensor parallel splits a dimension as torch.chunk does (ceil(d/t) on the first ranks); FSDP / ZeRO-3 then chunks
 dimension 0 of each local tensor over the data-parallel ranks the same way, which is what the native trainer stores.
@@ -23,7 +24,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from trainer.contract import ModelSpec
+from trainer.contract import ModelSpec, ParallelPlan
+from trainer.contract.schedules import V_SCHEDULES
+from trainer.contract.stages import is_uneven, stage_layer_counts
 
 
 @dataclass(frozen=True)
@@ -157,14 +160,30 @@ def count(model: ModelSpec) -> ParamCounts:
                        per_moe_block=moe, head=head, matmul_per_token=matmul)
 
 
-def stage_layers(model: ModelSpec, pp: int, virtual_stages: int, stage: int) -> list[int]:
-    """Layer indices on pipeline rank ``stage``: contiguous L/p, or v chunks of L/(p·v) at j·p + stage."""
+Layout = tuple[tuple[int, ...], bool]  # (every stage's layer count in model order, or () for equal stages; V-shaped)
+
+
+def layout(model: ModelSpec, plan: ParallelPlan) -> Layout:
+    """How ``plan`` places the layers, as ``stage_layers`` takes it: the stages' counts when the plan gives its own
+    (``contract.stages``; () when the stages are equal, so that even plans share the caches) and whether the
+    schedule places its two chunks a rank in a V."""
+    counts = stage_layer_counts(model.n_layers, plan) if plan.pp > 1 and is_uneven(plan) else None
+    return tuple(counts or ()), plan.pp > 1 and plan.pipeline_schedule in V_SCHEDULES
+
+
+def stage_layers(model: ModelSpec, pp: int, virtual_stages: int, stage: int, counts: tuple[int, ...] = (),
+                 v_shape: bool = False) -> list[int]:
+    """Layer indices on pipeline rank ``stage``: its chunks are stages j·p + stage (looped) or stage and 2p−1−stage
+    (``v_shape``), each of L/(p·v) layers, or of the stage's own count in ``counts`` (every stage's, in model
+    order: an uneven layout)."""
     v = max(1, virtual_stages) if pp > 1 else 1
-    per_chunk = model.n_layers // (pp * v)
+    ids = [stage, 2 * pp - 1 - stage] if v_shape and v == 2 else [j * pp + stage for j in range(v)]
+    if not counts:
+        counts = (model.n_layers // (pp * v),) * (pp * v)
     layers: list[int] = []
-    for j in range(v):
-        start = (j * pp + stage) * per_chunk
-        layers.extend(range(start, start + per_chunk))
+    for i in ids:
+        start = sum(counts[:i])
+        layers.extend(range(start, start + counts[i]))
     return layers
 
 
@@ -180,24 +199,25 @@ def local_numel(t: ParamTensor, tp: int, tp_rank: int, shard: int, shard_rank: i
 
 @lru_cache(maxsize=65536)
 def rank_params(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: int, ep: int = 1,
-                shard: int = 1, tp_rank: int = 0, shard_rank: int = 0, last: bool | None = None) -> int:
+                shard: int = 1, tp_rank: int = 0, shard_rank: int = 0, last: bool | None = None,
+                counts: tuple[int, ...] = (), v_shape: bool = False) -> int:
     """Parameters stored on one rank (pipeline ``stage``, tensor rank, dim-0 shard of ``shard`` ranks).
 
     Experts: n_experts/ep per rank. ``shard`` > 1 is FSDP / ZeRO-3 style per-tensor sharding (native engine).
     ``last``: whether the rank holds the final LayerNorm and head (default: the last rank; a V-shaped schedule
-    puts them on the first).
+    puts them on the first). ``counts``, ``v_shape``: the plan's layout (``layout``; equal stages by default).
     """
-    p = rank_param_parts(model, tp, pp, virtual_stages, stage, ep, shard, tp_rank, shard_rank, last)
+    p = rank_param_parts(model, tp, pp, virtual_stages, stage, ep, shard, tp_rank, shard_rank, last, counts, v_shape)
     return p["n_dense_layers"] * p["dense_block"] + p["n_moe_layers"] * p["moe_block"] + p["embedding"] + p["final"]
 
 
 def rank_param_parts(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: int, ep: int = 1,
-                     shard: int = 1, tp_rank: int = 0, shard_rank: int = 0,
-                     last: bool | None = None) -> dict[str, int]:
+                     shard: int = 1, tp_rank: int = 0, shard_rank: int = 0, last: bool | None = None,
+                     counts: tuple[int, ...] = (), v_shape: bool = False) -> dict[str, int]:
     """``rank_params`` by part: the stage's dense and MoE layers, one block's share on this rank of each (E/ep
     experts and the whole router in an MoE block), the embeddings (first stage) and the final LayerNorm + head
     (last stage; 0 elsewhere)."""
-    layers = stage_layers(model, pp, virtual_stages, stage)
+    layers = stage_layers(model, pp, virtual_stages, stage, counts, v_shape)
     n_moe = sum(1 for i in layers if model.is_moe_layer(i))
     experts_local = model.n_experts // ep if model.is_moe else 0
 
@@ -211,9 +231,10 @@ def rank_param_parts(model: ModelSpec, tp: int, pp: int, virtual_stages: int, st
             "final": size(final_tensors(model, pp > 1)) if (stage == pp - 1 if last is None else last) else 0}
 
 
-def rank_expert_params(model: ModelSpec, pp: int, virtual_stages: int, stage: int, ep: int = 1) -> int:
+def rank_expert_params(model: ModelSpec, pp: int, virtual_stages: int, stage: int, ep: int = 1,
+                       counts: tuple[int, ...] = (), v_shape: bool = False) -> int:
     """Of ``rank_params``, the expert parameters (tp = 1: MoE models are not tensor-parallel): n_moe·(E/ep)·expert."""
     if not model.is_moe:
         return 0
-    n_moe = sum(1 for i in stage_layers(model, pp, virtual_stages, stage) if model.is_moe_layer(i))
+    n_moe = sum(1 for i in stage_layers(model, pp, virtual_stages, stage, counts, v_shape) if model.is_moe_layer(i))
     return n_moe * (model.n_experts // ep) * expert_params(model)

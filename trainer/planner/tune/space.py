@@ -8,6 +8,10 @@ once per (tp, sp, pp, precision), and what a pipeline schedule needs of the micr
 tests/trainer/planner/test_plan_space.py checks that the tuner and the contract agree on whole grids, and
 tests/trainer/test_plan_agreement.py on plans drawn by hypothesis.
 
+Where a pipeline's stages cannot share the layers equally (126 layers on pp=16), the tuner tries Megatron-LM's
+layout: the middle stages ⌈L/S⌉ layers each and the first and last stages the rest, a layer or a few lighter (Llama 3
+405B: 7, fourteen stages of 8, 7), since they also hold the embedding and the head (``lighter_ends``).
+
 Two choices are not enumerated because they change nothing: the pipeline schedule when pp = 1 (one plan with the
 default '1f1b'), and ep > 1 for a dense model.
 """
@@ -48,9 +52,6 @@ class SearchSpace:
     max_virtual_stages: int = 8
     offload: bool = True
     sequence_parallel: tuple[bool, ...] = (False, True)
-    # context parallel (cp > 1) is searched for sequences of at least this many tokens: below it a sequence's
-    # activations rarely decide what fits, and the grid stays as large as it was
-    cp_from_seq_len: int = 16384
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "SearchSpace":
@@ -70,7 +71,7 @@ class SearchSpace:
             p["micro_batches"] = [f"micro_batches={list(self.micro_batches)} must be positive integers"]
         elif self.micro_batches is not None and len(self.micro_batches) > MAX_LISTED:
             p["micro_batches"] = [f"give at most {MAX_LISTED} micro-batch sizes, got {len(self.micro_batches)}"]
-        for name in ("max_micro_batch", "max_virtual_stages", "cp_from_seq_len"):
+        for name in ("max_micro_batch", "max_virtual_stages"):
             if getattr(self, name) < 1:
                 p[name] = [f"{name}={getattr(self, name)} must be at least 1"]
         return p
@@ -80,6 +81,21 @@ class SearchSpace:
         if problems:
             raise SpecError(problems)
         return self
+
+
+@functools.lru_cache(maxsize=4096)
+def lighter_ends(n_layers: int, stages: int) -> tuple[int, int] | None:
+    """Megatron-LM's uneven layout of ``n_layers`` over ``stages`` (S) pipeline stages, as (first_stage_layers,
+    last_stage_layers): the S − 2 middle stages k = ⌈L/S⌉ layers each, the first and the last the L − (S−2)·k left
+    (the last, which holds the head, the lighter by one when they are odd); None when the layers divide evenly or
+    that leaves the ends no layer each."""
+    if stages < 2 or n_layers % stages == 0:
+        return None
+    k = -(-n_layers // stages)
+    rest = n_layers - (stages - 2) * k
+    if rest < 2:
+        return None
+    return rest - rest // 2, rest // 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,35 +120,21 @@ def _candidate_engines(space: SearchSpace) -> list[EngineChoice]:
 
 
 def _engine_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, tp: int, sp: bool, pp: int,
-                    precision: str, cp: int = 1) -> list[EngineChoice]:
+                    precision: str) -> list[EngineChoice]:
     """The combinations the contract's engine rules allow for this tp, sp, pp and precision: asked of
     ``rules.engine_problems``, ``rules.check_plan`` and ``rules.device_problems`` themselves, once per distinct case,
-    so the tuner holds no copy of what each engine refuses."""
+    so the tuner holds no copy of what each engine refuses. Where pp does not divide the layers the probe carries
+    the uneven layout the plans will have."""
     out = []
+    ends = lighter_ends(model.n_layers, pp) if pp > 1 else None
+    layout = dict(first_stage_layers=ends[0], last_stage_layers=ends[1]) if ends else {}
     for c in _candidate_engines(space):
-        probe = ParallelPlan(tp=tp, pp=pp, cp=cp, sequence_parallel=sp, precision=precision, engine=c.engine,
+        probe = ParallelPlan(tp=tp, pp=pp, sequence_parallel=sp, precision=precision, engine=c.engine,
                              zero_stage=c.zero_stage, offload_optimizer=c.offload_optimizer,
-                             offload_params=c.offload_params)
+                             offload_params=c.offload_params, **layout)
         if not engine_problems(probe) and not check_plan(model, probe) and not device_problems(probe, cluster):
             out.append(c)
     return out
-
-
-def _pp_cp(space: SearchSpace, model: ModelSpec, ranks: int, reject) -> Iterator[tuple[int, int]]:
-    """(pp, cp) over the ``ranks`` left beside tp: every pp, and with it cp = 1, or for a long sequence
-    (``cp_from_seq_len``) every cp whose 2·cp chunks divide it, for a model context parallel runs (dense, no
-    dropout: ``rules.check_plan``)."""
-    for pp in divisors(ranks):
-        yield pp, 1
-        if model.seq_len < space.cp_from_seq_len:
-            continue
-        for cp in divisors(ranks // pp)[1:]:
-            if model.seq_len % (2 * cp):
-                reject("cp: 2·cp does not divide seq_len")
-            elif model.is_moe or model.dropout > 0:
-                reject("context parallel runs dense models without dropout")
-            else:
-                yield pp, cp
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, space: SearchSpace | None = None,
@@ -155,14 +157,14 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                        (model.kv_heads != model.n_heads and model.kv_heads % tp)):
             reject("tp does not divide heads or FFN width")
             continue
-        for pp, cp in _pp_cp(space, model, world // tp, reject):
+        for pp in divisors(world // tp):
             if pp > 1 and moe:
                 reject("mixture-of-experts models are not pipelined")
                 continue
-            if pp > 1 and model.n_layers % pp:
-                reject("pp does not divide n_layers")
+            if pp > 1 and model.n_layers % pp and lighter_ends(model.n_layers, pp) is None:
+                reject("pp does not divide n_layers, nor leave lighter first and last stages")
                 continue
-            dp = world // (tp * pp * cp)
+            dp = world // (tp * pp)
             if global_batch % dp:
                 reject("global batch not divisible by dp")
                 continue
@@ -173,7 +175,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                     reject("global batch not divisible by micro_batch × dp")
                     continue
                 for sp in space.sequence_parallel:
-                    if sp and (tp == 1 or (model.seq_len // cp) % tp):
+                    if sp and (tp == 1 or model.seq_len % tp):
                         if tp > 1:
                             reject("sequence parallel: tp does not divide seq_len")
                         continue
@@ -182,13 +184,13 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                             reject("ep does not divide n_experts")
                             continue
                         for precision in space.precisions:
-                            key = (tp, sp, pp, precision, cp)
+                            key = (tp, sp, pp, precision)
                             if key not in engines:
-                                engines[key] = _engine_choices(space, model, cluster, tp, sp, pp, precision, cp)
+                                engines[key] = _engine_choices(space, model, cluster, tp, sp, pp, precision)
                             for c in engines[key]:
                                 for ckpt in space.checkpointing:
                                     yield from _schedules(space, model, pp, reject, dict(
-                                        dp=dp, cp=cp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
+                                        dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
                                         sequence_parallel=sp, ep=ep, engine=c.engine, zero_stage=c.zero_stage,
                                         activation_checkpointing=ckpt, precision=precision,
                                         offload_optimizer=c.offload_optimizer, offload_params=c.offload_params))
@@ -202,7 +204,9 @@ def _schedules(space: SearchSpace, model: ModelSpec, pp: int, reject, fields: di
         if fields["engine"] == "deepspeed" and schedule != "1f1b":
             continue
         for v in _virtual_stages(space, model, pp, schedule, reject):
-            plan = ParallelPlan(pipeline_schedule=schedule, virtual_stages=v, **fields)
+            ends = lighter_ends(model.n_layers, pp * v)  # v is the chunks a rank under every schedule listing v > 1
+            layout = dict(first_stage_layers=ends[0], last_stage_layers=ends[1]) if ends else {}
+            plan = ParallelPlan(pipeline_schedule=schedule, virtual_stages=v, **fields, **layout)
             if pipeline_problems(plan):  # what the schedule needs of m, asked of the contract
                 reject(f"{schedule} schedule: too few micro-batches, or not in equal rounds")
                 break
@@ -210,15 +214,18 @@ def _schedules(space: SearchSpace, model: ModelSpec, pp: int, reject, fields: di
 
 
 def _virtual_stages(space: SearchSpace, model: ModelSpec, pp: int, schedule: str, reject) -> list[int]:
-    """Model chunks per rank worth trying: pp·v must divide the layers; interleaved needs v ≥ 2, zb-interleaved
-    takes any v, the V-shaped schedules exactly 2, the others 1."""
-    per_rank = model.n_layers // pp
+    """Model chunks per rank worth trying: interleaved needs v ≥ 2, zb-interleaved takes any v, the V-shaped
+    schedules exactly 2, the others 1. pp·v must divide the layers, or leave lighter first and last stages
+    (``lighter_ends``)."""
+    L = model.n_layers
     if schedule in LOOPED_SCHEDULES:
         least = 2 if schedule == "interleaved" else 1
-        return [v for v in divisors(per_rank) if least <= v <= space.max_virtual_stages]
+        return [v for v in range(least, space.max_virtual_stages + 1)
+                if L % (pp * v) == 0 or lighter_ends(L, pp * v)]
     if schedule in V_SCHEDULES:
-        if per_rank % 2:
-            reject(f"{schedule} schedule: two chunks a rank need pp·2 to divide n_layers")
+        if L % (2 * pp) and lighter_ends(L, 2 * pp) is None:
+            reject(f"{schedule} schedule: two chunks a rank need pp·2 to divide n_layers, or to leave lighter "
+                   f"first and last stages")
             return []
         return [2]
     return [1]
