@@ -11,10 +11,13 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen2MoeConfig
 
 from trainer.bench.activations import FAMILY_CASES, measure_saved, planned_saved
-from trainer.contract.presets import MODELS
+from trainer.contract import ParallelPlan
+from trainer.contract.presets import MODELS, cluster
 from trainer.planner.estimate import flops
 from trainer.planner.estimate import memory as M
-from trainer.planner.estimate.params import block_matmul_params, count, expert_params
+from trainer.planner.estimate.core import Planner
+from trainer.model import GPT, count_parameters
+from trainer.planner.estimate.params import block_matmul_params, block_tensors, count, expert_params
 
 _LLAMA3 = dict(vocab_size=128256, num_key_value_heads=8, rope_theta=500000.0, rms_norm_eps=1e-5,
                tie_word_embeddings=False, attention_bias=False, mlp_bias=False, hidden_act="silu")
@@ -191,3 +194,33 @@ def test_swiglu_layer_saves_four_ffn_wide_tensors_and_rmsnorm_one_statistic():
     assert sum(terms.values()) == (2 * 2 * h + 4 * f + (h + 2 * h) + h + h) * T * e + 2 * T * 4 \
         + 2 * s * (spec.head_dim // 2) * e + T * spec.n_heads * 4  # + rotary tables, log-sum-exp
     assert kv < h  # grouped-query keys and values are saved repeated to h before the kernel
+
+
+def test_dropless_routing_sends_the_whole_dispatch_buffer():
+    """Capacity factor 0 drops no token: the trainer gives each of the E experts T slots, and expert parallel's
+    all-to-all moves that (E, T, h) buffer, as a capacity factor of E/k would."""
+    spec = MODELS["mixtral-8x7b"]
+    plan = ParallelPlan(dp=8, ep=2, micro_batch=1, global_batch=8, precision="bf16", zero_stage=0)
+    stage = Planner(spec, cluster("H100-SXM", 1)).stage_memory(plan, 0)
+    T, E, h = spec.seq_len, spec.n_experts, spec.d_model
+    assert M.expert_capacity(T, E, spec.top_k, 0.0) == T
+    assert stage.buffers["all_to_all"] == 2 * E * T * h * 2
+    assert stage.activations_per_microbatch["moe_expert_inputs"] == spec.n_layers * E * T * h * 2
+
+
+@pytest.mark.parametrize("name, changes", [("tiny-llama", {}), ("tiny-llama", dict(qkv_bias=True, mlp_bias=True)),
+                                           ("tiny-mixtral", {}), ("tiny-qwen-moe", dict(first_dense_layers=1))])
+def test_block_tensors_are_the_trainers_parameters(name, changes):
+    """Names and shapes, tensor by tensor (FSDP chunks each tensor's rows, so the per-rank figures rest on them)."""
+    spec = MODELS[name].replace(**changes)
+    with torch.device("meta"):
+        model = GPT(spec)
+    held = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    for i in range(spec.n_layers):
+        expected = {}
+        for t in block_tensors(spec, spec.is_moe_layer(i)):
+            shape = (t.rows,) if t.cols == 1 else (t.rows, t.cols)
+            for e in (range(spec.n_experts) if t.expert else [None]):
+                expected[f"layers.{i}." + (t.name.replace(".e.", f".{e}.") if t.expert else t.name)] = shape
+        assert {n: s for n, s in held.items() if n.startswith(f"layers.{i}.")} == expected
+    assert count(spec).total == count_parameters(model)
