@@ -1,7 +1,10 @@
 """The Deploy page: a checkpoint you may see deployed on a Triton server (webapp.services.deployment_create, which a
 worker then exports, loads and smoke-checks), and your deployments with their status (polled while they move), the
-smoke check, where each came from (checkpoint → run → plan → model config) and a way to undeploy them."""
+smoke check, where each came from (checkpoint → run → plan → model config) and a way to undeploy them; and the
+Hugging Face layout both ways: a checkpoint exported as a folder transformers loads, a model folder imported as a
+checkpoint (webapp.services.conversions, run by a worker as ``python -m deploy export-hf`` / ``import-hf``)."""
 from django import forms
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.shortcuts import get_object_or_404, redirect, render
@@ -13,6 +16,8 @@ from .. import services
 from ..models import Checkpoint, Deployment, TritonServer
 from ..selectors.checkpoints import checkpoints_visible_to
 from ..selectors.deployments import deployments_with_lineage
+from ..selectors.lineage import conversions_visible_to
+from ..services.conversions import models_root
 from ..services.deployments import MAX_TENSOR_PARALLEL
 
 IN_PROGRESS = (Deployment.Status.PENDING, Deployment.Status.EXPORTING, Deployment.Status.LOADING)
@@ -100,9 +105,15 @@ def _undeploying(deployment) -> str:
     return f"Undeploying {deployment.model_name}: a worker unloads it from {deployment.server.name}."
 
 
+def _conversions_context(user) -> dict:
+    conversions = list(conversions_visible_to(user)[:LISTED])
+    return {"conversions": conversions, "conversions_polling": any(not c.is_settled for c in conversions)}
+
+
 def _render_page(request, form):
     rows = _rows_context(request.user, *_watch(request.GET))
-    return render(request, "pages/deploy.html", {"form": form, **rows, "page_note": _note(rows, request.GET)})
+    return render(request, "pages/deploy.html", {"form": form, **rows, **_conversions_context(request.user),
+                                                 "models_root": models_root(), "page_note": _note(rows, request.GET)})
 
 
 @login_required
@@ -162,9 +173,58 @@ def undeploy(request, pk):
     return redirect(f"{reverse('pages:deploy')}?watch={pk}")
 
 
+@login_required
+@require_GET
+def conversions(request):
+    return render(request, "pages/deploy_conversions.html", _conversions_context(request.user))
+
+
+def _refused(request, exc: ValidationError) -> None:
+    for problems in exc.message_dict.values():
+        for problem in problems:
+            messages.error(request, problem)
+
+
+@login_required
+@require_POST
+def export_hf(request):
+    """Queue the export of a checkpoint you may see to the Hugging Face layout; its row follows on the page."""
+    chosen = request.POST.get("checkpoint", "")
+    checkpoint = checkpoints_visible_to(request.user).filter(pk=int(chosen)).first() if chosen.isdigit() else None
+    if checkpoint is None:
+        messages.error(request, "Choose a checkpoint to export.")
+        return redirect("pages:deploy")
+    try:
+        conversion = services.checkpoint_export_hf(request.user, checkpoint)
+    except ValidationError as exc:
+        _refused(request, exc)
+    else:
+        messages.success(request, f"Export {conversion.pk} of checkpoint {checkpoint.pk} is queued: a worker writes "
+                                  f"it to {conversion.target}.")
+    return redirect("pages:deploy")
+
+
+@login_required
+@require_POST
+def import_hf(request):
+    """Queue the import of a model folder under the server's models directory as a checkpoint of yours."""
+    path_given = request.POST.get("path", "").strip()[:500]
+    name = request.POST.get("name", "").strip()[:120]
+    try:
+        conversion = services.checkpoint_import_hf(request.user, path_given, name)
+    except ValidationError as exc:
+        _refused(request, exc)
+    else:
+        messages.success(request, f"Import {conversion.pk} of {conversion.source} is queued.")
+    return redirect("pages:deploy")
+
+
 urlpatterns = [
     path("deploy/", page, name="deploy"),
     path("deploy/model-name/", model_name, name="deploy-model-name"),
     path("deploy/deployments/", rows, name="deploy-rows"),
     path("deploy/<int:pk>/undeploy/", undeploy, name="deploy-undeploy"),
+    path("deploy/conversions/", conversions, name="deploy-conversions"),
+    path("deploy/export-hf/", export_hf, name="deploy-export-hf"),
+    path("deploy/import-hf/", import_hf, name="deploy-import-hf"),
 ]

@@ -5,6 +5,7 @@ import pytest
 
 from tests.webapp import serving
 from trainer.contract import ParallelPlan
+from trainer.contract.manifest import CheckpointManifest
 from webapp import models
 from webapp.pages.deploy import default_model_name
 from webapp.services.demo import demo_ready
@@ -164,3 +165,38 @@ def test_it_undeploys_through_the_service_and_watches_until_unloaded(client, ali
     assert plain.status_code == 302 and plain["Location"] == f"/deploy/?watch={mine.pk}"
     assert "Undeploying small" in client.get(plain["Location"]).content.decode()
     assert client.get("/deploy/deployments/", {"watch": mine.pk, "polls": 60}).status_code == 200
+
+
+def test_it_exports_a_checkpoint_to_the_hugging_face_layout_and_follows_it(client, alice, bob, trained, tmp_path,
+                                                                          settings):
+    settings.WORKBENCH = {**settings.WORKBENCH, "CONVERSIONS_ROOT": tmp_path / "conversions"}
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    CheckpointManifest(step=200, format="consolidated", tokens_seen=0, model=serving.SMALL_MODEL.to_dict(),
+                       plan=ParallelPlan().to_dict(), world_size=1, tokenizer="", seed=0).write(folder)
+    page = _get(client, alice).content.decode()
+    assert 'data-testid="export-hf">Export to the Hugging Face layout</button>' in page
+    assert "No import or export yet." in page
+    client.force_login(bob)
+    assert client.post("/deploy/export-hf/", {"checkpoint": trained.pk}).status_code == 302
+    assert not models.CheckpointConversion.objects.exists()  # not bob's to see
+    client.force_login(alice)
+    answer = client.post("/deploy/export-hf/", {"checkpoint": trained.pk}, follow=True)
+    conversion = models.CheckpointConversion.objects.get()
+    assert conversion.kind == "export-hf" and conversion.checkpoint == trained and conversion.status == "pending"
+    page = answer.content.decode()
+    assert f"Export {conversion.pk} of checkpoint {trained.pk} is queued" in page
+    assert f'data-testid="conversion-status-{conversion.pk}">pending</span>' in page
+    assert 'hx-get="/deploy/conversions/" hx-trigger="every 2s"' in page  # it follows the export while it runs
+    models.CheckpointConversion.objects.filter(pk=conversion.pk).update(status="done")
+    rows = _get(client, alice, "/deploy/conversions/").content.decode()
+    assert f'data-testid="conversion-target-{conversion.pk}">{conversion.target}</code>' in rows
+    assert "every 2s" not in rows
+
+
+def test_it_refuses_an_import_from_outside_the_models_directory_and_says_why(client, alice, tmp_path, settings):
+    settings.WORKBENCH = {**settings.WORKBENCH, "MODELS_ROOT": tmp_path / "models"}
+    (tmp_path / "models").mkdir()
+    client.force_login(alice)
+    page = client.post("/deploy/import-hf/", {"path": str(tmp_path), "name": "x"}, follow=True).content.decode()
+    assert "outside the models directory" in page and not models.CheckpointConversion.objects.exists()
