@@ -158,9 +158,6 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
             reject("tp does not divide heads or FFN width")
             continue
         for pp in divisors(world // tp):
-            if pp > 1 and moe:
-                reject("mixture-of-experts models are not pipelined")
-                continue
             if pp > 1 and model.n_layers % pp and lighter_ends(model.n_layers, pp) is None:
                 reject("pp does not divide n_layers, nor leave lighter first and last stages")
                 continue
