@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.contract import ParallelPlan, RunSpec, SpecError
+from trainer.contract.manifest import init_from_problem
 from trainer.contract.presets import local_cpu_cluster
 from trainer.contract.records import Event, event
 from trainer.contract.runfolder import EVENTS, append_jsonl, clear_outputs, used
@@ -79,6 +80,10 @@ def _checked(args) -> tuple[RunSpec, Path]:
     if not (args.resume or args.restart) and used(run_dir):
         raise Refusal(f"{run_dir} holds an earlier run's output: pass --resume to continue it or --restart to start "
                       f"over", run_dir, record=False)
+    if spec.init_from is not None and not args.resume:  # resuming, the run's own checkpoint is read instead
+        problem = init_from_problem(spec.init_from.checkpoint, spec.model)
+        if problem:
+            raise Refusal(problem, run_dir)
     if args.restart and _rank() == 0:
         clear_outputs(run_dir)  # before any process group: no other rank has written anything yet
     return spec, run_dir

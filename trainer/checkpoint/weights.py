@@ -23,7 +23,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainer.checkpoint.consolidated import checkpoint_state
 from trainer.contract import ModelSpec
-from trainer.contract.manifest import FORMAT_DCP, CheckpointManifest, model_differences, read_manifest
+from trainer.contract.manifest import FORMAT_DCP, CheckpointManifest, init_from_problem, read_manifest
 
 _TIED_HEAD, _EMBED = "head.weight", "embed.tokens.weight"
 
@@ -35,21 +35,10 @@ class InitFromError(ValueError):
 def source_manifest(folder: str | Path, model: ModelSpec) -> CheckpointManifest:
     """The manifest of the checkpoint to start from, refused when it is not a complete checkpoint or holds another
     model (the differing fields named)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise InitFromError(f"init_from.checkpoint {folder} is not a folder: give a checkpoint folder "
-                            f"(<run>/checkpoints/step-<n>, or one python -m deploy import-hf wrote)")
-    manifest = read_manifest(folder)
-    if manifest is None:
-        raise InitFromError(f"init_from.checkpoint {folder} has no readable manifest.json: it is not a complete "
-                            f"checkpoint")
-    differ = model_differences(manifest.model, model)
-    if differ:
-        saved = ModelSpec.from_dict(manifest.model, validate=False)
-        detail = ", ".join(f"{k}: checkpoint {getattr(saved, k)!r}, run {getattr(model, k)!r}" for k in differ)
-        raise InitFromError(f"the run's model differs from the checkpoint's in {', '.join(differ)} ({detail}): "
-                            f"give the run the model spec of {folder}/manifest.json")
-    return manifest
+    problem = init_from_problem(folder, model)
+    if problem:
+        raise InitFromError(problem)
+    return read_manifest(folder)
 
 
 def _named_distinct(module: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:

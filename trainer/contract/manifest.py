@@ -76,6 +76,22 @@ def model_differences(saved: dict[str, Any], wanted: ModelSpec) -> list[str]:
             if f.name not in skip and getattr(have, f.name) != getattr(wanted, f.name)]
 
 
+def init_from_problem(checkpoint: str | Path, model: ModelSpec) -> str:
+    """Why a run of ``model`` cannot start from the checkpoint folder ``checkpoint`` (RunSpec.init_from), or ''."""
+    folder = Path(checkpoint).expanduser()
+    manifest = read_manifest(folder) if folder.is_dir() else None
+    if manifest is None:
+        return (f"init_from.checkpoint {folder} has no readable manifest.json: it is not a complete checkpoint "
+                f"(give <run>/checkpoints/step-<n>, or a folder python -m deploy import-hf wrote)")
+    differ = model_differences(manifest.model, model)
+    if differ:
+        saved = ModelSpec.from_dict(manifest.model, validate=False)
+        detail = ", ".join(f"{k}: checkpoint {getattr(saved, k)!r}, run {getattr(model, k)!r}" for k in differ)
+        return (f"the run's model differs from the checkpoint's in {', '.join(differ)} ({detail}): give the run "
+                f"the model spec of {folder / MANIFEST}")
+    return ""
+
+
 def read_manifest(folder: str | Path) -> CheckpointManifest | None:
     """The manifest of a checkpoint folder, or None when the folder is incomplete, pruned or not a checkpoint."""
     data = read_json(Path(folder) / MANIFEST)

@@ -5,7 +5,9 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from trainer.contract import ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec, SpecError
+from trainer.contract import (ClusterSpec, InitFrom, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec,
+                              SpecError)
+from trainer.contract.manifest import model_differences, read_manifest
 
 from ..models import Run, RunStatus, data_roots_for
 from ..spec_errors import spec_field_errors
@@ -59,7 +61,39 @@ def run_access_problems(run: Run) -> dict[str, list[str]]:
         problem = data_roots_for(run.dataset.owner).problem(path)
         if problem:
             problems["dataset"] = [f"dataset {run.dataset.name!r}: {problem}"]
+    if run.init_from_id is not None and not run.init_from.is_visible_to(owner):
+        problems["init_from"] = [f"checkpoint {run.init_from_id} is not visible to {owner}: start from a checkpoint "
+                                 f"of a run you may see, or one you imported"]
     return problems
+
+
+def _init_from(run: Run, model: ModelSpec) -> InitFrom | None:
+    """The run's starting checkpoint as the trainer reads it (its folder), refused when its model is another."""
+    if run.init_from_id is None:
+        return None
+    checkpoint = run.init_from
+    saved = (checkpoint.manifest or {}).get("model")
+    if not isinstance(saved, dict):
+        raise ValidationError({"init_from": [f"checkpoint {checkpoint.pk} has no model in its manifest: it cannot be "
+                                             f"started from"]})
+    try:
+        differ = model_differences(saved, model)
+    except (SpecError, TypeError, AttributeError) as exc:
+        raise ValidationError({"init_from": [f"checkpoint {checkpoint.pk}'s model is not valid: {exc}"]}) from None
+    if differ:
+        theirs = ModelSpec.from_dict(saved, validate=False)
+        detail = ", ".join(f"{k} {getattr(theirs, k)!r} ≠ {getattr(model, k)!r}" for k in differ)
+        raise ValidationError({"init_from": [
+            f"checkpoint {checkpoint.pk}'s model differs from the plan's model config in {', '.join(differ)} "
+            f"(checkpoint ≠ run: {detail}): use a model config with the checkpoint's model "
+            f"(GET /api/checkpoints/{checkpoint.pk}/ shows it under manifest.model)"]})
+    if run.keep_tokenizer and not (checkpoint.manifest or {}).get("tokenizer"):
+        raise ValidationError({"keep_tokenizer": [f"checkpoint {checkpoint.pk} records no tokenizer to keep: set "
+                                                  f"keep_tokenizer to false to train one on the dataset"]})
+    if read_manifest(checkpoint.path) is None:
+        raise ValidationError({"init_from": [f"checkpoint {checkpoint.pk}'s folder {checkpoint.path} no longer holds "
+                                             f"a complete checkpoint (pruned or moved): start from another one"]})
+    return InitFrom(checkpoint=checkpoint.path, keep_tokenizer=run.keep_tokenizer)
 
 
 def run_check(run: Run) -> RunSpec:
@@ -69,7 +103,7 @@ def run_check(run: Run) -> RunSpec:
     the id), so its runs root stands in for the output folder, which is checked only for being given.
     """
     try:
-        return RunSpec(
+        spec = RunSpec(
             name=run.name,
             model=_part("model", ModelSpec, run.model_config.spec),
             plan=_part("plan", ParallelPlan, run.plan.spec),
@@ -85,6 +119,8 @@ def run_check(run: Run) -> RunSpec:
         ).validate()
     except SpecError as exc:
         raise ValidationError(spec_field_errors(exc, _run_part, with_path=True)) from None
+    init_from = _init_from(run, spec.model)
+    return spec if init_from is None else spec.replace(init_from=init_from)
 
 
 @transaction.atomic

@@ -141,3 +141,20 @@ def test_a_given_tokenizer_tokenizes_the_dataset_beside_the_trained_one(dataset,
     trained = prepare_dataset(spec, 512)  # the dataset's own tokenizer, in its own folder, untouched
     assert trained.tokenizer_path.parent != data.tokenizer_path.parent and trained.vocab_size > 7
     assert prepare_dataset(spec, 512, tokenizer=src / "tokenizer.json").meta == data.meta  # reused as it is
+
+
+def test_the_trainer_refuses_another_model_before_building_anything(init_runs, dataset, tmp_path):
+    """Exit status 2, the differing fields on stderr and in the run folder's one failed event."""
+    import subprocess
+
+    from tests.trainer.launch import PYTHON, REPO, _env
+
+    source = latest_checkpoint(init_runs / "src-native")
+    spec = tiny_spec(tmp_path / "run", dataset, STEPS, layers=2, init_from=_init(source))
+    (tmp_path / "spec.json").write_text(spec.to_json())
+    done = subprocess.run([PYTHON, "-m", "trainer", "--spec", str(tmp_path / "spec.json")], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "differs from the checkpoint's in n_layers (n_layers: checkpoint 4, run 2)" in done.stderr
+    [failed] = records(tmp_path / "run", "events.jsonl")
+    assert failed["event"] == "failed" and failed["refused"] and "n_layers" in failed["error"]
