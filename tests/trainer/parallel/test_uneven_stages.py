@@ -3,8 +3,9 @@ within 1e-5 relative (fp32, 20 steps), and a checkpoint saved by such a pipeline
 
 Layouts on tiny-llama (RMSNorm, SwiGLU, rotary) with its layers changed: 3 layers as (2, 1) under 1F1B; 5 layers as
 (2, 1, 1, 1) under interleaved 1F1B (rank 0 holds layers 0–1 and 3, rank 1 layers 2 and 4) and under ZB-V (rank 0
-holds layers 0–1 and 4, with both ends of the model); the 5-layer models tie the head to the embedding, so the tied
-gradient is summed across ranks (interleaved) and on one rank (ZB-V). One 2-rank launch runs the pipelines and the
+holds layers 0–1 and 4, with both ends of the model); GPipe, zero-bubble interleaved and DualPipeV with other
+layouts. The 5-layer models tie the head to the embedding, so the tied gradient is summed across ranks (looped
+placements) and on one rank (V-shaped). One 2-rank launch runs the pipelines and the
 first half of the resume, one single-process launch the references and the second half.
 """
 from __future__ import annotations
@@ -28,6 +29,12 @@ PIPELINES = {
                                               stage_layers=(2, 1, 1, 1)), "ref-5-tied"),
     "zbv-2-1-1-1": (LLAMA5_TIED, dict(pp=2, pipeline_schedule="zbv", virtual_stages=2, stage_layers=(2, 1, 1, 1)),
                     "ref-5-tied"),
+    # the other schedules: GPipe's single stage a rank, zero-bubble looped chunks, DualPipeV's V
+    "gpipe-2-1": (LLAMA3, dict(pp=2, pipeline_schedule="gpipe", stage_layers=(2, 1)), "ref-3"),
+    "zb-interleaved-1-1-2-1": (LLAMA5_TIED, dict(pp=2, pipeline_schedule="zb-interleaved", virtual_stages=2,
+                                                 stage_layers=(1, 1, 2, 1)), "ref-5-tied"),
+    "dualpipev-1-2-1-1": (LLAMA5_TIED, dict(pp=2, pipeline_schedule="dualpipev", virtual_stages=2,
+                                            stage_layers=(1, 2, 1, 1)), "ref-5-tied"),
 }
 
 
