@@ -1,6 +1,7 @@
 """python -m deploy <command> ...: deployment's command line.
 
-    python -m deploy import-hf SOURCE TARGET   a GPT-2 in the Hugging Face layout → a checkpoint folder
+    python -m deploy import-hf SOURCE TARGET   a model in the Hugging Face layout → a checkpoint folder
+    python -m deploy export-hf CHECKPOINT OUT  a checkpoint → a Hugging Face model folder (from_pretrained)
     python -m deploy export --checkpoint … --repository … --name …   a checkpoint → a Triton model entry
     python -m deploy triton --repository …   a local Triton server with explicit model control
     python -m deploy onnx --checkpoint … --output model.onnx   the forward as ONNX, checked with onnxruntime
@@ -15,13 +16,14 @@ import argparse
 import sys
 from typing import Callable
 
-from deploy import export, hf_import, onnx_export, triton
+from deploy import export, hf_export, hf_import, onnx_export, triton
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
 
 COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "import-hf": (hf_import.add_arguments, hf_import.run),
+    "export-hf": (hf_export.add_arguments, hf_export.run),
     "export": (export.add_arguments, export.run),
     "triton": (triton.add_arguments, triton.run),
     "onnx": (onnx_export.add_arguments, onnx_export.run),

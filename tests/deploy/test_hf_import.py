@@ -1,5 +1,6 @@
-"""A GPT-2 saved by transformers imports as a checkpoint that computes what transformers computes: the same logits,
-the same greedy continuation, the same token ids; and folders that cannot be imported are refused, saying why."""
+"""A model saved by transformers (GPT-2, Llama with Llama 3.1's rope scaling, Qwen2, Mixtral, Qwen2-MoE) imports as a
+checkpoint that computes what transformers computes: the same logits, the same greedy continuation, the same token
+ids and chat template; and folders that cannot be imported are refused, naming the field."""
 from __future__ import annotations
 
 import json
@@ -10,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 from tokenizers import ByteLevelBPETokenizer
-from transformers import GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, GPT2TokenizerFast
 
 from deploy.__main__ import main as deploy_main
-from deploy.hf_import import HFImportError, import_hf_gpt2
+from deploy.hf_import import HFImportError, import_hf, import_hf_gpt2
+from tests.deploy.hf_families import BOS, CHAT_TEMPLATE, END, FAMILIES, hf_model as family_model, save_family
 from trainer.checkpoint.consolidated import checkpoint_state, load_consolidated
 from trainer.contract.manifest import FORMAT_CONSOLIDATED, read_manifest
 from trainer.contract.presets import demo_text
@@ -140,7 +142,8 @@ def test_it_imports_weights_without_tokenizer_files_and_says_so(tmp_path, hf_fol
 
 def test_it_refuses_a_folder_without_weights_naming_what_it_found(tmp_path, hf_folder):
     empty = _copy(hf_folder, tmp_path / "no-weights", leave_out=("model.safetensors",))
-    with pytest.raises(HFImportError, match=r"no weights file \(model.safetensors or pytorch_model.bin\); found "
+    with pytest.raises(HFImportError, match=r"no weights file \(model.safetensors, model.safetensors.index.json, "
+                                            r"pytorch_model.bin or pytorch_model.bin.index.json\); found "
                                             r"config.json, generation_config.json, merges.txt, vocab.json"):
         import_hf_gpt2(empty, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -153,22 +156,23 @@ def test_it_refuses_half_a_tokenizer_before_writing_anything(tmp_path, hf_folder
     assert not (tmp_path / "out").exists()
 
 
-def test_it_refuses_a_model_that_is_not_gpt2(tmp_path, hf_folder):
-    llama = _copy(hf_folder, tmp_path / "llama")
-    _edit_config(llama, model_type="llama")
-    with pytest.raises(HFImportError, match="model_type='llama': only GPT-2"):
-        import_hf_gpt2(llama, tmp_path / "out")
+def test_it_refuses_a_model_of_another_family(tmp_path, hf_folder):
+    bert = _copy(hf_folder, tmp_path / "bert")
+    _edit_config(bert, model_type="bert")
+    with pytest.raises(HFImportError, match="model_type='bert' cannot be imported: supported are 'gpt2', 'llama', "
+                                            "'qwen2', 'mixtral', 'qwen2_moe'"):
+        import_hf_gpt2(bert, tmp_path / "out")
     with pytest.raises(HFImportError, match="has no config.json"):
         import_hf_gpt2(tmp_path, tmp_path / "out")
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(n_embd=32), r"wte.weight has shape \[300, 64\] but config.json \(n_layer=2, n_embd=32"),
-    (dict(n_layer=3), r"missing h.2.ln_1.weight, h.2.ln_1.bias, h.2.attn.c_attn.weight, h.2.attn.c_attn.bias "
-                      r"and 8 more"),
+    (dict(n_embd=32), r"transformer.wte.weight has shape \[300, 64\] but config.json \(n_layers=2, d_model=32"),
+    (dict(n_layer=3), r"missing transformer.h.2.ln_1.weight, transformer.h.2.ln_1.bias, "
+                      r"transformer.h.2.attn.c_attn.weight, transformer.h.2.attn.c_attn.bias and 8 more"),
     (dict(activation_function="relu"), r"activation_function='relu' is not supported: use one of 'gelu', "
                                        r"'gelu_new', 'gelu_pytorch_tanh'"),
-    (dict(layer_norm_epsilon=1e-6), r"layer_norm_epsilon=1e-06 is not supported: .* uses 1e-05"),
+    (dict(scale_attn_by_inverse_layer_idx=True), r"scale_attn_by_inverse_layer_idx=True is not supported"),
     (dict(n_head=5), r"n_heads=5 does not divide d_model=64"),
 ])
 def test_it_refuses_a_config_it_cannot_honour_saying_what_to_change(tmp_path, hf_folder, changes, message):
@@ -181,7 +185,121 @@ def test_it_refuses_a_config_it_cannot_honour_saying_what_to_change(tmp_path, hf
 def test_it_imports_from_the_command_line_printing_one_json_line(tmp_path, hf_folder, hf_model, capsys):
     assert deploy_main(["import-hf", str(hf_folder), str(tmp_path / "out")]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary == {"target": str((tmp_path / "out").resolve()), "parameters": hf_model.num_parameters(),
-                       "vocab_size": TOKENIZER_VOCAB, "has_tokenizer": True}
+    assert summary == {"target": str((tmp_path / "out").resolve()), "model_type": "gpt2", "dtype": "float32",
+                       "parameters": hf_model.num_parameters(), "vocab_size": TOKENIZER_VOCAB, "has_tokenizer": True,
+                       "has_chat_template": False}
     assert deploy_main(["import-hf", str(hf_folder), str(tmp_path / "out")]) == 2  # never over a checkpoint
     assert "not an empty folder" in capsys.readouterr().err
+
+
+# --- every family: a tiny random model of each, made and saved by transformers --------------------------------------
+
+@pytest.fixture(scope="module")
+def family_folders(tmp_path_factory) -> dict[str, tuple]:
+    """family → (the transformers model, the folder it was saved to with its tokenizer)."""
+    root = tmp_path_factory.mktemp("families")
+    models = {family: family_model(family) for family in FAMILIES}
+    return {family: (model, save_family(family, model, root / f"tiny-{family}")) for family, model in models.items()}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, family_folders, tmp_path_factory):
+    """(family, transformers model, its folder, the checkpoint imported from it)."""
+    model, folder = family_folders[request.param]
+    return request.param, model, folder, import_hf(folder, tmp_path_factory.mktemp("imported") / "step-0")
+
+
+def test_each_family_computes_the_logits_transformers_computes(family):
+    name, hf, _, checkpoint = family
+    model, _ = load_model_from_checkpoint(checkpoint)
+    ids = torch.randint(0, TOKENIZER_VOCAB, (3, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(ids), hf(ids).logits
+    assert (ours - theirs).abs().max().item() < 1e-4
+    assert theirs.std() > 1  # logits far apart: the comparison is not between near-zero numbers
+
+
+def test_each_family_continues_a_prompt_greedily_as_transformers_does(family):
+    name, hf, _, checkpoint = family
+    model, tokenizer = load_model_from_checkpoint(checkpoint)
+    prompt = tokenizer.encode("ROMEO:\nWhat say")
+    ours = generate(model, prompt, 20, temperature=0)
+    # eos_token_id=None: transformers would otherwise stop at the end-of-text token where generate goes on
+    theirs = hf.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=20, eos_token_id=None, pad_token_id=0)[0].tolist()
+    assert ours == theirs
+    assert len(set(ours[len(prompt):])) > 5  # a real continuation, not one token repeated
+
+
+def test_each_family_records_its_shape_in_the_spec(family):
+    name, hf, _, checkpoint = family
+    spec = read_manifest(checkpoint).model_spec()
+    assert spec.family == {"gpt2": "gpt", "qwen2_moe": "qwen2-moe"}.get(name, name)
+    expected = {
+        "gpt2": dict(norm="layernorm", norm_eps=1e-6, positions="learned", activation="gelu_tanh", bias=True),
+        "llama": dict(norm="rmsnorm", norm_eps=1e-5, positions="rope", activation="swiglu", n_kv_heads=2,
+                      rope_base=500000.0, ffn_hidden=96, tied_embeddings=False),
+        "qwen2": dict(has_qkv_bias=True, has_attention_out_bias=False, tied_embeddings=True, norm_eps=1e-6),
+        "mixtral": dict(n_experts=4, top_k=2, capacity_factor=0.0, renormalizes_topk=True, moe_ffn=96),
+        "qwen2_moe": dict(n_experts=4, capacity_factor=0.0, renormalizes_topk=False, moe_ffn=48, ffn=96,
+                          shared_expert_ffn=80, shared_expert_gate=True, first_dense_layers=1, moe_layers=(1, 2)),
+    }[name]
+    assert {k: getattr(spec, k) for k in expected} == expected
+    if name == "llama":
+        scaling = spec.rope_scaling
+        assert (scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor,
+                scaling.original_max_positions) == (8.0, 1.0, 4.0, 32)
+
+
+def test_each_family_keeps_its_tokenizer_and_chat_template(family):
+    name, _, folder, checkpoint = family
+    _, tokenizer = load_model_from_checkpoint(checkpoint)
+    theirs = AutoTokenizer.from_pretrained(str(folder))
+    assert tokenizer.encode(SAMPLE) == theirs(SAMPLE)["input_ids"]
+    assert tokenizer.eos_id == theirs.convert_tokens_to_ids(EOS if name == "gpt2" else END)
+    assert json.loads((checkpoint / "hf" / "import.json").read_text())["model_type"] == name
+    if name != "gpt2":  # GPT-2's vocab.json + merges.txt have no tokenizer_config.json
+        kept = json.loads((checkpoint / "tokenizer_config.json").read_text())
+        assert kept["chat_template"] == CHAT_TEMPLATE and kept["eos_token"] == END
+
+
+def test_it_imports_sharded_weights_to_the_same_checkpoint(tmp_path, family_folders, tmp_path_factory):
+    hf, folder = family_folders["mixtral"]
+    sharded = tmp_path / "sharded"
+    save_family("mixtral", hf, sharded, max_shard_size="40KB")
+    assert (sharded / "model.safetensors.index.json").is_file() and not (sharded / "model.safetensors").exists()
+    from_shards = load_consolidated(import_hf(sharded, tmp_path / "a"))
+    whole = load_consolidated(import_hf(folder, tmp_path / "b"))
+    assert from_shards.keys() == whole.keys() and all(torch.equal(from_shards[k], whole[k]) for k in whole)
+
+
+@pytest.mark.parametrize("name, changes, message", [
+    ("llama", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+     r"rope_scaling.rope_type='yarn' is not supported: use 'default' or 'llama3'"),
+    ("llama", dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), r"rope_type 'llama3' lacks low_freq_factor"),
+    ("llama", dict(hidden_act="gelu"), r"hidden_act='gelu' is not supported"),
+    ("llama", dict(head_dim=32), r"head_dim=32 is not hidden_size/num_attention_heads=64/4"),
+    ("mixtral", dict(sliding_window=4096), r"sliding_window=4096 is not supported: .* set it to null"),
+    ("qwen2", dict(use_sliding_window=True, sliding_window=16), r"use_sliding_window=true is not supported"),
+    ("qwen2_moe", dict(mlp_only_layers=[1]), r"mlp_only_layers=\[1\] with decoder_sparse_step=1 is not supported: "
+                                             r".* experts would be on layers \[0, 2\]"),
+    ("qwen2_moe", dict(num_experts=3), r"model.layers.1.mlp.experts.3.gate_proj.weight"),  # unexpected tensors
+])
+def test_it_refuses_what_a_family_config_asks_that_it_cannot_compute(tmp_path, family_folders, name, changes, message):
+    changed = _copy(family_folders[name][1], tmp_path / "changed")
+    _edit_config(changed, **changes)
+    with pytest.raises(HFImportError, match=message):
+        import_hf(changed, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_line_says_why_it_refuses_in_one_line_with_status_2(tmp_path, family_folders, capsys):
+    changed = _copy(family_folders["mixtral"][1], tmp_path / "changed")
+    _edit_config(changed, sliding_window=4096)
+    assert deploy_main(["import-hf", str(changed), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: sliding_window=4096 is not supported")
+    assert deploy_main(["import-hf", str(family_folders["mixtral"][1]), str(tmp_path / "ok")]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["model_type"] == "mixtral"
+    assert "import-hf: reading model.safetensors" in captured.err  # progress lines for a worker's log
