@@ -16,7 +16,9 @@ Because |W_ri / s_r| ≤ 127 the clamp never cuts, so the only error is the roun
 tensor because row ranges differ, and a row that shares the tensor's largest value would waste levels on the
 others; a row's scale also factors out of its dot product (y_r = s_r · Σ_i q_ri x_i), so a kernel applies it once
 per output. −128 is left out so that the range is symmetric and q = −q' stays representable. 1-D tensors (biases,
-LayerNorm gains) are a tiny share of the bytes and shift every activation they touch, so they stay fp32.
+the gains of LayerNorm and RMSNorm) are a tiny share of the bytes and shift every activation they touch, so they
+stay fp32. Every model family's matrices are taken alike: SwiGLU's gate, each expert's, the router, and a shared
+expert's gate (one row, so one scale).
 
 Tied weights: a state may hold ``head.weight`` as the very tensor of ``embed.tokens.weight`` (what
 ``load_consolidated`` and ``GPT.state_dict`` return for a tied head). Names that share one tensor are reduced once

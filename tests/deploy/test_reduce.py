@@ -95,3 +95,14 @@ def test_it_quantizes_rows_symmetrically():
     q, scale = quantize_rows(torch.tensor([[-2.0, 1.0, 0.0], [0.5, -0.25, 0.0]]))
     assert q.tolist() == [[-127, 64, 0], [127, -64, 0]]
     assert torch.allclose(scale, torch.tensor([2 / 127, 0.5 / 127]))
+
+
+@pytest.mark.parametrize("family", ["tiny-llama", "tiny-mixtral", "tiny-qwen-moe"])
+def test_it_quantizes_every_familys_matrices_and_keeps_its_norms_and_biases(family):
+    state = build_model(MODELS[family], seed=7).state_dict()
+    reduced = reduce_state(state, "int8")
+    matrices = [n for n, t in state.items() if t.dim() == 2]
+    assert any(n.endswith(".gate.weight") for n in matrices)  # SwiGLU's, dense or in the experts
+    assert all(reduced[n].dtype == torch.int8 and n + SCALE_SUFFIX in reduced for n in matrices)
+    assert all(torch.equal(reduced[n], t) for n, t in state.items() if t.dim() == 1)  # RMSNorm gains, q/k/v biases
+    assert state_bytes(state) / state_bytes(reduced) >= 3.5
