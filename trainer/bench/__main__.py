@@ -1,11 +1,14 @@
 """Benchmarks of the training program, printed side by side; ratios, not absolute seconds, are the point.
 
-    python -m trainer.bench [--out DIR] [--steps N] [--pairs N] [--only 1,2,3,4] [--text FILE]
+    python -m trainer.bench [--out DIR] [--steps N] [--pairs N] [--only 1,2,3,4,5] [--text FILE]
 
 1. Engine overhead against a plain PyTorch loop, in alternating pairs (trainer.bench.overhead). Target ratio ≤ 1.05.
 2. Pipeline bubble against theory, p=2: 1F1B, interleaved and zero-bubble schedules (trainer.bench.bubble).
-3. Saved activations by checkpointing mode against Korthikanti's formula (trainer.bench.activations).
+3. Saved activations by checkpointing mode against Korthikanti's formula, and for the Llama, Mixtral and Qwen2-MoE
+   families against the planner (trainer.bench.activations).
 4. ZeRO stages 0–3 on the DeepSpeed engine beside the native DDP and FSDP2 (trainer.bench.zero).
+5. Ring attention on two context-parallel ranks against one process, 1 K to 8 K tokens (trainer.bench.ring); not in
+   the default set (minutes of attention on a CPU): --only 5.
 """
 from __future__ import annotations
 
@@ -17,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from trainer.bench.activations import saved_activations
+from trainer.bench.activations import family_rows, saved_activations
 from trainer.bench.bubble import pipeline_bubble
 from trainer.bench.common import bench_model, sample_text
 from trainer.bench.overhead import engine_vs_plain
+from trainer.bench.ring import print_ring_rows, ring_vs_one
 from trainer.bench.zero import print_zero_rows, zero_step_times
 from trainer.contract import DatasetSpec
 from trainer.data import prepare_dataset
@@ -33,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--pairs", type=int, default=8, help="section 1: alternating plain/engine pairs")
     parser.add_argument("--micro-batch", type=int, default=4, help="pipeline micro-batch (sequences)")
-    parser.add_argument("--only", default="1,2,3,4", help="sections to run, e.g. 2 or 1,3")
+    parser.add_argument("--only", default="1,2,3,4", help="sections to run, e.g. 2 or 1,3; 5 only when named")
     parser.add_argument("--text", default="", help="training text (default: the demo corpus, first 300 kB)")
     args = parser.parse_args(argv)
 
@@ -56,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         _print_activations()
     if "4" in sections:
         print_zero_rows(zero_step_times(out, dataset, args.steps))
+    if "5" in sections:
+        print_ring_rows(ring_vs_one())
     print(f"\n(benchmark took {time.perf_counter() - t0:.0f} s; scratch runs in {out})")
     return 0
 
@@ -97,6 +103,12 @@ def _print_activations() -> None:
     print(f"   Korthikanti, blocks only, fp32, no dropout, fused attention: none "
           f"{f['formula_layers_none_fused_attention'] / 2**20:.2f} MiB, full "
           f"{f['formula_layers_full'] / 2**20:.2f} MiB")
+    print("   families, one micro-batch of 2 × 64 tokens, measured against the planner (CPU: composite RMSNorm)")
+    for r in family_rows():
+        precision = r["precision"] + (" cast" if r["zero_stage"] == 3 else " autocast" if r["precision"] != "fp32"
+                                      else "")
+        print(f"   {r['model']:14s} {r['mode']:9s} {precision:13s} measured {r['measured'] / 2**20:6.2f} MiB   "
+              f"planned {r['planned'] / 2**20:6.2f} MiB   planned/measured {r['ratio']:.4f}")
 
 
 if __name__ == "__main__":
