@@ -1,5 +1,7 @@
 """A checkpoint trained with tp=2 × pp=2, exported and served by a real Triton: the trainer's tokens over HTTP and
-gRPC, the same split over two ranks, streamed, batched across clients, cancelled on disconnect."""
+gRPC, the same split over two ranks, streamed, batched across clients, cancelled on disconnect; and a Qwen2-MoE
+checkpoint (RMSNorm, grouped-query attention with q/k/v biases, SwiGLU experts, a gated shared expert) split over
+two ranks, with the trainer's tokens too."""
 from __future__ import annotations
 
 import re
@@ -11,34 +13,54 @@ import pytest
 
 from deploy.client import GenerateParams, ModelNotReady, TritonClient, TritonUnavailable
 from deploy.export import ExportOptions, export
+from tests.deploy.test_export_families import family_checkpoint
 from tests.trainer.launch import free_port
 from trainer.generate import generate, load_model_from_checkpoint
 
 PROMPTS = ["ROMEO:", "\n", "First Citizen:\nWe are"]
 MODELS = {"par": dict(), "par-tp2": dict(tensor_parallel=2), "par-unary": dict(streaming=False)}
+FAMILY, FAMILY_ENTRY = "tiny-qwen-moe", "qwen-moe-tp2"  # of random weights: the tokens, not the text, are checked
 
 
 @pytest.fixture(scope="module")
-def served(triton, parallel_checkpoint):
-    """The three exports of the parallel checkpoint, loaded; unloaded after the module."""
+def family_checkpoint_folder(tmp_path_factory):
+    return family_checkpoint(tmp_path_factory.mktemp("family") / "checkpoint", FAMILY)
+
+
+@pytest.fixture(scope="module")
+def served(triton, parallel_checkpoint, family_checkpoint_folder):
+    """The three exports of the parallel checkpoint and the Qwen2-MoE one split over two ranks, loaded; unloaded
+    after the module."""
     client = triton.client()
     for name, kw in MODELS.items():
         export(parallel_checkpoint, triton.repository, ExportOptions(name=name, measure=False, **kw))
         client.load(name)
+    export(family_checkpoint_folder, triton.repository, ExportOptions(name=FAMILY_ENTRY, measure=False,
+                                                                      tensor_parallel=2))
+    client.load(FAMILY_ENTRY)
     yield client
-    for name in MODELS:
+    for name in (*MODELS, FAMILY_ENTRY):
         client.unload(name)
     client.close()
 
 
-@pytest.fixture(scope="module")
-def reference(parallel_checkpoint):
-    model, tokenizer = load_model_from_checkpoint(parallel_checkpoint)
+def _greedy_of(checkpoint):
+    model, tokenizer = load_model_from_checkpoint(checkpoint)
 
     def greedy(prompt: str, n: int) -> list[int]:
         ids = tokenizer.encode(prompt)
         return generate(model, ids, n, temperature=0)[len(ids):]
     return greedy
+
+
+@pytest.fixture(scope="module")
+def reference(parallel_checkpoint):
+    return _greedy_of(parallel_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def family_reference(family_checkpoint_folder):
+    return _greedy_of(family_checkpoint_folder)
 
 
 def _metric(text: str, name: str, model: str, **labels) -> float:
@@ -60,6 +82,14 @@ def test_it_serves_the_trainers_greedy_tokens(served, reference, model, protocol
         answer = served.generate(model, GenerateParams(prompt, max_tokens=n), protocol)
         assert answer.token_ids == reference(prompt, n), (model, protocol, prompt)
         assert answer.finish_reason == "length" and answer.completion_tokens == n
+
+
+def test_it_serves_a_qwen2_moe_split_over_two_ranks_with_the_trainers_greedy_tokens(served, family_reference):
+    """The protocols are the GPT's above; here what the model computes: 80 new tokens pass the window once, so the
+    slot is filled again over 63 tokens routed at once."""
+    for prompt, n in zip(PROMPTS, (40, 80, 20)):
+        answer = served.generate(FAMILY_ENTRY, GenerateParams(prompt, max_tokens=n), "grpc")
+        assert answer.token_ids == family_reference(prompt, n), prompt
 
 
 def test_it_serves_the_model_split_over_two_ranks_as_the_unsplit_one(served, triton):
@@ -161,7 +191,7 @@ def test_it_stops_the_sequence_of_a_client_that_disconnects(served, protocol):
 def test_it_reports_the_server_and_its_models(served):
     assert served.server_metadata()["version"] == "2.51.0"
     index = {m["name"]: m.get("state") for m in served.repository_index()}
-    assert {index[name] for name in MODELS} == {"READY"}
+    assert {index[name] for name in (*MODELS, FAMILY_ENTRY)} == {"READY"}
     stats = served.statistics("par")["model_stats"][0]
     assert int(stats["inference_count"]) > 0
 
