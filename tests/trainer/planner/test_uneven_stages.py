@@ -120,3 +120,24 @@ def test_deepspeed_refuses_an_uneven_layout():
     plan = ParallelPlan(pp=2, global_batch=4, engine="deepspeed", zero_stage=1, stage_layers=(2, 1))
     assert "takes no layout" in plan.problems()["stage_layers"][0]
     assert not plan.replace(engine="native", zero_stage=0).problems()
+
+
+@pytest.mark.parametrize("model,plan,nodes,gpus_per_node", [
+    (LLAMA_405B, ParallelPlan(pp=16, tp=8, dp=8, micro_batch=1, global_batch=256, precision="bf16", zero_stage=3,
+                              sequence_parallel=True, activation_checkpointing="full", first_stage_layers=7,
+                              last_stage_layers=7), 128, 8),
+    (TINY5, ParallelPlan(pp=2, virtual_stages=2, pipeline_schedule="zbv", micro_batch=2, global_batch=8,
+                         stage_layers=(2, 1, 1, 1)), 1, 2),
+    (TINY5, ParallelPlan(pp=2, dp=2, micro_batch=2, global_batch=8, stage_layers=(1, 4)), 1, 4),
+], ids=["405b-megatron", "zbv-2-1-1-1", "dp2-1-4"])
+def test_every_figure_of_an_uneven_estimate_follows_from_its_terms(model, plan, nodes, gpus_per_node):
+    from tests.trainer.planner.test_figure_formulas import REL_TOL, estimate_figures, evaluate
+
+    est = estimate(model, plan, cluster("H100-SXM", nodes, gpus_per_node=gpus_per_node))
+    assert len(est.memory["stages"]) == plan.pp  # every rank, with its layers
+    checked = 0
+    for path, f in estimate_figures(est):
+        if f.formula and f.terms:
+            assert evaluate(f.formula, f.terms) == pytest.approx(f.value, rel=REL_TOL, abs=1e-12), path
+            checked += 1
+    assert checked > 50
