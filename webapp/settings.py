@@ -217,6 +217,10 @@ WORKBENCH = {
     # Uploaded datasets: <UPLOAD_ROOT>/<user id>/<file>, each user's folder readable by that user only.
     "UPLOAD_ROOT": Path(os.environ.get("WORKBENCH_UPLOAD_ROOT", VAR_DIR / "data" / "uploads")),
     "MAX_UPLOAD_BYTES": _number("WORKBENCH_MAX_UPLOAD_MB", 100) * 1024 * 1024,
+    # The admin's models directory: Hugging Face model folders placed there may be imported (nowhere else).
+    "MODELS_ROOT": Path(os.environ.get("WORKBENCH_MODELS_ROOT", VAR_DIR / "models")),
+    # What imports and exports write: <CONVERSIONS_ROOT>/imports/<id>/ (checkpoints), exports/<id>/ (HF folders).
+    "CONVERSIONS_ROOT": Path(os.environ.get("WORKBENCH_CONVERSIONS_ROOT", VAR_DIR / "conversions")),
     # JSON nested deeper than this is refused before it is parsed (no spec nests more than a few levels).
     "MAX_JSON_DEPTH": _number("WORKBENCH_MAX_JSON_DEPTH", 64),
 }

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from webapp.services.tasks import TaskName
 
-from . import calibrating, deploying, ingesting, launching, runs, tuning
+from . import calibrating, converting, deploying, ingesting, launching, runs, tuning
 
 
 @shared_task(name=TaskName.HEALTH.value)
@@ -69,3 +69,15 @@ def deploy(deployment_id: int) -> str:
 def undeploy(deployment_id: int) -> str:
     """Unload a deployment's model from its Triton server."""
     return deploying.deployment_undeploy(deployment_id)
+
+
+@shared_task(name=TaskName.CHECKPOINT_IMPORT_HF.value)
+def import_hf(conversion_id: int) -> str:
+    """Import a Hugging Face model folder as a checkpoint (python -m deploy import-hf, as a process)."""
+    return converting.conversion_run(conversion_id)
+
+
+@shared_task(name=TaskName.CHECKPOINT_EXPORT_HF.value)
+def export_hf(conversion_id: int) -> str:
+    """Export a checkpoint to the Hugging Face layout (python -m deploy export-hf, as a process)."""
+    return converting.conversion_run(conversion_id)

@@ -266,14 +266,17 @@ def check_plan(model: Model, plan: Plan, cluster: Cluster | None = None) -> Prob
         add_problem(p, "ep", f"ep={plan.ep} needs a mixture-of-experts model; this one is dense")
     if model.is_moe and plan.ep > 1 and model.n_experts % plan.ep:
         add_problem(p, "ep", f"ep={plan.ep} does not divide n_experts={model.n_experts}")
+    if model.is_moe and plan.engine == "deepspeed" and model.renormalizes_topk != (model.top_k > 1):
+        weights = "renormalised over the chosen experts" if model.renormalizes_topk else "the router's probabilities"
+        add_problem(p, "engine", f"DeepSpeed's gate weighs the chosen experts by their renormalised probabilities "
+                                 f"exactly when top_k > 1; this model (top_k={model.top_k}, topk_norm="
+                                 f"'{model.topk_norm}') weighs them by {weights}: use engine='native'")
     if model.is_moe and plan.engine == "deepspeed" and plan.zero_stage == 3:
         add_problem(p, "zero_stage", "DeepSpeed's mixture of experts does not support ZeRO stage 3; "
                                      "use zero_stage ≤ 2")
-    if model.is_moe and plan.pp > 1:
-        add_problem(p, "pp", "mixture-of-experts models are not pipelined here; use pp=1")
-    if model.is_moe and plan.tp > 1:
-        add_problem(p, "tp", f"mixture-of-experts layers are not split by tensor parallel here (tp={plan.tp}); "
-                             f"spread the experts over data-parallel ranks with ep instead")
+    if model.is_moe and plan.pp > 1 and plan.engine == "deepspeed":
+        add_problem(p, "pp", "DeepSpeed's pipeline engine does not run mixture-of-experts layers here; use pp=1, or "
+                             "engine='native'")
     if model.is_moe and plan.engine == "native" and plan.zero_stage == 3:
         add_problem(p, "zero_stage", "the native engine does not shard mixture-of-experts models with FSDP2 "
                                      "(zero_stage=3); use zero_stage=0, or engine='deepspeed' with zero_stage ≤ 2")

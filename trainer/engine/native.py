@@ -159,7 +159,10 @@ class NativeEngine:
                         loss = loss_fn(model(x), y)
                 objective = loss
                 if self.moe_layers:
-                    objective = loss + spec.model.aux_loss_coef * aux_loss(self.moe_layers)
+                    aux = aux_loss(self.moe_layers)
+                    if isinstance(loss, DTensor):  # loss_parallel's replicated loss: the aux loss is replicated too
+                        aux = DTensor.from_local(aux, loss.device_mesh, loss.placements, run_check=False)
+                    objective = loss + spec.model.aux_loss_coef * aux
                     routing = step_stats(self.moe_layers, routing)
                 (objective * (self.scaler.scale / n)).backward()
             total += _plain(loss.detach()).float()

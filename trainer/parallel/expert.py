@@ -112,11 +112,12 @@ class MoEGradSync:
         group = self.dp_group if self.groups is None else self.groups.edp_group  # ep = 1: experts are replicated
         average_gradients([p.grad for p in self.experts if p.grad is not None], group, self.dp)
 
-    def norm_groups(self, dp: int) -> list[tuple[list[nn.Parameter], int]]:
-        """(parameters, how many ranks hold each) for the global gradient norm."""
+    def norm_groups(self, dp_tp: int, tp: int) -> list[tuple[list[nn.Parameter], int]]:
+        """(parameters, how many ranks of a stage hold each whole or in tp shards) for the global gradient norm:
+        dense weights dp·tp, experts edp·tp under expert parallel."""
         if self.groups is None:
-            return [(self.dense + self.experts, dp)]
-        return [(self.dense, dp), (self.experts, self.groups.edp)]
+            return [(self.dense + self.experts, dp_tp)]
+        return [(self.dense, dp_tp), (self.experts, self.groups.edp * tp)]
 
 
 def routing_metrics(acc: Optional[dict], group=None) -> dict:

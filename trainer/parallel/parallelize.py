@@ -30,6 +30,7 @@ from trainer.parallel.data_parallel import ReplicatedGradSync, apply_ddp, apply_
 from trainer.parallel.expert import ExpertParallel, MoEGradSync, apply_ep, expert_groups
 from trainer.parallel.init import init_sharded_weights
 from trainer.parallel.mesh import Topology, build_topology
+from trainer.parallel.moe_stages import StageRouting
 from trainer.parallel.pipeline import TiedEmbeddingSync, build_schedule, split_stage, stage_ids, tied_embedding_sync
 from trainer.parallel.tensor import apply_tp
 
@@ -56,6 +57,7 @@ class ParallelModel:
     fsdp: bool = False
     loss_parallel: bool = False
     experts: Optional[ExpertParallel] = None  # expert-parallel groups when ep > 1
+    routing: Optional[StageRouting] = None  # MoE layers on pipeline stages: aux loss into backward, routing figures
     _norm_parameters: Optional[list[nn.Parameter]] = field(default=None, repr=False)
 
     @property
@@ -92,7 +94,9 @@ class ParallelModel:
         cp ranks of one sequence hold the same (averaged) gradients, as dp replicas do."""
         dp_tp = self.topo.replicas * self.topo.tp
         if isinstance(self.grad_sync, MoEGradSync):
-            parts = [global_grad_norm(ps, replicas, device) for ps, replicas in self.grad_sync.norm_groups(dp_tp)]
+            counted = {id(p) for p in self.norm_parameters()}  # not a tied head's copy on the last stage
+            parts = [global_grad_norm([p for p in ps if id(p) in counted], replicas, device)
+                     for ps, replicas in self.grad_sync.norm_groups(dp_tp, self.topo.tp)]
             return torch.stack(parts).pow(2).sum().sqrt()
         return global_grad_norm(self.norm_parameters(), dp_tp, device)
 
@@ -105,7 +109,9 @@ class ParallelModel:
 
 
 def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed: int,
-                loss_fn: Callable) -> ParallelModel:
+                loss_fn: Callable, aux_scale: Optional[Callable[[], float]] = None) -> ParallelModel:
+    """``aux_scale``: d(objective)/d(aux loss) of a micro-batch, aux_loss_coef times the loss scale, for the MoE layers
+    of pipeline stages (``trainer.parallel.moe_stages``); aux_loss_coef when not given."""
     topo = build_topology(plan, device)
     # Shapes only (meta device): no rank ever holds more than its own part of the weights.
     with torch.device("meta"):
@@ -149,6 +155,8 @@ def parallelize(spec: ModelSpec, plan: ParallelPlan, device: torch.device, seed:
                        grad_sync=grad_sync, fsdp=fsdp, loss_parallel=loss_parallel, experts=experts)
     if plan.pp > 1 and spec.tied_embeddings:
         pm.tied_sync = tied_embedding_sync(modules, topo.mesh, plan.pp, plan.pipeline_schedule)
+    if plan.pp > 1 and spec.is_moe:
+        pm.routing = StageRouting(spec, modules, topo.pp_group, aux_scale or (lambda: spec.aux_loss_coef))
     if plan.pp > 1:
         pm.schedule = build_schedule(plan.pipeline_schedule, callables, ids, n_stages, plan.grad_accum, loss_fn,
                                      topo.pp_group, device)

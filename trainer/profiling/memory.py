@@ -13,11 +13,16 @@ from typing import Iterable, Iterator
 
 import torch
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
+    """The plain tensor holding ``t``'s memory: a DTensor's local shard; the result a collective wrapped while it
+    may still be in flight (``to_local()`` after an all-reduce), which has no storage of its own."""
+    if isinstance(t, DTensor):
+        t = t._local_tensor
+    return t.elem if isinstance(t, AsyncCollectiveTensor) else t
 
 
 def _storage_key(t: torch.Tensor) -> tuple[str, int]:

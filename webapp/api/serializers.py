@@ -15,6 +15,7 @@ from trainer.contract import (ClusterSpec, ModelSpec, OptimizerSpec, ParallelPla
 from .. import models, services
 from ..models.clusterfields import ENV_SETUP_LINE_LENGTH, ENV_SETUP_LINES
 from ..models.configs import sharing_problem
+from ..selectors.lineage import checkpoint_lineage, run_started_from
 from ..selectors.plans import plans_with_parts
 from ..spec_errors import spec_field_errors
 from .fields import (StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField,
@@ -200,11 +201,18 @@ class RunSerializer(OwnedSerializer):
                                 help_text="Queue the run for launch right away instead of keeping a draft")
     batch_script = serializers.SerializerMethodField(
         help_text="The batch script of the run's latest attempt, as submitted to Slurm (empty for local runs)")
+    init_from = VisibleRelatedField(
+        queryset=models.Checkpoint.objects.all(), required=False, allow_null=True,
+        help_text="A checkpoint (trained or imported, visible to you) whose weights the run starts from at step 0, "
+                  "with its own plan and a fresh optimizer; its model must be the plan's model config")
+    started_from = serializers.SerializerMethodField(
+        help_text="Lineage in words: 'started from checkpoint …', or empty for fresh weights")
 
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
-                  "eval_every", "optimizer", "profile", "spec", "launch", "shared", "owner", "status", "attempts",
+                  "eval_every", "optimizer", "profile", "init_from", "keep_tokenizer", "started_from", "spec",
+                  "launch", "shared", "owner", "status", "attempts",
                   "max_restarts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
                   "queued_at", "started_at", "finished_at", "batch_script"]
         read_only_fields = ["status", "attempts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
@@ -216,6 +224,9 @@ class RunSerializer(OwnedSerializer):
                             "that the run leaves one checkpoint, at its end, to generate from, export and deploy")},
                         "eval_every": {"max_value": 10_000_000},
                         "max_restarts": {"min_value": 0, "max_value": 100}}
+
+    def get_started_from(self, run) -> str:
+        return run_started_from(run)
 
     def get_batch_script(self, run) -> str:
         if hasattr(run, "latest_script"):  # annotated by the view's queryset
@@ -238,18 +249,31 @@ class MetricSerializer(serializers.ModelSerializer):
         fields = ["id", "run", "kind", "step", "loss", "values", "recorded_at"]
 
 
+class LineageSerializer(serializers.Serializer):
+    checkpoint = serializers.IntegerField(allow_null=True, help_text="The checkpoint of this link; empty when it "
+                                                                     "is no longer on record")
+    text = serializers.CharField(help_text="The link in words")
+
+
 class CheckpointSerializer(serializers.ModelSerializer):
     source = serializers.ChoiceField(choices=["trained", "imported"], read_only=True,
                                      help_text="trained: saved by `run`; imported: registered from a folder")
     owner = serializers.SerializerMethodField(help_text="The run's owner, or who imported it")
+    lineage = serializers.SerializerMethodField(
+        help_text="This checkpoint and its parents, newest first: the run that saved it, the checkpoint that run "
+                  "started from, …, down to fresh weights or an import ('imported from <folder>')")
 
     class Meta:
         model = models.Checkpoint
         fields = ["id", "run", "source", "name", "owner", "step", "path", "tokens_seen", "size_bytes", "manifest",
-                  "created_at"]
+                  "imported_from", "hf_export_path", "lineage", "created_at"]
 
     def get_owner(self, checkpoint) -> str:
         return checkpoint.owner_user.username
+
+    @extend_schema_field(LineageSerializer(many=True))
+    def get_lineage(self, checkpoint) -> list[dict]:
+        return checkpoint_lineage(checkpoint)
 
 
 class ProfileSerializer(serializers.ModelSerializer):

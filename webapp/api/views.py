@@ -13,6 +13,7 @@ from ..selectors.runs import records_of_visible_runs, runs_listed
 from ..services.datasets import NotText, UploadTooLarge, upload_limit
 from . import filters
 from .calibration import ClusterCalibrationActions
+from .conversions import CheckpointConversionActions
 from .live import RunLiveData
 from .fields import StrictCharField
 from .parsers import RequestTooLarge
@@ -141,8 +142,9 @@ class MetricViewSet(RunChildViewSet):
     ordering_fields = ["step", "recorded_at"]
 
 
-class CheckpointViewSet(RunChildViewSet):
-    """Checkpoints: saved by runs you may see, or registered by you from a folder (`register`)."""
+class CheckpointViewSet(CheckpointConversionActions, RunChildViewSet):
+    """Checkpoints: saved by runs you may see, registered by you from a folder (`register`) or imported from a
+    Hugging Face model folder (`import-hf`); each exported to the Hugging Face layout (`export-hf`)."""
 
     queryset = models.Checkpoint.objects.all()
     serializer_class = CheckpointSerializer

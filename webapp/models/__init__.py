@@ -1,5 +1,6 @@
 from .calibration import CalibrationRecord, ClusterCalibration
 from .configs import Cluster, Dataset, ModelConfig, ParallelismPlan
+from .conversions import CheckpointConversion
 from .history import Attempt, RunEvent
 from .dataroots import DataRoot, UserDataRoots, data_roots_for, upload_folder
 from .ownership import Owned, OwnedQuerySet
@@ -9,7 +10,8 @@ from .series import Series, SeriesBucket, SeriesStep
 from .serving import Deployment, PromptTemplate, TritonServer
 from .tuning import TuneJob
 
-__all__ = ["CalibrationRecord", "ClusterCalibration", "Attempt", "RunEvent", "Cluster", "Dataset", "ModelConfig", "ParallelismPlan", "DataRoot", "UserDataRoots", "data_roots_for",
+__all__ = ["CheckpointConversion",
+           "CalibrationRecord", "ClusterCalibration", "Attempt", "RunEvent", "Cluster", "Dataset", "ModelConfig", "ParallelismPlan", "DataRoot", "UserDataRoots", "data_roots_for",
            "upload_folder", "Owned", "OwnedQuerySet", "FINISHED", "TRANSITIONS", "Checkpoint", "IllegalTransition",
            "Metric", "Profile", "Run", "RunStatus", "Series", "SeriesBucket", "SeriesStep", "Deployment",
            "PromptTemplate", "TritonServer", "TuneJob", "PlaygroundRecord", "PromptTemplateVersion"]

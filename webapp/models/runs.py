@@ -80,6 +80,13 @@ class Run(Owned):
                                            help_text="When a worker claimed the run to start its job; empty otherwise")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Lineage: the checkpoint whose weights the run started from at step 0 (RunSpec.init_from; its folder is in the
+    # stored spec, so a checkpoint taken off the record later leaves the run launchable and this empty).
+    init_from = models.ForeignKey("Checkpoint", on_delete=models.SET_NULL, null=True, blank=True,
+                                  related_name="started_runs",
+                                  help_text="The checkpoint whose weights the run starts from; empty: fresh weights")
+    keep_tokenizer = models.BooleanField(default=True, help_text="With init_from: tokenize the dataset with the "
+                                                                 "checkpoint's tokenizer instead of training one")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -166,6 +173,10 @@ class Checkpoint(models.Model):
     size_bytes = models.BigIntegerField(default=0)
     manifest = models.JSONField(default=dict)
     created_at = models.DateTimeField(default=timezone.now)
+    imported_from = models.CharField(max_length=500, blank=True,
+                                     help_text="Lineage of an import: the Hugging Face model folder it was made from")
+    hf_export_path = models.CharField(max_length=500, blank=True,
+                                      help_text="Where its latest export to the Hugging Face layout lies")
 
     objects = CheckpointQuerySet.as_manager()
 

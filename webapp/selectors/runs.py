@@ -91,14 +91,15 @@ def runs_listed(user) -> QuerySet:
     (``latest_script``) in the same query, not one query a run of a listed page. The stored estimate (tens of
     kilobytes) is left out: the estimate action alone reads it, and loads it then."""
     latest_script = Attempt.objects.filter(run=OuterRef("pk")).order_by("-number").values("script")[:1]
-    return (Run.objects.visible_to(user).select_related("owner").defer("estimate")
+    return (Run.objects.visible_to(user).select_related("owner", "init_from__run").defer("estimate")
             .annotate(latest_script=Subquery(latest_script)))
 
 
 def runs_with_parts(user) -> QuerySet:
     """The runs ``user`` may see, each with its owner, model config, plan, cluster and dataset: what a run's page,
     runs compared and the dashboard show beside a run."""
-    return Run.objects.visible_to(user).select_related("owner", "model_config", "plan", "cluster", "dataset")
+    return Run.objects.visible_to(user).select_related("owner", "model_config", "plan", "cluster", "dataset",
+                                                       "init_from__run")
 
 
 def dashboard_runs(user, *, status: str = "", owner: str = "", search: str = "", order: str = "-created_at"):

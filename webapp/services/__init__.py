@@ -2,6 +2,7 @@
 views, the admin and the workers call these instead of changing models directly. What they read comes from
 webapp.selectors; nothing here draws (webapp.rendering, the templates)."""
 from .checkpoints import checkpoint_import_register
+from .conversions import checkpoint_export_hf, checkpoint_import_hf
 from .datasets import dataset_upload
 from .deployments import (deployment_access_problem, deployment_create, deployment_generate, deployment_stream,
                           deployment_undeploy)
@@ -10,7 +11,8 @@ from .tasks import enqueue
 from .triton import triton_server_status
 from .tuning import tune_job_create, tune_job_dataset_problem, tune_job_finish, tune_job_progress, tune_job_start
 
-__all__ = ["checkpoint_import_register", "dataset_upload", "deployment_access_problem", "deployment_create",
+__all__ = ["checkpoint_import_register", "checkpoint_export_hf", "checkpoint_import_hf", "dataset_upload",
+           "deployment_access_problem", "deployment_create",
            "deployment_generate", "deployment_stream", "deployment_undeploy", "run_access_problems", "run_cancel",
            "run_check", "run_create", "run_queue", "enqueue", "triton_server_status", "tune_job_create",
            "tune_job_dataset_problem", "tune_job_finish", "tune_job_progress", "tune_job_start"]

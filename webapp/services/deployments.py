@@ -15,6 +15,7 @@ from deploy.client import Chunk, Completion, GenerateParams
 from trainer.contract import ModelSpec, SpecError
 
 from ..models import Checkpoint, Deployment, PromptTemplate, TritonServer, data_roots_for
+from .conversions import is_server_import
 from .tasks import TaskName, enqueue
 from .triton import ServingError, ServingRejected, ServingUnavailable, client_for, triton_errors
 
@@ -48,7 +49,7 @@ def deployment_access_problem(deployment: Deployment) -> str:
     checkpoint, owner = deployment.checkpoint, deployment.owner
     if not checkpoint.is_visible_to(owner):
         return f"checkpoint {checkpoint.pk} is not one you may see: deploy a checkpoint of your own runs"
-    if checkpoint.run_id is None:  # an imported folder: still under the owner's data roots
+    if checkpoint.run_id is None and not is_server_import(checkpoint):  # a registered folder: under data roots
         problem = data_roots_for(owner).problem(checkpoint.path)
         if problem:
             return f"checkpoint {checkpoint.pk}: {problem}"

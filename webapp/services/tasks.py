@@ -25,6 +25,8 @@ class TaskName(StrEnum):
     TUNE_RUN = "workbench.tune.run"
     DEPLOYMENT_DEPLOY = "workbench.deployments.deploy"
     DEPLOYMENT_UNDEPLOY = "workbench.deployments.undeploy"
+    CHECKPOINT_IMPORT_HF = "workbench.checkpoints.import_hf"
+    CHECKPOINT_EXPORT_HF = "workbench.checkpoints.export_hf"
 
 
 def registered(task_name: str) -> TaskName:

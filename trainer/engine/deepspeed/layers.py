@@ -1,12 +1,17 @@
 """The native GPT adapted to DeepSpeed: its activation checkpointing, its MoE layer, its optimizer groups.
 
 MoE: each native ``trainer.model.moe.MoE`` becomes ``DeepSpeedMoE`` around ``deepspeed.moe.layer.MoE`` with the same
-router weight and the same experts (this rank's E/ep of them, copied from the seeded native model), so both engines
-start from one model. DeepSpeed's gate has its own conventions: capacity ⌈capacity_factor · N / E⌉ per expert for
-top-1 and twice that for top-2 (at least ``min_capacity``), and aux = E · Σ_e f_e · P_e for top-1 (E² · mean for
-top-2, the same number). Random token selection and sampled second experts are turned off: routing is then a
-function of the weights alone, as in the native layer. DeepSpeed reports tokens per expert counting first
-choices only; the dropped fraction is estimated from them as Σ_e max(0, count_e − cap) / N.
+router weight and the same experts (this rank's E/ep of them, copied from the seeded native model; GELU or SwiGLU
+MLPs of width moe_ffn, DeepSpeed runs whatever module it is given), so both engines start from one model. A shared
+expert (and its sigmoid gate) is the native layer's own module, run beside DeepSpeed's layer on every token and
+added to its output; it is dense, so DeepSpeed averages its gradients over all of dp, and its names stay the native
+ones. DeepSpeed's gate has its own conventions: capacity ⌈capacity_factor · N / E⌉ per expert for top-1 and twice
+that for top-2 (at least ``min_capacity``), and aux = E · Σ_e f_e · P_e for top-1 (E² · mean for top-2, the same
+number); capacity_factor 0 (drop nothing) is its drop_tokens=False, whose capacity is the largest expert's load. It
+renormalises the chosen experts' weights exactly when top_k > 1 (the contract refuses other topk_norm choices for
+this engine). Random token selection and sampled second experts are turned off: routing is then a function of the
+weights alone, as in the native layer. DeepSpeed reports tokens per expert counting first choices only; the dropped
+fraction is estimated from them as Σ_e max(0, count_e − cap) / N.
 """
 from __future__ import annotations
 
@@ -33,9 +38,13 @@ class DeepSpeedMoE(nn.Module):
         super().__init__()
         m, ep = spec.model, spec.plan.ep
         self.n_experts, self.top_k, self.capacity_factor = m.n_experts, m.top_k, m.capacity_factor
-        self.moe = MoE(hidden_size=m.d_model, expert=MLP(m), num_experts=m.n_experts, ep_size=ep, k=m.top_k,
-                       capacity_factor=m.capacity_factor, eval_capacity_factor=m.capacity_factor, min_capacity=1,
-                       drop_tokens=True, use_rts=False, top2_2nd_expert_sampling=False)
+        drops = m.capacity_factor > 0
+        factor = m.capacity_factor if drops else 1.0  # not read without dropping
+        self.moe = MoE(hidden_size=m.d_model, expert=MLP(m, m.moe_ffn), num_experts=m.n_experts, ep_size=ep,
+                       k=m.top_k, capacity_factor=factor, eval_capacity_factor=factor, min_capacity=1,
+                       drop_tokens=drops, use_rts=False, top2_2nd_expert_sampling=False)
+        # the native modules themselves: weights and names unchanged
+        self.shared, self.shared_gate = native.shared, native.shared_gate
         self.aux: Optional[torch.Tensor] = None
         self.counts: Optional[torch.Tensor] = None
         self.tokens = 0
@@ -55,9 +64,17 @@ class DeepSpeedMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, aux, counts = self.moe(x)
         self.aux, self.counts, self.tokens = aux, counts.detach(), x.shape[0] * x.shape[1]
+        if self.shared is not None:
+            shared = self.shared(x)
+            if self.shared_gate is not None:
+                shared = torch.sigmoid(self.shared_gate(x)) * shared  # (B, T, 1) per-token scale
+            out = out + shared.to(out.dtype)
         return out
 
     def capacity(self) -> int:
+        """Slots per expert of the last forward (every token's, when nothing is dropped)."""
+        if self.capacity_factor == 0:
+            return self.tokens * self.top_k
         return max(1, math.ceil(self.capacity_factor * self.tokens / self.n_experts)) * self.top_k
 
 

@@ -57,7 +57,7 @@ from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
 
 _COMPUTE = ("compute",)
-_COMM = ("tensor_parallel", "expert_all_to_all", "pipeline_p2p", "data_parallel", "offload")
+_COMM = ("tensor_parallel", "context_parallel", "expert_all_to_all", "pipeline_p2p", "data_parallel", "offload")
 
 # The fitted coefficients: (name, lower bound, the option a unit of it is, how the option follows from the fit).
 # "compute" and "communication" are reciprocals of efficiencies (x = 1/efficiency ≥ 1); the rest are seconds.

@@ -34,7 +34,7 @@ each distinct pair are computed once however many plans share it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from trainer.contract import ModelSpec, ParallelPlan
@@ -254,6 +254,14 @@ class ActivationSettings:
         return 4 if (rmsnorm and self.rmsnorm_composite) else self.stream_bytes
 
 
+@lru_cache(maxsize=256)
+def context_share(shape: LayerShape, cp: int) -> LayerShape:
+    """A layer as one context-parallel rank holds it: s/cp positions of each sequence (docs/formulas.md, Context
+    parallel). Every term ∝ T = s·b then shrinks cp times; ring attention keeps only its block's output and
+    log-sum-exp, never a score matrix across ranks, and the rotary tables it saves are its positions' rows."""
+    return shape if cp == 1 else replace(shape, seq_len=shape.seq_len // cp)
+
+
 @lru_cache(maxsize=8192)
 def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
     """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
@@ -309,6 +317,12 @@ def expert_capacity(tokens: int, n_experts: int, top_k: int, capacity_factor: fl
     if capacity_factor == 0:
         return max(1, tokens)
     return max(1, math.ceil(capacity_factor * tokens * top_k / n_experts))
+
+
+def routed_capacity_factor(model: ModelSpec) -> float:
+    """The capacity factor the dispatch buffer is sized by: the model's, or E/k when it is 0 (no token dropped: the
+    trainer gives every expert T slots, E·T = (E/k)·T·k in all), so that E·cap ≈ c·T·k either way."""
+    return model.capacity_factor or model.n_experts / model.top_k
 
 
 def moe_kept(tokens: int, n_experts: int, top_k: int, capacity_factor: float) -> int:

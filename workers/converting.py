@@ -1,0 +1,116 @@
+"""Importing Hugging Face models and exporting checkpoints (the tasks workbench.checkpoints.import_hf and
+workbench.checkpoints.export_hf).
+
+Each runs ``python -m deploy import-hf SOURCE TARGET`` or ``export-hf CHECKPOINT OUT`` as a process: they need torch,
+which the workers never import. The processes print progress lines on stderr, one JSON line on stdout, and exit 2
+when they refuse (the reason on the last line: "error: …"), 1 when they fail. The conversion row says where it
+stands (webapp.services.conversions): running with the latest progress line, then done (an import's checkpoint
+registered with its lineage, an export's folder recorded on its checkpoint) or failed with the last error line.
+
+A redelivered task (its worker died) claims the conversion again and starts over: an import whose folder is complete
+already (the process renamed it into place just before the worker died) is registered as it is; an export writes
+over its own folder.
+"""
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+
+from trainer.contract.manifest import read_manifest
+from webapp.models import CheckpointConversion
+from webapp.services import conversions
+
+log = logging.getLogger(__name__)
+Kind = CheckpointConversion.Kind
+
+TIMEOUT_S = 3 * 3600.0
+PROGRESS_EVERY_S = 2.0
+
+
+class ConversionFailed(Exception):
+    pass
+
+
+def conversion_command(conversion: CheckpointConversion) -> list[str]:
+    command = [sys.executable, "-m", "deploy", conversion.kind, conversion.source, conversion.target]
+    return command if conversion.kind == Kind.IMPORT_HF else [*command, "--overwrite"]
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in (text or "").splitlines() if line.strip()]
+
+
+def _run(conversion: CheckpointConversion) -> dict:
+    """The process's JSON report; ConversionFailed with its refusal, its failure's last line, or a time out."""
+    started = time.monotonic()
+    with open(Path(conversion.target).parent / f".{Path(conversion.target).name}.stderr", "w+") as err:
+        process = subprocess.Popen(conversion_command(conversion), stdout=subprocess.PIPE, stderr=err, text=True,
+                                   cwd=settings.BASE_DIR)
+        try:
+            while True:
+                try:
+                    out, _ = process.communicate(timeout=PROGRESS_EVERY_S)
+                    break
+                except subprocess.TimeoutExpired:  # no output is lost: communicate is called again
+                    elapsed = time.monotonic() - started
+                    if elapsed > TIMEOUT_S:
+                        raise ConversionFailed(f"{conversion.kind} ran over {TIMEOUT_S:.0f} s and was stopped")
+                    err.seek(0)
+                    said = _lines(err.read())
+                    if not conversions.conversion_progress(
+                            conversion, f"{said[-1] if said else 'started'} ({elapsed:.0f} s so far)"):
+                        raise ConversionFailed("superseded")  # another delivery claimed it
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+            err.seek(0)
+            errors = _lines(err.read())
+        Path(err.name).unlink(missing_ok=True)
+    last = errors[-1].removeprefix("error: ") if errors else ""
+    if process.returncode == 2:
+        raise ConversionFailed(f"{conversion.kind} refused: {last}")
+    if process.returncode != 0:
+        raise ConversionFailed(f"{conversion.kind} failed (exit status {process.returncode}): "
+                               f"{last or 'it printed nothing'}")
+    try:
+        return json.loads(_lines(out)[-1])
+    except (IndexError, ValueError):
+        return {}
+
+
+def _convert(conversion: CheckpointConversion) -> str:
+    target = Path(conversion.target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if conversion.kind == Kind.IMPORT_HF:
+        if read_manifest(target) is None:
+            shutil.rmtree(target, ignore_errors=True)  # this conversion's own folder: a redelivery starts over
+            report = _run(conversion)
+        else:
+            report = {"target": str(target), "redelivered": True}
+        checkpoint = conversions.conversion_import_done(conversion, report)
+        return f"imported {conversion.source} as checkpoint {checkpoint.pk}"
+    report = _run(conversion)
+    conversions.conversion_export_done(conversion, report)
+    return f"exported {conversion.source} to {target}"
+
+
+def conversion_run(conversion_id: int) -> str:
+    conversion = conversions.conversion_claim(conversion_id)
+    if conversion is None:
+        return "settled"
+    try:
+        return _convert(conversion)
+    except ConversionFailed as exc:
+        if str(exc) != "superseded":
+            conversions.conversion_fail(conversion, str(exc))
+        return str(exc)
+    except (OSError, ValueError) as exc:
+        log.exception("conversion %s failed", conversion_id)
+        conversions.conversion_fail(conversion, f"{conversion.kind} failed: {exc}")
+        return str(exc)
