@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.contract import ModelSpec, ParallelPlan
+from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS, cluster
 from trainer.contract.stages import stage_layer_counts
 from trainer.planner.estimate import estimate
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.params import count, embedding_tensors, final_tensors, rank_params
+from trainer.planner.estimate.render import render_estimate
 from trainer.planner.tune.search import rank_plans
 from trainer.planner.tune.space import SearchSpace, enumerate_plans, lighter_ends
 
@@ -60,8 +61,10 @@ def test_each_stage_saves_the_activations_of_its_own_layers():
         edges = sum(v for _, v in M.edge_activations(TINY5, settings, stage == 0, stage == 1))
         assert st.layers == layers
         assert sum(st.activations_per_microbatch.values()) == pytest.approx(layers * per_layer + edges)
-    assert [s["layers"] for s in estimate(TINY5, plan, planner.cluster).memory["stages"]] == [
-        [[0, 1], [3, 3]], [[2, 2], [4, 4]]]
+    est = estimate(TINY5, plan, planner.cluster)
+    assert [s["layers"] for s in est.memory["stages"]] == [[[0, 1], [3, 3]], [[2, 2], [4, 4]]]
+    text = render_estimate(est)
+    assert "stage_layers=[2, 1, 1, 1]" in text and "pipeline stage 0 (rank 0, layers 0–1, 3)" in text
 
 
 def test_the_slowest_stage_sets_the_pace():

@@ -41,7 +41,10 @@ def render_estimate(est, depth: int = 2) -> str:
     p, c = est.plan, est.cluster
     out = [f"{est.model.name or 'model'} on {c.name or c.gpu.name}: dp={p.dp} tp={p.tp} pp={p.pp} b={p.micro_batch} "
            f"B={p.global_batch} m={p.grad_accum} sp={p.sequence_parallel} {p.engine}/zero{p.zero_stage} "
-           f"ckpt={p.activation_checkpointing} {p.precision} {p.pipeline_schedule} v={p.virtual_stages}", ""]
+           f"ckpt={p.activation_checkpointing} {p.precision} {p.pipeline_schedule} v={p.virtual_stages}"
+           + (f" stage_layers={list(p.stage_layers)}" if p.stage_layers else "")
+           + (f" first/last_stage_layers={p.first_stage_layers}/{p.last_stage_layers}"
+              if p.first_stage_layers or p.last_stage_layers else ""), ""]
     out.append(table([r for n, f in est.parameters.items() for r in figure_rows(n, f, 0)], "Parameters"))
     out.append("")
     out.append(table([r for n, f in est.flops.items() for r in figure_rows(n, f, 0)], "FLOPs"))
@@ -50,7 +53,9 @@ def render_estimate(est, depth: int = 2) -> str:
         for name in ("weights", "gradients", "optimizer", "activations", "buffers", "overhead"):
             rows += figure_rows(name, st[name], depth if name != "activations" else depth + 1)
         rows += figure_rows("total", st["total"], 0)
-        out += ["", table(rows, f"Memory per GPU, pipeline stage {st['stage']} (rank {st['rank']})")]
+        layers = ", ".join(f"{a}" if a == b else f"{a}–{b}" for a, b in st.get("layers", []))
+        held = f", layers {layers}" if est.plan.pp > 1 and layers else ""
+        out += ["", table(rows, f"Memory per GPU, pipeline stage {st['stage']} (rank {st['rank']}{held})")]
     peak = est.memory["peak"]
     out += ["", f"Peak: {human(peak.value, 'bytes')} on rank {est.memory['peak_rank']} "
                 f"(stage {est.memory['peak_stage']}) of {human(est.memory['capacity'].value, 'bytes')}: "
