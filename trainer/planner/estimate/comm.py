@@ -1,8 +1,9 @@
 """Communication: where a group of ranks sits, what a ring collective costs, and how many collectives a step issues.
 
-Rank layout (the native trainer's device mesh): a (pp, dp, tp) grid with tp innermost, so
-rank = (stage·dp + d)·tp + j. A group of n ranks with stride k sits inside one node when n·k ≤ gpus_per_node
-(tp: stride 1; dp and ep: t; pp: t·d) and then uses the intra-node bandwidth, else the inter-node one.
+Rank layout (the native trainer's device mesh): a (pp, dp, cp, tp) grid with tp innermost, so
+rank = ((stage·dp + d)·cp + c)·tp + j. A group of n ranks with stride k sits inside one node when n·k ≤ gpus_per_node
+(tp: stride 1; cp: t; the gradient group dp·cp and ep: t; pp: t·c·d) and then uses the intra-node bandwidth, else
+the inter-node one.
 
 Costs follow the α–β ring model (docs/formulas.md, Communication cost model): bandwidth prices a collective by its
 bytes, S/β times a ring factor; latency α is paid per ring step, which is what the hop counts below are for.
@@ -19,9 +20,10 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 ZERO_BUCKET_ELEMENTS = 5e8
 
 
-def rank_of(plan: ParallelPlan, stage: int, d: int = 0, j: int = 0) -> int:
-    """Global rank of pipeline stage ``stage``, data-parallel index d, tensor-parallel index j."""
-    return (stage * plan.dp + d) * plan.tp + j
+def rank_of(plan: ParallelPlan, stage: int, d: int = 0, j: int = 0, c: int = 0) -> int:
+    """Global rank of pipeline stage ``stage``, data-parallel index d, context-parallel index c, tensor-parallel
+    index j."""
+    return ((stage * plan.dp + d) * plan.cp + c) * plan.tp + j
 
 
 def fits_in_node(size: int, stride: int, gpus_per_node: int) -> bool:
@@ -63,11 +65,13 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
           reduce-scatter (twice the calls, the same hops)
       ep  m · moe_layers · 4 all-to-alls (dispatch and combine, forward and backward)
       pp  m · v · 2 messages (an activation forward and its gradient back, per micro-batch per chunk)
-      dp  ZeRO-3 (FSDP2: one unit per block + a root per chunk, v with interleaving): m · (units + layers)
-          all-gathers (forward, and the backward re-gather of each block; not with a pipeline, which keeps blocks
-          gathered, nor for the root, which FSDP2 does not reshard) + units reduce-scatters (once a step: gradient
-          sync on the last micro-batch); DDP: ⌈grad bytes / 25 MiB⌉ bucket all-reduces; tp > 1 or pp > 1 (the
-          trainer's flat gradient sync after backward): 1 all-reduce; DeepSpeed ZeRO 0–2: ⌈P_rank / 5e8⌉ buckets.
+      cp  m · layers · the ring's point-to-point hops (``ring_attention``: cp − 1 forward, cp − 1 + cp backward)
+      dp  over the dp·cp ranks that average gradients. ZeRO-3 (FSDP2: one unit per block + a root per chunk, v with
+          interleaving): m · (units + layers) all-gathers (forward, and the backward re-gather of each block; not with a
+          pipeline, which keeps blocks gathered, nor for the root, which FSDP2 does not reshard) + units reduce-scatters
+          (once a step: gradient sync on the last micro-batch); DDP: ⌈grad bytes / 25 MiB⌉ bucket all-reduces; tp > 1 or
+          pp > 1 (the trainer's flat gradient sync after backward): 1 all-reduce; DeepSpeed ZeRO 0–2: ⌈P_rank / 5e8⌉
+          buckets.
     """
     m = plan.grad_accum
     calls: dict[str, float] = {}
@@ -84,12 +88,16 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
         hops["ep"] = calls["ep"] * (plan.ep - 1)
     if plan.pp > 1:
         calls["pp"] = hops["pp"] = float(m * v * 2)
-    if plan.dp > 1:
+    if plan.cp > 1:
+        calls["cp"] = hops["cp"] = float(m * layers * ring_attention(
+            1, 1, 1, 1, plan.cp, 1, 1.0, 1.0, plan.activation_checkpointing == "full").hops)
+    replicas = plan.dp * plan.cp  # ranks holding the same weights: the gradient average's group
+    if replicas > 1:
         if plan.zero_stage >= 3:
             units = layers + v
             regather = layers if plan.pp == 1 else 0
             calls["dp"] = float(m * (units + regather) + units)
-            hops["dp"] = calls["dp"] * (plan.dp - 1)
+            hops["dp"] = calls["dp"] * (replicas - 1)
         else:
             if plan.engine == "deepspeed":
                 calls["dp"] = float(-(-params_first // ZERO_BUCKET_ELEMENTS))
@@ -97,5 +105,46 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
                 calls["dp"] = 1.0
             else:
                 calls["dp"] = float(-(-grad_bytes // DDP_BUCKET_BYTES))
-            hops["dp"] = calls["dp"] * 2 * (plan.dp - 1)
+            hops["dp"] = calls["dp"] * 2 * (replicas - 1)
     return Collectives(calls, hops)
+
+
+# ---- context parallel: the K/V ring of each attention --------------------------------------------------------
+RING_GRAD_BYTES = 4  # the ring's dK/dV accumulators travel in fp32 (trainer/parallel/context.py)
+
+
+@dataclass(slots=True)
+class RingAttention:
+    """One layer's ring attention for one micro-batch on one rank (docs/formulas.md, Context parallel): the bytes it
+    sends, the seconds those take, the seconds of attention each hop hides behind, and what stays exposed."""
+
+    sent_bytes: float
+    transfer_s: float
+    exposed_s: float
+    hops: int
+
+
+def ring_attention(tokens: float, d_model: int, kv_dim: int, tp: int, cp: int, e: int, bandwidth: float,
+                   flops_per_s: float, full_recompute: bool = False) -> RingAttention:
+    """The K/V ring of one layer, one micro-batch, one rank holding ``tokens`` = b·s/cp positions and h/t query
+    and kv/t key/value widths.
+
+    Forward: cp − 1 hops, each sending this rank's K and V block, 2·tokens·(kv/t)·e bytes, while the block in hand
+    is computed: a half-block of attention, 2·tokens²·(h/t) FLOPs (q kᵀ and p v over tokens × tokens/2 pairs,
+    the zig-zag split makes every step, the causal diagonal included, that size). Backward: the K/V blocks go round
+    again (cp − 1 hops) beside their gradient accumulators (cp hops, fp32), each hop hidden behind twice the
+    forward's FLOPs. A hop's transfer shows only where it outlasts the attention it overlaps; the last
+    accumulator's hop home overlaps nothing. Full recompute runs the forward ring twice."""
+    if cp <= 1:
+        return RingAttention(0.0, 0.0, 0.0, 0)
+    kv_block = 2 * tokens * (kv_dim / tp) * e
+    grad_block = 2 * tokens * (kv_dim / tp) * RING_GRAD_BYTES
+    half_block_s = 2 * tokens * tokens * (d_model / tp) / flops_per_s
+    forwards = 2 if full_recompute else 1
+    fwd_hop, bwd_hop = kv_block / bandwidth, (kv_block + grad_block) / bandwidth
+    sent = forwards * (cp - 1) * kv_block + (cp - 1) * kv_block + cp * grad_block
+    transfer = forwards * (cp - 1) * fwd_hop + (cp - 1) * bwd_hop + grad_block / bandwidth
+    exposed = (forwards * (cp - 1) * max(0.0, fwd_hop - half_block_s)
+               + (cp - 1) * max(0.0, bwd_hop - 2 * half_block_s) + grad_block / bandwidth)
+    hops = forwards * (cp - 1) + 2 * (cp - 1) + 1
+    return RingAttention(sent, transfer, exposed, hops)

@@ -11,7 +11,8 @@ from typing import Mapping
 
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
-from trainer.planner.estimate.comm import collective_counts, fits_in_node, rank_of, ring_all_reduce_s, ring_gather_s
+from trainer.planner.estimate.comm import (collective_counts, fits_in_node, rank_of, ring_all_reduce_s, ring_attention,
+                                           ring_gather_s)
 from trainer.planner.estimate.numbers import PlanNumbers, PlanSummary, StageMemory, StageStatic, StepTime
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import Layout, count, layout, rank_expert_params, rank_params, stage_layers
@@ -92,8 +93,14 @@ class Planner:
             self._settings[key] = hit
         return hit
 
-    def layer_shape(self, moe: bool) -> M.LayerShape:
-        return self._moe_layer if moe else self._dense_layer
+    def layer_shape(self, moe: bool, cp: int = 1) -> M.LayerShape:
+        """A layer's shape as one rank sees it: under context parallel its s/cp positions of each sequence."""
+        shape = self._moe_layer if moe else self._dense_layer
+        return M.context_share(shape, cp)
+
+    def share(self, cp: int) -> ModelSpec:
+        """The model as one context-parallel rank's activations see it: sequences of s/cp positions."""
+        return self.model if cp == 1 else self.model.replace(seq_len=self.model.seq_len // cp)
 
     # ---- pipeline stages ------------------------------------------------------------------------------------
     @staticmethod
@@ -159,7 +166,7 @@ class Planner:
 
     def stage_memory(self, plan: ParallelPlan, stage: int) -> StageMemory:
         m, o = self.model, self.options
-        pp, tp, dp = plan.pp, plan.tp, plan.dp
+        pp, tp, dp = plan.pp, plan.tp, plan.dp * plan.cp  # FSDP2 shards over dp·cp
         v = plan.model_chunks
         last = M.holds_last_stage(plan, stage)
         counts, v_shape = self.layout(plan)
@@ -183,10 +190,10 @@ class Planner:
         acts: dict[str, float] = {}
         for moe_layer, n in ((False, layers - n_moe), (True, n_moe)):
             if n:
-                for name, value in M.layer_activations(self.layer_shape(moe_layer), settings):
+                for name, value in M.layer_activations(self.layer_shape(moe_layer, plan.cp), settings):
                     key = ("moe_" if moe_layer else "") + name
                     acts[key] = acts.get(key, 0.0) + n * value
-        for name, value in M.edge_activations(m, settings, stage == 0, last):
+        for name, value in M.edge_activations(self.share(plan.cp), settings, stage == 0, last):
             acts[name] = value
         flight = M.in_flight(plan, stage)
         buffers = self._buffers(plan, settings, last, params, layers)
@@ -199,7 +206,8 @@ class Planner:
         """Transient tensors live at the peak, beside the saved activations."""
         m, o = self.model, self.options
         e = settings.bytes_per_element
-        T = m.seq_len * plan.micro_batch
+        T = m.seq_len // plan.cp * plan.micro_batch  # this rank's positions
+        replicas = plan.dp * plan.cp
         g_bytes = M.state_bytes_per_param(plan.precision, plan.engine).gradients
         out: dict[str, float] = {}
         if last:
@@ -208,12 +216,13 @@ class Planner:
         if plan.activation_checkpointing != "none":
             # the backward of a recomputed layer re-creates that layer's full activations
             whole = self.activation_settings(plan, "none")
-            out["recompute_working_set"] = sum(v for _, v in M.layer_activations(self.layer_shape(m.is_moe), whole))
-        if plan.zero_stage >= 3 and plan.dp > 1:
+            out["recompute_working_set"] = sum(v for _, v in M.layer_activations(self.layer_shape(m.is_moe, plan.cp),
+                                                                                 whole))
+        if plan.zero_stage >= 3 and replicas > 1:
             # two layers' gathered weights (current + prefetch) and one layer's unsharded gradient
             per_layer = params / max(layers, 1)
             out["gathered_params"] = 2 * per_layer * e + per_layer * g_bytes
-        elif plan.engine == "native" and plan.dp > 1 and plan.tp == 1:
+        elif plan.engine == "native" and replicas > 1 and plan.tp == 1:
             # DDP (gradient_as_bucket_view off) keeps a flat copy of the gradients for the all-reduce; with tp > 1
             # the native trainer averages the DTensor gradients in place instead
             out["ddp_buckets"] = float(params * g_bytes)
@@ -231,12 +240,13 @@ class Planner:
     def bandwidths(self, plan: ParallelPlan) -> Mapping[str, float]:
         """Bytes/s of the tp, pp, dp and ep groups: intra-node when a group fits in a node, × comm_efficiency.
         Cached by degrees, which many plans share."""
-        key = (plan.tp, plan.pp, plan.dp, plan.ep)
+        key = (plan.tp, plan.pp, plan.dp, plan.ep, plan.cp)
         hit = self._bandwidths.get(key)
         if hit is None:
-            tp, dp = plan.tp, plan.dp
-            hit = MappingProxyType({"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(plan.pp, tp * dp),
-                                    "dp": self._bandwidth(dp, tp), "ep": self._bandwidth(plan.ep, tp)})
+            tp, dp, cp = plan.tp, plan.dp, plan.cp
+            hit = MappingProxyType({"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(plan.pp, tp * cp * dp),
+                                    "dp": self._bandwidth(dp * cp, tp), "ep": self._bandwidth(plan.ep, tp),
+                                    "cp": self._bandwidth(cp, tp)})
             self._bandwidths[key] = hit
         return hit
 
@@ -251,14 +261,15 @@ class Planner:
         parameters before and after data-parallel sharding (what its gradients and gathers move; under an uneven
         layout the largest stage's, which the others wait for)."""
         m, o = self.model, self.options
-        tp, pp, dp, b = plan.tp, plan.pp, plan.dp, plan.micro_batch
+        tp, pp, b, cp = plan.tp, plan.pp, plan.micro_batch, plan.cp
+        dp = plan.dp * cp  # the ranks that share the batch's tokens and average the gradients
         mb = plan.grad_accum
         ckpt = plan.activation_checkpointing
         e = M.activation_bytes_per_element(plan.precision)
-        T = m.seq_len * b
+        T = m.seq_len // cp * b  # positions a rank holds of its micro-batch
         tokens = plan.global_batch * m.seq_len
         hw_flops = (self.model_flops_per_token + self.recompute_flops[ckpt]) * tokens
-        work = b * m.seq_len * m.d_model / tp
+        work = T * m.d_model / tp
         eff = o.compute_efficiency * work / (work + o.efficiency_half_work)
         # the slowest stage sets the pace: with equal stages the last (blocks/p + head); with pp = 1 this is
         # hw_flops / (dp·t)
@@ -289,6 +300,11 @@ class Planner:
             n_ar = 6 if ckpt == "full" else 4
             t["tensor_parallel"] = (mb * layers * n_ar * ring_all_reduce_s(T * m.d_model * e, tp, bw["tp"])
                                     + alpha * hops["tp"] + o.tp_call_s * calls["tp"])
+        if cp > 1:
+            # the K/V ring of every layer, each hop hidden behind a block's attention where it is shorter
+            ring = ring_attention(T, m.d_model, m.kv_heads * m.head_dim, tp, cp, e, bw["cp"], self.peak_flops * eff,
+                                  ckpt == "full")
+            t["context_parallel"] = mb * layers * ring.exposed_s + alpha * hops["cp"]
         if n_moe:
             routed = T * m.top_k * m.capacity_factor * m.d_model * e
             t["expert_all_to_all"] = (mb * n_moe * 4 * (plan.ep - 1) / plan.ep * routed / bw["ep"]
@@ -338,7 +354,7 @@ class Planner:
         """What ``evaluate`` gives, without the named parts: the peak over the first and last stages."""
         frag = self.options.fragmentation
         counts, _ = self.layout(plan)
-        plan_key = (plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.sequence_parallel, plan.ep, plan.engine,
+        plan_key = (plan.tp, plan.pp, plan.dp, plan.cp, plan.micro_batch, plan.sequence_parallel, plan.ep, plan.engine,
                     plan.zero_stage, plan.activation_checkpointing, plan.precision, plan.offload_optimizer,
                     plan.offload_params, plan.virtual_stages if (self._moe_layer or counts) else 1,
                     plan.pipeline_schedule in V_SCHEDULES, counts)  # a V puts the head on the first rank

@@ -91,6 +91,10 @@ TIME_FORMULAS = {
                "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak_flops · efficiency) at p = 1)",
     "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / bandwidth_bytes_per_s + latency_s  "
                        "(ring all-reduces; n_allreduce = 4 a layer, 6 with full recompute)",
+    "context_parallel": "m · layers_per_stage · [(cp − 1)·max(0, S_kv/bw − a) "
+                        "+ (cp − 1)·max(0, (S_kv + S_grad)/bw − 2a) + S_grad/bw] + latency_s  (the K/V ring of each attention, S_kv = 2·T·kv·e/t, S_grad = "
+                        "2·T·kv·4/t, each hop hidden behind a half-block of attention, a = 2·T²·h/t / "
+                        "(peak_flops · efficiency); T = b·s/cp; the forward ring twice with full recompute)",
     "expert_all_to_all": "m · moe_layers · 4 · (ep − 1)/ep · T·k·c·h·e / bandwidth_bytes_per_s + latency_s  "
                          "(dispatch and combine, forward and backward)",
     "pipeline_p2p": "m · v · 2 · (T·h·e / r) / bandwidth_bytes_per_s + latency_s  (an activation forward and its "
@@ -110,7 +114,7 @@ TIME_FORMULAS = {
 
 
 # a micro-batch's work, in the order step_time adds it: what a pipeline's bubble stretches
-IN_STAGE = ("compute", "host_overhead", "expert_overhead", "tensor_parallel", "expert_all_to_all")
+IN_STAGE = ("compute", "host_overhead", "expert_overhead", "tensor_parallel", "context_parallel", "expert_all_to_all")
 
 
 def _outer_sum(expr: str) -> bool:
@@ -452,7 +456,8 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         else " · (p − 1)/(v·m)  (the work of a micro-batch, idle in the fill and drain)")
     if "offload" in time:
         formulas["offload"] = _offload_formula(plan)
-    groups = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep"}
+    groups = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep",
+              "context_parallel": "cp"}
     terms = {}
     for name, value in time.items():
         own = dict(symbols)

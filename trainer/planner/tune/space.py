@@ -52,6 +52,9 @@ class SearchSpace:
     max_virtual_stages: int = 8
     offload: bool = True
     sequence_parallel: tuple[bool, ...] = (False, True)
+    # context parallel (cp > 1) is searched for sequences of at least this many tokens: below it a sequence's
+    # activations rarely decide what fits, and the grid stays as large as it was
+    cp_from_seq_len: int = 16384
 
     @classmethod
     def from_dict(cls, data: dict | None) -> "SearchSpace":
@@ -71,7 +74,7 @@ class SearchSpace:
             p["micro_batches"] = [f"micro_batches={list(self.micro_batches)} must be positive integers"]
         elif self.micro_batches is not None and len(self.micro_batches) > MAX_LISTED:
             p["micro_batches"] = [f"give at most {MAX_LISTED} micro-batch sizes, got {len(self.micro_batches)}"]
-        for name in ("max_micro_batch", "max_virtual_stages"):
+        for name in ("max_micro_batch", "max_virtual_stages", "cp_from_seq_len"):
             if getattr(self, name) < 1:
                 p[name] = [f"{name}={getattr(self, name)} must be at least 1"]
         return p
@@ -120,7 +123,7 @@ def _candidate_engines(space: SearchSpace) -> list[EngineChoice]:
 
 
 def _engine_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, tp: int, sp: bool, pp: int,
-                    precision: str) -> list[EngineChoice]:
+                    precision: str, cp: int = 1) -> list[EngineChoice]:
     """The combinations the contract's engine rules allow for this tp, sp, pp and precision: asked of
     ``rules.engine_problems``, ``rules.check_plan`` and ``rules.device_problems`` themselves, once per distinct case,
     so the tuner holds no copy of what each engine refuses. Where pp does not divide the layers the probe carries
@@ -129,12 +132,29 @@ def _engine_choices(space: SearchSpace, model: ModelSpec, cluster: ClusterSpec, 
     ends = lighter_ends(model.n_layers, pp) if pp > 1 else None
     layout = dict(first_stage_layers=ends[0], last_stage_layers=ends[1]) if ends else {}
     for c in _candidate_engines(space):
-        probe = ParallelPlan(tp=tp, pp=pp, sequence_parallel=sp, precision=precision, engine=c.engine,
+        probe = ParallelPlan(tp=tp, pp=pp, cp=cp, sequence_parallel=sp, precision=precision, engine=c.engine,
                              zero_stage=c.zero_stage, offload_optimizer=c.offload_optimizer,
                              offload_params=c.offload_params, **layout)
         if not engine_problems(probe) and not check_plan(model, probe) and not device_problems(probe, cluster):
             out.append(c)
     return out
+
+
+def _pp_cp(space: SearchSpace, model: ModelSpec, ranks: int, reject) -> Iterator[tuple[int, int]]:
+    """(pp, cp) over the ``ranks`` left beside tp: every pp, and with it cp = 1, or for a long sequence
+    (``cp_from_seq_len``) every cp whose 2·cp chunks divide it, for a model context parallel runs (dense, no
+    dropout: ``rules.check_plan``)."""
+    for pp in divisors(ranks):
+        yield pp, 1
+        if model.seq_len < space.cp_from_seq_len:
+            continue
+        for cp in divisors(ranks // pp)[1:]:
+            if model.seq_len % (2 * cp):
+                reject("cp: 2·cp does not divide seq_len")
+            elif model.is_moe or model.dropout > 0:
+                reject("context parallel runs dense models without dropout")
+            else:
+                yield pp, cp
 
 
 def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, space: SearchSpace | None = None,
@@ -157,11 +177,11 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                        (model.kv_heads != model.n_heads and model.kv_heads % tp)):
             reject("tp does not divide heads or FFN width")
             continue
-        for pp in divisors(world // tp):
+        for pp, cp in _pp_cp(space, model, world // tp, reject):
             if pp > 1 and model.n_layers % pp and lighter_ends(model.n_layers, pp) is None:
                 reject("pp does not divide n_layers, nor leave lighter first and last stages")
                 continue
-            dp = world // (tp * pp)
+            dp = world // (tp * pp * cp)
             if global_batch % dp:
                 reject("global batch not divisible by dp")
                 continue
@@ -172,7 +192,7 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                     reject("global batch not divisible by micro_batch × dp")
                     continue
                 for sp in space.sequence_parallel:
-                    if sp and (tp == 1 or model.seq_len % tp):
+                    if sp and (tp == 1 or (model.seq_len // cp) % tp):
                         if tp > 1:
                             reject("sequence parallel: tp does not divide seq_len")
                         continue
@@ -181,13 +201,13 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                             reject("ep does not divide n_experts")
                             continue
                         for precision in space.precisions:
-                            key = (tp, sp, pp, precision)
+                            key = (tp, sp, pp, precision, cp)
                             if key not in engines:
-                                engines[key] = _engine_choices(space, model, cluster, tp, sp, pp, precision)
+                                engines[key] = _engine_choices(space, model, cluster, tp, sp, pp, precision, cp)
                             for c in engines[key]:
                                 for ckpt in space.checkpointing:
                                     yield from _schedules(space, model, pp, reject, dict(
-                                        dp=dp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
+                                        dp=dp, cp=cp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
                                         sequence_parallel=sp, ep=ep, engine=c.engine, zero_stage=c.zero_stage,
                                         activation_checkpointing=ckpt, precision=precision,
                                         offload_optimizer=c.offload_optimizer, offload_params=c.offload_params))
