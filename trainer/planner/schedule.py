@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 __all__ = ["KINDS", "UNIT_COSTS", "GENERATED", "Action", "Span", "RankTimeline", "Simulation", "ScheduleError",
-           "Deadlock", "simulate", "schedule_orders", "gpipe_order", "one_f_one_b_order", "interleaved_order",
-           "orders_from_json", "label"]
+           "Deadlock", "simulate", "stage_weights", "schedule_orders", "gpipe_order", "one_f_one_b_order",
+           "interleaved_order", "orders_from_json", "label"]
 
 KINDS = ("F", "B", "I", "W")
 UNIT_COSTS: Mapping[str, float] = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
@@ -124,8 +124,12 @@ def _dependencies(action: Action, last_stage: int, listed: Mapping[Action, objec
     return deps
 
 
-def simulate(orders: Mapping[int, Sequence[Action]], costs: Mapping[str, float] | None = None) -> Simulation:
+def simulate(orders: Mapping[int, Sequence[Action]], costs: Mapping[str, float] | None = None,
+             stage_costs: Mapping[int, float] | None = None) -> Simulation:
     """Lay each rank's actions out in time, in its order, each as early as its rank and dependencies allow.
+
+    ``stage_costs`` scales every action of a stage (its layers against an equal stage's, under an uneven layout:
+    ``stage_weights``); 1 where not given.
 
     Raises Deadlock, naming what each stuck rank waits for, when no order of events can run the lists to the end;
     ScheduleError for an order that is not one.
@@ -148,7 +152,7 @@ def simulate(orders: Mapping[int, Sequence[Action]], costs: Mapping[str, float] 
                 if any(d not in finish for d in deps):
                     break
                 start = max([free[rank]] + [finish[d] for d in deps])
-                end = start + float(costs[action[0]])
+                end = start + float(costs[action[0]]) * (stage_costs.get(action[1], 1.0) if stage_costs else 1.0)
                 finish[action] = free[rank] = end
                 spans[rank].append(Span(start, end, *action))
                 position[rank] += 1
@@ -162,6 +166,13 @@ def simulate(orders: Mapping[int, Sequence[Action]], costs: Mapping[str, float] 
         busy = sum(s.end - s.start for s in rank_spans)
         timelines.append(RankTimeline(rank, tuple(rank_spans), busy, 1 - busy / makespan if makespan else 0.0))
     return Simulation(tuple(timelines), makespan)
+
+
+def stage_weights(counts: Sequence[int]) -> dict[int, float]:
+    """Each stage's cost against an equal stage's, from every stage's layer count (``contract.stages``): the cost
+    ``simulate`` takes per stage."""
+    mean = sum(counts) / len(counts)
+    return {stage: n / mean for stage, n in enumerate(counts)}
 
 
 def _deadlock_message(stuck: Mapping[int, Action], last_stage: int, where: Mapping[Action, tuple[int, int]]) -> str:

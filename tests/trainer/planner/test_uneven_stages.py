@@ -13,6 +13,7 @@ from trainer.planner.estimate import memory as M
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.params import count, embedding_tensors, final_tensors, rank_params
 from trainer.planner.estimate.render import render_estimate
+from trainer.planner.schedule import schedule_orders, simulate, stage_weights
 from trainer.planner.tune.search import rank_plans
 from trainer.planner.tune.space import SearchSpace, enumerate_plans, lighter_ends
 
@@ -144,3 +145,19 @@ def test_every_figure_of_an_uneven_estimate_follows_from_its_terms(model, plan, 
             assert evaluate(f.formula, f.terms) == pytest.approx(f.value, rel=REL_TOL, abs=1e-12), path
             checked += 1
     assert checked > 50
+
+
+@pytest.mark.parametrize("kind,pp,m,v,counts", [
+    ("1f1b", 2, 4, 1, (2, 1)), ("1f1b", 4, 8, 1, (7, 8, 8, 7)), ("gpipe", 2, 4, 1, (1, 2)),
+    ("interleaved", 2, 4, 2, (2, 1, 1, 1)), ("interleaved", 4, 8, 2, (3, 4, 4, 4, 4, 4, 4, 3)),
+])
+def test_pacing_by_the_slowest_rank_bounds_the_ideal_schedule(kind, pp, m, v, counts):
+    """The planner's step, m micro-batches of the slowest rank's work stretched by the bubble (p − 1)/(v·m), laid
+    beside the ideal schedule with each stage's actions costing its layers: never below it, and equal to it when
+    the stages are equal."""
+    orders = schedule_orders(kind, pp, m, v)
+    weights = stage_weights(counts)
+    rank_work = [3 * sum(weights[s] for s in range(r, pp * v, pp)) for r in range(pp)]  # F + B: 3 units a stage
+    planned = max(rank_work) * m * (1 + (pp - 1) / (v * m))
+    assert simulate(orders, stage_costs=weights).makespan <= planned + 1e-9
+    assert simulate(orders).makespan == pytest.approx(3 * v * m * (1 + (pp - 1) / (v * m)))
