@@ -1,19 +1,19 @@
 """Context parallel: cp ranks share one sequence; each holds 2 of its 2·cp chunks and attention runs as a ring.
 
-The zig-zag split (Brandon et al. 2023, "Striped"/zig-zag ring attention as in Megatron-LM and torchtitan): the
-sequence of T positions is cut into 2·cp chunks of c = T/(2·cp); cp rank r holds chunks r and 2cp−1−r, so every
-rank holds one early and one late chunk and the causal mask gives every rank the same work. Inputs, targets and the
+The zig-zag split (the load-balanced layout of Megatron-LM's and torchtitan's context parallel): the sequence of T
+positions is cut into 2·cp chunks of c = T/(2·cp); cp rank r holds chunks r and 2cp−1−r, so every rank holds one
+early and one late chunk and the causal mask gives every rank the same work. Inputs, targets and the
 positions the model sees (rotary angles, learned position rows) are cut the same way (``zigzag_positions``,
 ``zigzag_slice``). Everything but attention works on each position alone, so it runs unchanged on a rank's T/cp
 positions; each rank's loss is the mean over its T/cp tokens, and since every rank holds as many, the mean of the cp
 means (the gradient average over dp·cp) is the mean over the whole sequence, as one process computes it.
 
-Ring attention (``RingAttention``, a torch.autograd.Function): a rank's queries must meet the keys and values of
-every chunk. Forward passes each rank's K/V block once around the cp ring (cp − 1 hops, point-to-point isend/irecv
-to the next rank, the next block in flight while this one is computed) and merges the blocks' softmaxes exactly
-through their log-sum-exps (online softmax). Point-to-point rather than an all-gather: a rank never holds more
-than two K/V blocks (memory O(T/cp), not O(T)), and each hop's transfer hides behind one block's attention. With
-the zig-zag layout the block from rank s, for this rank r, is
+Ring attention (Liu, Zaharia and Abbeel 2023; ``RingAttention``, a torch.autograd.Function): a rank's queries must
+meet the keys and values of every chunk. Forward passes each rank's K/V block once around the cp ring (cp − 1 hops,
+point-to-point isend/irecv to the next rank, the next block in flight while this one is computed) and merges the
+blocks' softmaxes exactly through their log-sum-exps (online softmax). Point-to-point rather than an all-gather: a
+rank never holds more than two K/V blocks (memory O(T/cp), not O(T)), and each hop's transfer hides behind one
+block's attention. With the zig-zag layout the block from rank s, for this rank r, is
 - s = r: the rank's own two chunks, in position order: causal attention;
 - s < r: chunk s precedes both of this rank's chunks and chunk 2cp−1−s follows both: all queries, first half of
   the keys, no mask;
@@ -24,6 +24,10 @@ the whole row's softmax, P = exp(S − lse), and D = rowsum(dO ∘ O)), passing 
 gradient accumulators beside them; after cp hops each dK/dV is back on the rank that owns it.
 Grouped-query attention: K/V travel with their K heads (H/K times fewer bytes) and are repeated for the block's
 attention only; their gradients are summed back over each group of query heads.
+
+Each block's attention is torch's fused CPU kernel (the one F.scaled_dot_product_attention runs there, called for
+its log-sum-exp); on other devices the plain fp32 formula, O(block²) memory, until a fused kernel with log-sum-exp
+is wired in. torch's own context_parallel has no sharding rule for the CPU kernel, and this one runs on gloo.
 
 Attention dropout would need the ranks to draw one mask of the whole T × T matrix between them; the contract
 refuses dropout (and mixture-of-experts layers, whose routing capacity and balance loss count a rank's tokens) under
