@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.launch import launch, tiny_spec
-from trainer.contract import DatasetSpec
+from trainer.contract import DatasetSpec, InitFrom
 from trainer.contract.presets import demo_text
 
 TEXT_BYTES = 200_000  # enough tinyshakespeare for a 512-token BPE and thousands of 64-token windows
@@ -142,6 +142,11 @@ def engine_runs(tmp_path_factory, dataset) -> Path:
                           activation_checkpointing="full", **ds)),
            _job(tiny_spec(runs / "ds-pp2-zero1", dataset, PARITY_STEPS, engine="deepspeed", pp=2, zero_stage=1,
                           checkpoint_every=PARITY_STEPS))]
+    # Runs started from the ZeRO-3 checkpoint's weights by both engines' pipelines (tests/trainer/engine/test_init_from)
+    zero3 = InitFrom(checkpoint=str(runs / "ds-zero3-consolidate" / "checkpoints" / "step-6"))
+    two += [_job(tiny_spec(runs / "init-ds-pp2-from-zero3", dataset, 1, engine="deepspeed", pp=2, zero_stage=1,
+                           init_from=zero3)),
+            _job(tiny_spec(runs / "init-native-pp2-from-zero3", dataset, 1, pp=2, init_from=zero3))]
     launch(2, two, runs / "jobs")
     launch(1, [_job(tiny_spec(runs / "ref", dataset, PARITY_STEPS)),
                _job(tiny_spec(runs / "moe-ref", dataset, MOE_STEPS, model=moe_model())),

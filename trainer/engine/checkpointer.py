@@ -69,8 +69,8 @@ def start_from(engine: Engine, run_dir: Path, resume: bool, spec: RunSpec, files
         if source is None:
             return Start()
         manifest = engine.load_weights(source)
-        files.log(f"started from the weights of {source} (step {manifest.step} of "
-                  f"{manifest.run or 'an imported model'}, format {manifest.format}); a fresh optimizer")
+        saved = f"run {manifest.run!r}'s step {manifest.step}" if manifest.run else f"step {manifest.step}"
+        files.log(f"started from the weights of {source} ({saved}, format {manifest.format}); a fresh optimizer")
         return Start(started_from=source)
     manifest = engine.load(folder)
     files.log(f"resumed from {folder} at step {manifest.step}")

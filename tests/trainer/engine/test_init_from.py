@@ -158,3 +158,13 @@ def test_the_trainer_refuses_another_model_before_building_anything(init_runs, d
     assert "differs from the checkpoint's in n_layers (n_layers: checkpoint 4, run 2)" in done.stderr
     [failed] = records(tmp_path / "run", "events.jsonl")
     assert failed["event"] == "failed" and failed["refused"] and "n_layers" in failed["error"]
+
+
+@pytest.mark.parametrize("name", ["init-ds-pp2-from-zero3", "init-native-pp2-from-zero3"])
+def test_a_pipeline_of_either_engine_starts_from_zero3_weights(engine_runs, dataset, name):
+    """Two stages, the tied head on the last (DeepSpeed: its tied module), filled from DeepSpeed's ZeRO-3 files."""
+    source = latest_checkpoint(engine_runs / "ds-zero3-consolidate")
+    expected = _first_batch_loss(source, tiny_spec(engine_runs / name, dataset, 1, pp=2))
+    [first] = losses(engine_runs / name)
+    assert abs(first - expected) / expected < 1e-5, (first, expected)
+    assert records(engine_runs / name, "events.jsonl")[0]["started_from"] == str(source.resolve())
