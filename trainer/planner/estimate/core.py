@@ -233,7 +233,7 @@ class Planner:
         if plan.pp > 1:
             out["pipeline_p2p"] = 2.0 * T * m.d_model * e / settings.sp_split
         if m.is_moe:
-            out["all_to_all"] = 2.0 * T * m.top_k * m.capacity_factor * m.d_model * e
+            out["all_to_all"] = 2.0 * T * m.top_k * M.routed_capacity_factor(m) * m.d_model * e
         return out
 
     # ---- time ---------------------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class Planner:
                                   ckpt == "full")
             t["context_parallel"] = mb * layers * ring.exposed_s + alpha * hops["cp"]
         if n_moe:
-            routed = T * m.top_k * m.capacity_factor * m.d_model * e
+            routed = T * m.top_k * M.routed_capacity_factor(m) * m.d_model * e
             t["expert_all_to_all"] = (mb * n_moe * 4 * (plan.ep - 1) / plan.ep * routed / bw["ep"]
                                       + alpha * hops["ep"])
         per_microbatch_work = sum(t.values())

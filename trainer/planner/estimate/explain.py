@@ -155,7 +155,9 @@ def _activation_symbols(model: ModelSpec, settings: M.ActivationSettings) -> dic
                    e_norm=settings.norm_input_bytes(model.norm == "rmsnorm"))
     if model.is_moe:
         E, k, c = model.n_experts, model.top_k, model.capacity_factor
-        symbols.update(E=E, k=k, c=c, cap=M.expert_capacity(T, E, k, c), M=M.moe_kept(T, E, k, c),
+        # c = 0 (no token dropped) sizes the buffers and the all-to-all as c = E/k would
+        symbols.update(E=E, k=k, c=M.routed_capacity_factor(model), cap=M.expert_capacity(T, E, k, c),
+                       M=M.moe_kept(T, E, k, c),
                        f_e=model.moe_ffn, f_s=model.shared_expert_ffn, mlp_saved=4 if model.is_gated else 2,
                        shared_casts=(2 if model.is_gated else 1) + (1 if model.shared_expert_gate else 0))
     return symbols
@@ -429,7 +431,8 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         r=plan.tp if plan.sequence_parallel else 1, layers_per_stage=layers,
         n_allreduce=6 if plan.activation_checkpointing == "full" else 4,
         moe_layers=sum(1 for i in held if m.is_moe_layer(i)) if m.is_moe and plan.ep > 1 else 0,
-        k=m.top_k, c=m.capacity_factor, overlap=o.dp_overlap, P_rank=moved.params, P_shard=moved.params_sharded,
+        k=m.top_k, c=M.routed_capacity_factor(m), overlap=o.dp_overlap, P_rank=moved.params,
+        P_shard=moved.params_sharded,
         grad_bytes=M.state_bytes_per_param(plan.precision, plan.engine).gradients,
         pcie_bandwidth_bytes_per_s=o.pcie_bandwidth_gbs * GB,
         host_memory_bandwidth_bytes_per_s=o.host_memory_bandwidth_gbs * GB, step_overhead_s=o.step_overhead_s,
