@@ -22,8 +22,8 @@ So each step after the first costs half a block, on every rank alike. Backward r
 per-block gradients from the saved merged output and log-sum-exp (the flash-attention identity: a block's dS uses
 the whole row's softmax, P = exp(S − lse), and D = rowsum(dO ∘ O)), passing K/V around the ring again with their
 gradient accumulators beside them; after cp hops each dK/dV is back on the rank that owns it.
-Grouped-query attention: K/V travel with their K heads (H/K times fewer bytes) and are repeated for the block's
-attention only; their gradients are summed back over each group of query heads.
+Grouped-query attention: K/V travel with their K heads (H/K times fewer bytes); the fused CPU kernel reads them
+shared, the plain formula repeats them for the block and sums their gradients back over each group of query heads.
 
 Each block's attention is torch's fused CPU kernel (the one F.scaled_dot_product_attention runs there, called for
 its log-sum-exp); on other devices the plain fp32 formula, O(block²) memory, until a fused kernel with log-sum-exp
@@ -71,14 +71,21 @@ def zigzag_gather(parts: list[torch.Tensor], dim: int = 1) -> torch.Tensor:
 
 # ---------------------------------------------------------------- one block's attention, with its log-sum-exp
 
+# Devices whose blocks run torch's fused kernel (with its log-sum-exp); the others the plain fp32 formula.
+FUSED_DEVICES = ("cpu",)
+
+
 def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(q kᵀ·scale [+ causal mask]) v and the rows' log-sum-exp (fp32, (B, H, Tq)). On the CPU torch's fused
-    kernel (the one F.scaled_dot_product_attention runs), elsewhere the plain fp32 formula."""
-    if q.device.type == "cpu":
+    """softmax(q kᵀ·scale [+ causal mask]) v and the rows' log-sum-exp (fp32, (B, H, Tq)), for k and v of K ≤ H heads.
+    On the CPU torch's fused kernel (the one F.scaled_dot_product_attention runs; it reads shared key/value heads
+    itself), elsewhere the plain fp32 formula on k and v repeated to H heads."""
+    if q.device.type in FUSED_DEVICES:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q.contiguous(), k.contiguous(), v.contiguous(), 0.0, causal, scale=scale)
         return out, lse.float()
+    g = q.size(1) // k.size(1)
+    k, v = _expand(k, g), _expand(v, g)
     s = (q.float() @ k.float().transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(_causal_mask(s), float("-inf"))
@@ -89,12 +96,13 @@ def _block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
 def _block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, causal: bool, scale: float) -> tuple[torch.Tensor, ...]:
     """dq, dk, dv of one block, given the whole row's merged ``out`` and ``lse`` (so P here is the block's part of
-    the row's softmax, not a softmax of its own)."""
-    if q.device.type == "cpu":
+    the row's softmax, not a softmax of its own); dk and dv of the K heads k and v have."""
+    if q.device.type in FUSED_DEVICES:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             dout.contiguous(), q.contiguous(), k.contiguous(), v.contiguous(), out.contiguous(),
             lse.contiguous(), 0.0, causal, scale=scale)
-    qf, kf, vf, df = q.float(), k.float(), v.float(), dout.float()
+    g = q.size(1) // k.size(1)
+    qf, kf, vf, df = q.float(), _expand(k, g).float(), _expand(v, g).float(), dout.float()
     s = (qf @ kf.transpose(-2, -1)) * scale
     if causal:
         s = s.masked_fill(_causal_mask(s), float("-inf"))
@@ -103,7 +111,8 @@ def _block_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     dp = df @ vf.transpose(-2, -1)
     delta = (df * out.float()).sum(-1, keepdim=True)
     ds = p * (dp - delta) * scale
-    return (ds @ kf).to(q.dtype), (ds.transpose(-2, -1) @ qf).to(k.dtype), dv.to(v.dtype)
+    return (ds @ kf).to(q.dtype), _reduce_heads(ds.transpose(-2, -1) @ qf, g).to(k.dtype), \
+        _reduce_heads(dv, g).to(v.dtype)
 
 
 def _causal_mask(s: torch.Tensor) -> torch.Tensor:
@@ -160,7 +169,6 @@ class RingAttention(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, scale: Optional[float]):
         ring = _Ring(group)
         scale = scale if scale is not None else 1.0 / math.sqrt(q.size(-1))
-        g = q.size(1) // k.size(1)
         c = q.size(2) // 2
         out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=torch.float32, device=q.device)
@@ -168,7 +176,7 @@ class RingAttention(torch.autograd.Function):
         for step in range(ring.size):
             pending = ring.start(kv) if step < ring.size - 1 else None
             src = (ring.rank - step) % ring.size
-            kb, vb = _expand(kv[0], g), _expand(kv[1], g)
+            kb, vb = kv[0], kv[1]
             if src == ring.rank:
                 _merge(out, lse, *_block_forward(q, kb, vb, True, scale))
             elif src < ring.rank:
@@ -188,7 +196,6 @@ class RingAttention(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         ring, scale = _Ring(ctx.group), ctx.scale
-        g = q.size(1) // k.size(1)
         c = q.size(2) // 2
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         kv = torch.stack((k, v)).contiguous()
@@ -196,23 +203,23 @@ class RingAttention(torch.autograd.Function):
         for step in range(ring.size):
             pending = ring.start(kv) if step < ring.size - 1 else None
             src = (ring.rank - step) % ring.size
-            kb, vb = _expand(kv[0], g), _expand(kv[1], g)
+            kb, vb = kv[0], kv[1]
             if src == ring.rank:
                 dqb, dkb, dvb = _block_backward(dout, q, kb, vb, out, lse, True, scale)
                 dq += dqb
-                dkv[0] += _reduce_heads(dkb, g)
-                dkv[1] += _reduce_heads(dvb, g)
+                dkv[0] += dkb
+                dkv[1] += dvb
             elif src < ring.rank:
                 dqb, dkb, dvb = _block_backward(dout, q, kb[:, :, :c], vb[:, :, :c], out, lse, False, scale)
                 dq += dqb
-                dkv[0][:, :, :c] += _reduce_heads(dkb, g)
-                dkv[1][:, :, :c] += _reduce_heads(dvb, g)
+                dkv[0][:, :, :c] += dkb
+                dkv[1][:, :, :c] += dvb
             else:
                 dqb, dkb, dvb = _block_backward(dout[:, :, c:], q[:, :, c:], kb, vb, out[:, :, c:], lse[:, :, c:],
                                                 False, scale)
                 dq[:, :, c:] += dqb
-                dkv[0] += _reduce_heads(dkb, g)
-                dkv[1] += _reduce_heads(dvb, g)
+                dkv[0] += dkb
+                dkv[1] += dvb
             # The gradient accumulator follows its K/V block: this rank's share added, on to the next rank.
             dkv_next, dkv_requests = ring.start(dkv)
             if pending is not None:

@@ -130,3 +130,23 @@ def test_a_context_parallel_plan_trains_as_one_process(cp_runs, name):
     assert len(got) == PARITY_STEPS
     assert ref[-1] < ref[0] - 0.5  # it learns
     assert max_rel_error(ref, got) < TOLERANCE
+
+
+def test_the_plain_formula_for_other_devices_gives_the_fused_kernels_blocks(monkeypatch):
+    from trainer.parallel import context
+
+    q, k, v, w = _whole(SHAPES["gqa"], seed=7)
+    half = q.size(2) // 2
+    cases = [(q, k, v, True), (q, k[:, :, :half], v[:, :, :half], False), (q[:, :, half:], k, v, False)]
+    fused = [(context._block_forward(*case[:3], case[3], 0.125), case) for case in cases]
+    monkeypatch.setattr(context, "FUSED_DEVICES", ())
+    for (out, lse), (qb, kb, vb, causal) in fused:
+        plain_out, plain_lse = context._block_forward(qb, kb, vb, causal, 0.125)
+        assert torch.allclose(plain_out, out, atol=TOLERANCE) and torch.allclose(plain_lse, lse, atol=TOLERANCE)
+        dout = w[:, :, :qb.size(2)]
+        plain = context._block_backward(dout, qb, kb, vb, out, lse, causal, 0.125)
+        monkeypatch.setattr(context, "FUSED_DEVICES", ("cpu",))
+        expected = context._block_backward(dout, qb, kb, vb, out, lse, causal, 0.125)
+        monkeypatch.setattr(context, "FUSED_DEVICES", ())
+        for got, want in zip(plain, expected):
+            assert got.shape == want.shape and torch.allclose(got, want, atol=1e-4)
