@@ -1,6 +1,7 @@
 """A checkpoint exports as a folder transformers' from_pretrained loads and computes the same logits from: imported
-models of every family come back bit for bit (tensors, names, dtype, tokenizer, chat template), a checkpoint the
-trainer wrote comes with its own tokenizer, and specs no Hugging Face class computes are refused naming the field."""
+models of every family come back bit for bit (tensors, names, dtype, tokenizer, chat template), checkpoints the
+trainer wrote come with their own tokenizer, whatever plan saved them (tensor × uneven pipeline stages, FSDP2 ×
+context parallel), and specs no Hugging Face class computes are refused naming the field."""
 from __future__ import annotations
 
 import json
@@ -15,9 +16,10 @@ from deploy.__main__ import main as deploy_main
 from deploy.hf_export import HFExportError, export_hf
 from deploy.hf_import import import_hf
 from tests.deploy.hf_families import CHAT_TEMPLATE, FAMILIES, VOCAB, hf_model, save_family
+from tests.trainer.launch import launch, tiny_spec
 from trainer.checkpoint.consolidated import write_consolidated
-from trainer.contract import ParallelPlan
-from trainer.contract.manifest import FORMAT_CONSOLIDATED, CheckpointManifest
+from trainer.contract import DatasetSpec, ParallelPlan
+from trainer.contract.manifest import FORMAT_CONSOLIDATED, CheckpointManifest, read_manifest, step_dir
 from trainer.contract.presets import MODELS
 from trainer.generate import load_model_from_checkpoint
 from trainer.model import build_model
@@ -172,3 +174,49 @@ def test_the_command_line_prints_progress_and_one_json_line_and_never_writes_ove
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing left beside it
     assert deploy_main(["export-hf", str(tmp_path), str(tmp_path / "x")]) == 2
     assert "has no manifest.json" in capsys.readouterr().err
+
+
+# --- checkpoints of parallel plans -----------------------------------------------------------------------------------
+
+PARALLEL_STEPS = 4
+# name → (model, plan): tp2 × pp2 with the 3 layers as stages of (2, 1); FSDP2 over dp2 × cp2
+PARALLEL_PLANS = {
+    "llama-tp2-pp2-2-1": (MODELS["tiny-llama"].replace(n_layers=3), dict(tp=2, pp=2, stage_layers=(2, 1))),
+    "mixtral-tp2-pp2-2-1": (MODELS["tiny-mixtral"].replace(n_layers=3), dict(tp=2, pp=2, stage_layers=(2, 1))),
+    "llama-fsdp-dp2-cp2": (MODELS["tiny-llama"], dict(dp=2, cp=2, zero_stage=3)),
+}
+
+
+@pytest.fixture(scope="module")
+def parallel_runs(shakespeare_checkpoint, tmp_path_factory) -> Path:
+    """PARALLEL_STEPS steps of each plan, one 4-rank launch, on the Shakespeare fixture's prepared dataset (its
+    512-token BPE), each saving its last step."""
+    root = shakespeare_checkpoint.parents[2]
+    dataset = DatasetSpec(path=str(root / "shakespeare.txt"), prepared_dir=str(root / "prepared"))
+    runs = tmp_path_factory.mktemp("parallel-runs")
+    jobs = [{"spec": tiny_spec(runs / name, dataset, PARALLEL_STEPS, model=model, micro_batch=2, global_batch=8,
+                               checkpoint_every=PARALLEL_STEPS, **plan),
+             "run_dir": runs / name, "resume": False, "stop_at": 0}
+            for name, (model, plan) in PARALLEL_PLANS.items()]
+    launch(4, jobs, runs / "jobs")
+    return runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(PARALLEL_PLANS))
+def test_a_checkpoint_of_a_parallel_plan_exports_to_what_the_trainer_computes(parallel_runs, tmp_path, name):
+    checkpoint = step_dir(parallel_runs / name, PARALLEL_STEPS)
+    manifest = read_manifest(checkpoint)
+    assert manifest.world_size == 4 and manifest.format != FORMAT_CONSOLIDATED  # the engine's own shards
+    saved_by = ParallelPlan.from_dict(manifest.plan)
+    assert {k: getattr(saved_by, k) for k in PARALLEL_PLANS[name][1]} == PARALLEL_PLANS[name][1]
+    result = export_hf(checkpoint, tmp_path / "out", max_shard_bytes=SHARD_BYTES)
+    assert result["model_type"] == ("mixtral" if name.startswith("mixtral") else "llama") and result["shards"] > 1
+    ours, tokenizer = load_model_from_checkpoint(checkpoint)
+    theirs = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    ids = torch.tensor([tokenizer.encode(TEXT * 2)[:64]])
+    with torch.no_grad():
+        ours_logits, their_logits = ours(ids), theirs(ids).logits
+    assert (ours_logits - their_logits).abs().max().item() < 1e-4
+    assert their_logits.std() > 0.05  # not the near-zero logits of an empty model
+    assert AutoTokenizer.from_pretrained(str(tmp_path / "out"))(TEXT)["input_ids"] == tokenizer.encode(TEXT)
