@@ -277,9 +277,10 @@ def check_plan(model: Model, plan: Plan, cluster: Cluster | None = None) -> Prob
     if model.is_moe and plan.pp > 1 and plan.engine == "deepspeed":
         add_problem(p, "pp", "DeepSpeed's pipeline engine does not run mixture-of-experts layers here; use pp=1, or "
                              "engine='native'")
-    if model.is_moe and plan.engine == "native" and plan.zero_stage == 3:
-        add_problem(p, "zero_stage", "the native engine does not shard mixture-of-experts models with FSDP2 "
-                                     "(zero_stage=3); use zero_stage=0, or engine='deepspeed' with zero_stage ≤ 2")
+    if model.is_moe and plan.engine == "native" and plan.zero_stage == 3 and plan.ep > 1:
+        add_problem(p, "zero_stage", f"FSDP2 (zero_stage=3) would shard each expert over data-parallel ranks that "
+                                     f"hold different experts under ep={plan.ep}; use ep=1 with FSDP2, or "
+                                     f"zero_stage=0, or engine='deepspeed' with zero_stage ≤ 2")
     if cluster is not None and plan.world_size != cluster.world_size:
         add_problem(p, "", f"dp×cp×tp×pp={plan.dp}×{plan.cp}×{plan.tp}×{plan.pp}={plan.world_size} but the "
                            f"cluster has {cluster.world_size} GPUs ({cluster.nodes} node(s) × {cluster.gpus_per_node})")

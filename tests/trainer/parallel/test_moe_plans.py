@@ -1,7 +1,7 @@
 """Mixture-of-experts models (the tiny Mixtral and Qwen2-MoE presets) under the plans that split them, each against one
 process: expert parallel with a shared expert, tensor parallel (experts split like the dense MLP), pipeline stages
-(the aux loss reaching backward on every stage), both at once on uneven stages, and DeepSpeed's MoE layer with SwiGLU
-experts; and the plans the contract still refuses, with their reasons."""
+(the aux loss reaching backward on every stage), both at once on uneven stages, FSDP2, and DeepSpeed's MoE layer with
+SwiGLU experts; and the plans the contract still refuses, with their reasons."""
 import pytest
 
 from tests.trainer.launch import launch, losses, max_rel_error, records, tiny_spec
@@ -20,6 +20,7 @@ PLANS = {
     "dp4-ep2-shared": (4, "qwen", dict(dp=4, ep=2)),  # 2 replicas × 2 expert shards; the shared expert dense
     "tp2-sp-shared": (2, "qwen", dict(tp=2, sequence_parallel=True)),
     "pp2": (2, "mixtral", dict(pp=2, pipeline_schedule="1f1b")),
+    "dp2-fsdp": (2, "mixtral", dict(dp=2, zero_stage=3)),  # every expert sharded over dp like any weight
     "tp2-pp2-uneven": (4, "mixtral-3", dict(tp=2, pp=2, stage_layers=(2, 1))),
     "deepspeed-dp2-ep2": (2, "mixtral", dict(engine="deepspeed", dp=2, ep=2, zero_stage=1)),
 }
@@ -65,7 +66,7 @@ def test_the_contract_lets_moe_models_use_tensor_pipeline_and_expert_parallel():
 
 
 @pytest.mark.parametrize("model, plan, key, words", [
-    (MIXTRAL, dict(dp=2, zero_stage=3), "zero_stage", "does not shard mixture-of-experts models with FSDP2"),
+    (MIXTRAL, dict(dp=2, ep=2, zero_stage=3), "zero_stage", "hold different experts under ep=2"),
     (MIXTRAL, dict(pp=2, engine="deepspeed", zero_stage=1), "pp", "pipeline engine does not run mixture-of-experts"),
     (QWEN, dict(dp=2, engine="deepspeed", zero_stage=1), "engine", "topk_norm='none'"),
     (MIXTRAL.replace(top_k=1, topk_norm="renormalize"), dict(dp=2, engine="deepspeed"), "engine",
