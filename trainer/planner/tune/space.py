@@ -205,6 +205,9 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
                             if key not in engines:
                                 engines[key] = _engine_choices(space, model, cluster, tp, sp, pp, precision, cp)
                             for c in engines[key]:
+                                if ep > 1 and c.engine == "native" and c.zero_stage == 3:
+                                    reject("FSDP2 does not shard experts spread by ep > 1")
+                                    continue
                                 for ckpt in space.checkpointing:
                                     yield from _schedules(space, model, pp, reject, dict(
                                         dp=dp, cp=cp, tp=tp, pp=pp, micro_batch=b, global_batch=global_batch,
