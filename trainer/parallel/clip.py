@@ -33,6 +33,10 @@ def global_grad_norm(params: list[nn.Parameter], dp_tp: int, device: torch.devic
     """‖g‖₂ over the whole model, the same value on every rank (fp32)."""
     by_replicas: dict[int, list[torch.Tensor]] = {}
     for p in params:
+        if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements):
+            # sequence parallel leaves a norm's gain with per-rank partial sums of its gradient: the square of a sum
+            # is not the sum of squares, so they are added up (into the weight's own layout) before they count
+            p.grad = p.grad.redistribute(p.grad.device_mesh, p.placements)
         if p.grad is not None:
             local = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
             if local.numel():
