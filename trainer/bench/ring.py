@@ -7,6 +7,8 @@ process; what the ring adds is its K/V hops (point-to-point over gloo here, NCCL
 measurement runs in fresh processes, so that on the CPU a process's peak resident memory above what it held before
 the first attention is that attention's (fp32 q, k, v, the output, their gradients and the kernel's buffers); on a
 GPU torch.cuda.max_memory_allocated. Times: the median of ``repeats`` forward + backward passes after one warm-up.
+Beside them, rank 0's blocks computed in one process with no ring: what a rank takes with free hops and a core of
+its own, which two ranks on a machine of two busy cores do not have.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
+from trainer.parallel import context as blocks
 from trainer.parallel.context import ring_attention, zigzag_slice
 
 HEADS, KV_HEADS, HEAD_DIM = 8, 2, 64  # grouped-query attention, as Llama's
@@ -75,6 +78,25 @@ def _one_process(seq_len: int, repeats: int, results) -> None:
     results.put(("one", 0, *_measure(step, device, repeats)))
 
 
+def _blocks_alone(seq_len: int, repeats: int, results) -> None:
+    """Rank 0's share of the ring's compute with no ring: its causal diagonal block and, for cp = 2, the half-block
+    of rank 1's keys, forward (merged) and backward, in one process: what a rank would take were the hops free and
+    its core its own."""
+    device = _device(0)
+    q, k, v = (zigzag_slice(t, 2, 0, dim=2) for t in _inputs(seq_len, device))
+    c, scale = q.size(2) // 2, HEAD_DIM ** -0.5
+
+    def step():
+        out, lse = blocks._block_forward(q, k, v, True, scale)
+        out, lse = out.float(), lse.clone()
+        blocks._merge(out[:, :, c:], lse[:, :, c:], *blocks._block_forward(q[:, :, c:], k, v, False, scale))
+        dout = torch.ones_like(q)
+        blocks._block_backward(dout, q, k, v, out, lse, True, scale)
+        blocks._block_backward(dout[:, :, c:], q[:, :, c:], k, v, out[:, :, c:], lse[:, :, c:], False, scale)
+
+    results.put(("alone", 0, *_measure(step, device, repeats)))
+
+
 def _ring_rank(rank: int, port: int, seq_len: int, repeats: int, results) -> None:
     device = _device(rank)
     if device.type == "cuda":
@@ -120,12 +142,14 @@ def ring_vs_one(seq_lens: tuple[int, ...] = (1024, 2048, 4096, 8192), repeats: i
     rows = []
     for seq_len in seq_lens:
         (_, _, one_s, one_bytes), = _run(context, _one_process, lambda r: (seq_len, repeats, results), 1, results)
+        (_, _, alone_s, _), = _run(context, _blocks_alone, lambda r: (seq_len, repeats, results), 1, results)
         port = _free_port()
         ring = _run(context, _ring_rank, lambda r: (r, port, seq_len, repeats, results), 2, results)
         ring_s = max(r[2] for r in ring)  # the step waits for the slower rank
         ring_bytes = max(r[3] for r in ring)
         rows.append({"seq_len": seq_len, "one_ms": one_s * 1e3, "ring_ms": ring_s * 1e3,
-                     "time_ratio": ring_s / one_s, "one_mib": one_bytes / 2 ** 20, "ring_mib": ring_bytes / 2 ** 20,
+                     "time_ratio": ring_s / one_s, "alone_ms": alone_s * 1e3, "alone_ratio": alone_s / one_s,
+                     "one_mib": one_bytes / 2 ** 20, "ring_mib": ring_bytes / 2 ** 20,
                      "memory_ratio": ring_bytes / one_bytes if one_bytes > 0 else float("nan")})
     return rows
 
@@ -134,8 +158,11 @@ def print_ring_rows(rows: list[dict]) -> None:
     print(f"5. ring attention, cp=2, against one process over the whole sequence: {HEADS} query heads sharing "
           f"{KV_HEADS} key/value heads of {HEAD_DIM}, fp32, causal, forward + backward (median; peak memory per "
           f"rank above its start)")
-    print("   seq_len   one process ms   ring ms/rank   ratio    one process MiB   ring MiB/rank   ratio")
+    print("   seq_len   one process ms   ring ms/rank   ratio   a rank's blocks alone ms   ratio    one process MiB   "
+          "ring MiB/rank   ratio")
     for r in rows:
-        print(f"   {r['seq_len']:7d}   {r['one_ms']:14.1f}   {r['ring_ms']:12.1f}   {r['time_ratio']:5.2f}    "
-              f"{r['one_mib']:15.1f}   {r['ring_mib']:13.1f}   {r['memory_ratio']:5.2f}")
-    print("   ideal: 0.50 and 0.50 (each rank holds half the sequence and does half the causal work)\n")
+        print(f"   {r['seq_len']:7d}   {r['one_ms']:14.1f}   {r['ring_ms']:12.1f}   {r['time_ratio']:5.2f}   "
+              f"{r['alone_ms']:24.1f}   {r['alone_ratio']:5.2f}    {r['one_mib']:15.1f}   {r['ring_mib']:13.1f}   "
+              f"{r['memory_ratio']:5.2f}")
+    print("   ideal: 0.50 and 0.50 (each rank holds half the sequence and does half the causal work); 'alone': rank "
+          "0's blocks in one process,\n   no ring: what a rank takes with free hops and a core of its own\n")
