@@ -98,7 +98,20 @@ def memory_view(answer: dict) -> dict:
             "capacity_at": _percent(capacity, scale), "fits": memory["fits"], "rank": memory["peak_rank"],
             "stage": stage["stage"], "rule": memory.get("rank_rule", ""),
             "stages": [{"stage": s["stage"], "rank": s["rank"], "total": amount(s["total"]["value"], "bytes"),
-                        "peak": s["stage"] == stage["stage"]} for s in stages] if len(stages) > 1 else []}
+                        "layers": layers_text(s.get("layers", [])), "peak": s["stage"] == stage["stage"]}
+                       for s in stages] if len(stages) > 1 else []}
+
+
+def layers_text(spans: list) -> str:
+    """A rank's layers as the planner lists them, [first, last] of each chunk: "0–3", or "0–1, 6–7" for chunks."""
+    return ", ".join(f"{a}–{b}" if b > a else str(a) for a, b in spans)
+
+
+def plan_shape(plan: dict) -> str:
+    """How the ranks are shared out: dp × cp × tp × pp, with cp only where it is used."""
+    axes = [("dp", plan["dp"])] + ([("cp", plan["cp"])] if plan.get("cp", 1) > 1 else []) + \
+        [("tp", plan["tp"]), ("pp", plan["pp"])]
+    return " × ".join(f"{name} {n}" for name, n in axes)
 
 
 def estimate_view(answer: dict | None, steps: int | None) -> dict | None:
@@ -109,6 +122,9 @@ def estimate_view(answer: dict | None, steps: int | None) -> dict | None:
     step = time["step"]
     figures = [figure("step-time", "step time", step), figure("tokens-per-s", "tokens/s", time["tokens_per_s"]),
                figure("mfu", "MFU", time["mfu"]), figure("hfu", "HFU (with recompute)", time["hfu"])]
+    ring = step.get("terms", {}).get("context_parallel")
+    if isinstance(ring, dict) and ring.get("value"):
+        figures.append(figure("context-parallel", "context parallel's K/V ring, not hidden", ring))
     if steps and steps > 0:
         run = {"value": steps * step["value"], "unit": "s", "formula": "steps · step",
                "terms": {"steps": steps, "step": step}}
@@ -130,7 +146,7 @@ def estimate_view(answer: dict | None, steps: int | None) -> dict | None:
             "budget_tokens": human(answer["budget"]["tokens"]["value"], "tokens") if budget else "",
             "parameters": figure("parameters", "parameters", answer["parameters"]["total"]),
             "warnings": answer.get("warnings", []), "ranks": rank,
-            "world": cluster["nodes"] * cluster["gpus_per_node"],
+            "world": cluster["nodes"] * cluster["gpus_per_node"], "shape": plan_shape(plan),
             "grad_accum": plan["global_batch"] // (plan["micro_batch"] * plan["dp"])}
 
 
@@ -141,7 +157,8 @@ def _key(plan: dict) -> str:
 
 
 def plan_summary(plan: dict) -> str:
-    parts = [f"dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}", f"micro_batch={plan['micro_batch']}",
+    cp = f" cp={plan['cp']}" if plan.get("cp", 1) > 1 else ""
+    parts = [f"dp={plan['dp']}{cp} tp={plan['tp']} pp={plan['pp']}", f"micro_batch={plan['micro_batch']}",
              f"{plan['engine']} ZeRO-{plan['zero_stage']}", plan["precision"],
              f"checkpointing {plan['activation_checkpointing']}"]
     if plan["sequence_parallel"]:
@@ -151,6 +168,11 @@ def plan_summary(plan: dict) -> str:
     if plan["pp"] > 1:
         parts.append(plan["pipeline_schedule"] + (f" v={plan['virtual_stages']}" if plan["virtual_stages"] > 1
                                                   else ""))
+        layout = plan.get("stage_layers") or [n for n in (plan.get("first_stage_layers"), plan.get("last_stage_layers"))
+                                              if n]
+        if layout:
+            parts.append(("layers " if plan.get("stage_layers") else "first/last stage layers ")
+                         + "/".join(map(str, layout)))
     if plan["offload_optimizer"] or plan["offload_params"]:
         parts.append("offload " + " and ".join(n for n, on in (("optimizer", plan["offload_optimizer"]),
                                                                 ("parameters", plan["offload_params"])) if on))

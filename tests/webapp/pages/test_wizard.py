@@ -7,7 +7,7 @@ import pytest
 from trainer.contract import SCHEMA_VERSION, presets
 from trainer.planner.tune.api import tune_json
 from webapp import models
-from webapp.pages.wizard_forms import default_data
+from webapp.pages.wizard_forms import MODEL_FIELDS, default_data
 from webapp.services.demo import demo_ready
 
 pytestmark = pytest.mark.django_db
@@ -221,3 +221,35 @@ def test_launch_with_an_error_makes_nothing_and_says_why_by_the_field(signed_in,
     answer = signed_in.post(NEW, fields(alice, run__steps=-5))
     assert answer.status_code == 400 and "steps=-5 must be positive" in error_list(answer.content.decode(), "run-steps")
     assert not models.Run.objects.exists() and not models.ModelConfig.objects.exists() and not sent
+
+
+def _preset_fields(user, preset: str, **changes) -> dict:
+    """The fields as the page's script fills them on choosing ``preset``, with ``changes``."""
+    spec = presets.MODELS[preset]
+    model = {f"model__{n}": getattr(spec, n) for n in MODEL_FIELDS}
+    model = {k: ("on" if v is True else None if v is False else v) for k, v in model.items()}
+    return fields(user, model__source=f"preset:{preset}", **{**model, **changes})
+
+
+def test_it_offers_the_families_with_their_shapes(signed_in):
+    html = signed_in.get(NEW).content.decode()
+    for group in ("GPT presets", "Llama presets", "Mixtral presets", "Qwen2-MoE presets"):
+        assert f'<optgroup label="{group}">' in html
+    assert ">llama3-8b (32 × 4096, 32 heads, 8 KV)</option>" in html
+    assert ">mixtral-8x7b (32 × 4096, 32 heads, 8 KV, 8 experts top-2)</option>" in html
+
+
+def test_a_llama_estimate_shows_context_parallel_and_each_uneven_stage(signed_in, alice):
+    html = signed_in.post(ESTIMATE, _preset_fields(alice, "tiny-llama", plan__dp=1, plan__cp=2)).content.decode()
+    assert figure_text(html, "estimate-shape") == "dp 1 × cp 2 × tp 1 × pp 1"
+    assert figure_text(html, "estimate-context-parallel").endswith("s")  # the ring's time left exposed
+    uneven = _preset_fields(alice, "tiny-llama", model__n_layers=3, plan__dp=1, plan__pp=2,
+                            plan__stage_layers="2, 1", plan__global_batch=4)
+    html = signed_in.post(ESTIMATE, uneven).content.decode()
+    assert figure_text(html, "estimate-shape") == "dp 1 × tp 1 × pp 2"
+    stages = re.findall(r'data-testid="estimate-stage-(\d)"><td>[^<]*</td><td>(\d+)</td><td>([^<]*)</td>', html)
+    assert stages == [("0", "0", "0–1"), ("1", "1", "2")]
+    bad = signed_in.post(ESTIMATE, {**uneven, "plan-stage_layers": "2, x"}).content.decode()
+    assert "give whole numbers separated by commas" in error_list(bad, "plan-stage_layers")
+    short = signed_in.post(ESTIMATE, {**uneven, "plan-stage_layers": "2, 2"}).content.decode()
+    assert "stage_layers=[2, 2] adds up to 4 layers but the model has 3" in error_list(short, "plan-stage_layers")

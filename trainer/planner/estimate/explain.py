@@ -534,7 +534,8 @@ def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options
         "peak_stage": peak["stage"], "peak_rank": peak["rank"],
         "capacity": fig(capacity, "bytes", "memory_gb · 1e9  (gpu.memory_gb)", memory_gb=cluster.gpu.memory_gb),
         "fits": peak["total"].value <= capacity,
-        "rank_rule": "rank = (stage·dp + d)·tp + j; the figures are for d = 0, j = 0 (the largest shards)",
+        "rank_rule": "rank = ((stage·dp + d)·cp + c)·tp + j; the figures are for d = 0, c = 0, j = 0 (the largest "
+                     "shards)",
     }
     time = _time(planner, numbers)
     warnings = []
