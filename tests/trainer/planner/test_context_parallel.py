@@ -1,9 +1,12 @@
 """The planner under context parallel (docs/formulas.md, Context parallel): a rank's activations are its s/cp
 positions' share, the K/V ring per layer is counted and mostly hidden behind attention, the gradient group is dp·cp,
 and the tuner reaches for cp on long sequences."""
+import math
+
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS, cluster
 from trainer.planner.estimate.comm import RING_GRAD_BYTES, rank_of, ring_attention
+from trainer.planner.estimate import estimate
 from trainer.planner.estimate.core import Planner
 from trainer.planner.tune import tune
 from trainer.planner.tune.space import SearchSpace
@@ -65,3 +68,18 @@ def test_the_tuner_splits_a_long_sequence_over_context_parallel_ranks():
     assert result.ranked[0].step_time_s < without.ranked[0].step_time_s
     short = tune(MODELS["llama3-8b"], cluster(nodes=2), 16, top_k=3)
     assert all(r.plan.cp == 1 for r in short.ranked)  # 8 K tokens: cp is not searched
+
+
+def test_every_figure_of_a_context_parallel_estimate_follows_from_its_terms():
+    from tests.trainer.planner.test_figure_formulas import REL_TOL, estimate_figures, evaluate
+
+    plans = [ParallelPlan(cp=8, tp=2, global_batch=16, micro_batch=1, precision="bf16", zero_stage=3),
+             ParallelPlan(cp=4, dp=2, tp=2, sequence_parallel=True, global_batch=16, micro_batch=1,
+                          precision="bf16", activation_checkpointing="full"),
+             ParallelPlan(cp=2, pp=2, dp=2, tp=2, global_batch=16, micro_batch=1, precision="bf16",
+                          activation_checkpointing="selective")]
+    for plan in plans:
+        est = estimate(LONG, plan, cluster(nodes=2))
+        assert est.time["step"].terms["context_parallel"].value > 0
+        for path, f in estimate_figures(est):
+            assert math.isclose(evaluate(f.formula, f.terms), f.value, rel_tol=REL_TOL, abs_tol=1e-12), path

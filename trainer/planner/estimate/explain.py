@@ -13,6 +13,7 @@ from trainer.contract.schedules import ZERO_BUBBLE
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate import params as P
+from trainer.planner.estimate.comm import RING_GRAD_BYTES, ring_attention
 from trainer.planner.estimate.core import GB, Planner, PlanNumbers, StageMemory, rank_of
 from trainer.planner.estimate.figure import Figure, fig, symbolic, total
 from trainer.planner.estimate.options import EstimateOptions
@@ -91,10 +92,8 @@ TIME_FORMULAS = {
                "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak_flops · efficiency) at p = 1)",
     "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / bandwidth_bytes_per_s + latency_s  "
                        "(ring all-reduces; n_allreduce = 4 a layer, 6 with full recompute)",
-    "context_parallel": "m · layers_per_stage · [(cp − 1)·max(0, S_kv/bw − a) "
-                        "+ (cp − 1)·max(0, (S_kv + S_grad)/bw − 2a) + S_grad/bw] + latency_s  (the K/V ring of each attention, S_kv = 2·T·kv·e/t, S_grad = "
-                        "2·T·kv·4/t, each hop hidden behind a half-block of attention, a = 2·T²·h/t / "
-                        "(peak_flops · efficiency); T = b·s/cp; the forward ring twice with full recompute)",
+    "context_parallel": "m · layers_per_stage · ring_exposed_s + latency_s  (the K/V ring of each attention, what "
+                        "of its hops the blocks' attention does not hide; docs/formulas.md, Context parallel)",
     "expert_all_to_all": "m · moe_layers · 4 · (ep − 1)/ep · T·k·c·h·e / bandwidth_bytes_per_s + latency_s  "
                          "(dispatch and combine, forward and backward)",
     "pipeline_p2p": "m · v · 2 · (T·h·e / r) / bandwidth_bytes_per_s + latency_s  (an activation forward and its "
@@ -327,7 +326,7 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
     shard_w = "P_shard" if plan.zero_stage >= 3 else "P_rank"
     shard_g = "P_shard" if plan.zero_stage >= 2 else "P_rank"
     shard_o = "P_shard" if plan.zero_stage >= 1 else "P_rank"
-    terms = dict(P_rank=st.params, P_shard=st.params_sharded, zero_stage=plan.zero_stage, dp=plan.dp)
+    terms = dict(P_rank=st.params, P_shard=st.params_sharded, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp)
     gradients = f"{per.gradients}·{shard_g}"
     if _embedding_gradient_view(planner, plan, st.stage):
         gradients += (f" + (V − ⌈V/t⌉)·h·{g_bytes}  (the vocabulary-split embedding's gradient is a 1/t view of a "
@@ -343,8 +342,8 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
                          "memory)" if plan.offload_optimizer else f"{per.optimizer}·{shard_o}", **terms),
     }
     settings = planner.activation_settings(plan)
-    symbols = _activation_symbols(m, settings)
-    common = dict(s=m.seq_len, b=plan.micro_batch, h=m.d_model, a=m.n_heads, t=plan.tp,
+    symbols = _activation_symbols(planner.share(plan.cp), settings)  # a rank's s/cp positions under cp
+    common = dict(s=m.seq_len // plan.cp, b=plan.micro_batch, h=m.d_model, a=m.n_heads, t=plan.tp,
                   e=settings.bytes_per_element, layers=st.layers, sequence_parallel=plan.sequence_parallel,
                   checkpointing=plan.activation_checkpointing)
     if m.is_moe:
@@ -375,9 +374,9 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
         if name == "recompute_working_set":
             # the backward of a recomputed layer re-creates that layer's activations without recompute
             whole = planner.activation_settings(plan, "none")
-            whole_symbols = _activation_symbols(m, whole)
+            whole_symbols = _activation_symbols(planner.share(plan.cp), whole)
             layer = {n: symbolic(v, "bytes", _layer_formula(n, top_k), whole_symbols)
-                     for n, v in M.layer_activations(planner.layer_shape(m.is_moe), whole)}
+                     for n, v in M.layer_activations(planner.layer_shape(m.is_moe, plan.cp), whole)}
             buffers[name] = total("bytes", layer, " + ".join(layer) + "  (one layer's activations without "
                                   "recompute, re-created by the backward of a recomputed layer)")
         else:
@@ -418,6 +417,24 @@ def _offload_formula(plan: ParallelPlan) -> str:
     return pcie + "  (weights up for the forward and the backward of each micro-batch)"
 
 
+def _ring_figure(planner: Planner, plan: ParallelPlan, T: int, e: int, numbers: PlanNumbers) -> Figure:
+    """One layer's ring attention for one micro-batch: the seconds of its hops that the attention they overlap
+    does not hide (comm.ring_attention)."""
+    m = planner.model
+    kv, bw = m.kv_heads * m.head_dim, numbers.bandwidths["cp"]
+    flops = planner.peak_flops * numbers.efficiency
+    full = plan.activation_checkpointing == "full"
+    ring = ring_attention(T, m.d_model, kv, plan.tp, plan.cp, e, bw, flops, full)
+    a = fig(2 * T * T * (m.d_model / plan.tp) / flops, "s", "2·T²·(h/t) / (peak_flops · efficiency)  (a half-block "
+            "of attention, q kᵀ and p v over T × T/2 pairs)", T=T, h=m.d_model, t=plan.tp,
+            peak_flops=planner.peak_flops, efficiency=numbers.efficiency)
+    return fig(ring.exposed_s, "s", "forwards·(cp − 1)·max(0, S_kv/bw − a) + (cp − 1)·max(0, (S_kv + S_grad)/bw − 2·a) "
+               "+ S_grad/bw  (cp − 1 forward hops of K and V; backward, cp − 1 more beside cp hops of the fp32 "
+               "gradient accumulators, the last one home hidden by nothing; the forward ring twice with full "
+               "recompute)", forwards=2 if full else 1, cp=plan.cp, S_kv=2 * T * kv / plan.tp * e,
+               S_grad=2 * T * kv / plan.tp * RING_GRAD_BYTES, bw=bw, a=a)
+
+
 def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     plan, m, o = numbers.plan, planner.model, planner.options
     moved = max(numbers.stages, key=lambda st: st.params) if planner.layout(plan)[0] else numbers.stages[0]
@@ -426,8 +443,9 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     e = M.activation_bytes_per_element(plan.precision)
     time = numbers.time
     symbols: dict[str, Any] = dict(
-        B=plan.global_batch, s=m.seq_len, dp=plan.dp, d=plan.dp, p=plan.pp, t=plan.tp, ep=plan.ep,
-        m=plan.grad_accum, v=plan.model_chunks, T=m.seq_len * plan.micro_batch, h=m.d_model, e=e,
+        # dp and d count the dp·cp ranks that share the batch's tokens and average the gradients; T a rank's positions
+        B=plan.global_batch, s=m.seq_len, dp=plan.dp * plan.cp, d=plan.dp * plan.cp, p=plan.pp, t=plan.tp, ep=plan.ep,
+        m=plan.grad_accum, v=plan.model_chunks, T=m.seq_len // plan.cp * plan.micro_batch, h=m.d_model, e=e,
         r=plan.tp if plan.sequence_parallel else 1, layers_per_stage=layers,
         n_allreduce=6 if plan.activation_checkpointing == "full" else 4,
         moe_layers=sum(1 for i in held if m.is_moe_layer(i)) if m.is_moe and plan.ep > 1 else 0,
@@ -443,7 +461,9 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         peak_flops=planner.peak_flops, **{n: time[n] for n in IN_STAGE if n in time})
     symbols["efficiency"] = fig(numbers.efficiency, "fraction", "compute_efficiency · w / (w + w_half)  "
                                 "(w = b·s·h/t)", compute_efficiency=o.compute_efficiency,
-                                w_half=o.efficiency_half_work, w=plan.micro_batch * m.seq_len * m.d_model / plan.tp)
+                                w_half=o.efficiency_half_work, w=symbols["T"] * m.d_model / plan.tp)
+    if "context_parallel" in time:
+        symbols["ring_exposed_s"] = _ring_figure(planner, plan, symbols["T"], e, numbers)
     formulas = dict(TIME_FORMULAS)
     if planner.layout(plan)[0]:
         symbols.update(L=m.n_layers, pace_rank=pace_rank, head_on_pace_rank=int(pace_head))
