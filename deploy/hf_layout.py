@@ -113,15 +113,18 @@ def _llama_fields(model_type: str, c: dict[str, Any]) -> dict[str, Any]:
                           f"this project's attention uses d_model/n_heads per head")
     _refuse_sliding_window(model_type, c)
     rope_base, rope_scaling = _rope(c)
+    kv_heads = c.get("num_key_value_heads") or heads
+    # Fields in the presets' canonical form (0 for as many key/value heads as heads, None for a bias that follows
+    # ``bias``), so an imported model compares equal to the preset of its shape (a run's init_from check).
     fields = dict(n_layers=c["num_hidden_layers"], d_model=c["hidden_size"], n_heads=heads,
-                  n_kv_heads=c.get("num_key_value_heads") or heads, seq_len=c["max_position_embeddings"],
+                  n_kv_heads=0 if kv_heads == heads else kv_heads, seq_len=c["max_position_embeddings"],
                   vocab_size=c["vocab_size"], ffn_hidden=c["intermediate_size"], positions="rope",
                   activation="swiglu", norm="rmsnorm", norm_eps=float(c["rms_norm_eps"]), rope_base=float(rope_base),
                   rope_scaling=rope_scaling, tied_embeddings=bool(c["tie_word_embeddings"]), bias=False)
     if model_type == "llama":
-        fields.update(attention_bias=bool(c["attention_bias"]), mlp_bias=bool(c["mlp_bias"]))
+        fields.update(attention_bias=True if c["attention_bias"] else None, mlp_bias=True if c["mlp_bias"] else None)
     elif model_type == "qwen2":
-        fields.update(qkv_bias=True, attention_bias=False, mlp_bias=False)
+        fields.update(qkv_bias=True)
     elif model_type == "mixtral":
         fields.update(n_experts=c["num_local_experts"], top_k=c["num_experts_per_tok"], topk_norm="renormalize",
                       capacity_factor=0.0, aux_loss_coef=float(c["router_aux_loss_coef"]))
@@ -148,7 +151,7 @@ def _qwen2_moe_fields(c: dict[str, Any]) -> dict[str, Any]:
         raise LayoutError(f"mlp_only_layers={sorted(dense_only)} with decoder_sparse_step={step} is not supported: "
                           f"the dense layers here are the first few (first_dense_layers) and then every layer not a "
                           f"multiple of moe_every; experts would be on layers {sorted(theirs)}")
-    return dict(qkv_bias=bool(c["qkv_bias"]), attention_bias=False, mlp_bias=False, n_experts=c["num_experts"],
+    return dict(qkv_bias=True if c["qkv_bias"] else None, n_experts=c["num_experts"],
                 top_k=c["num_experts_per_tok"], topk_norm="renormalize" if c["norm_topk_prob"] else "none",
                 moe_ffn_hidden=c["moe_intermediate_size"], shared_expert_ffn=shared, shared_expert_gate=True,
                 moe_every=step, first_dense_layers=first, capacity_factor=0.0,

@@ -15,11 +15,13 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from deploy.__main__ import main as deploy_main
 from deploy.hf_export import HFExportError, export_hf
 from deploy.hf_import import import_hf
+from deploy.hf_layout import LayoutError, config_from_spec, spec_from_config
 from tests.deploy.hf_families import CHAT_TEMPLATE, FAMILIES, VOCAB, hf_model, save_family
 from tests.trainer.launch import launch, tiny_spec
 from trainer.checkpoint.consolidated import write_consolidated
 from trainer.contract import DatasetSpec, ParallelPlan
-from trainer.contract.manifest import FORMAT_CONSOLIDATED, CheckpointManifest, read_manifest, step_dir
+from trainer.contract.manifest import FORMAT_CONSOLIDATED, CheckpointManifest, model_differences, read_manifest, \
+    step_dir
 from trainer.contract.presets import MODELS
 from trainer.generate import load_model_from_checkpoint
 from trainer.model import build_model
@@ -174,6 +176,40 @@ def test_the_command_line_prints_progress_and_one_json_line_and_never_writes_ove
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing left beside it
     assert deploy_main(["export-hf", str(tmp_path), str(tmp_path / "x")]) == 2
     assert "has no manifest.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("preset", sorted(MODELS))
+def test_every_preset_transformers_can_express_comes_back_from_its_config_as_the_same_model(preset):
+    """config.json written from a preset and read back gives the preset's spec field for field (what a run's
+    init_from compares), but for the training-only fields; tiny-mixtral's dense width, which no layer of it uses,
+    is Mixtral's expert width."""
+    spec = MODELS[preset]
+    if preset == "tiny-moe":  # GPT-2 blocks with experts
+        with pytest.raises(LayoutError, match="n_experts=4 cannot be exported as a GPT2LMHeadModel"):
+            config_from_spec(spec, "float32")
+        return
+    config, _ = config_from_spec(spec, "bfloat16")
+    back = spec_from_config(config, name=spec.name)
+    if preset == "tiny-mixtral":
+        assert model_differences(back.to_dict(), spec) == ["ffn_hidden", "moe_ffn_hidden"]
+        assert back.moe_ffn == spec.moe_ffn
+    else:
+        assert model_differences(back.to_dict(), spec) == []
+    assert back.moe_layers == spec.moe_layers and back.family == spec.family
+
+
+def test_qwen2_moe_sparse_steps_and_dense_layers_map_both_ways():
+    """decoder_sparse_step 2 with layer 1 dense (mlp_only_layers) puts experts on layer 3 of 4 alone: moe_every 2
+    after 2 dense layers here; written back, transformers' rule gives the same layers."""
+    config = {"model_type": "qwen2_moe", "num_hidden_layers": 4, "hidden_size": 32, "num_attention_heads": 4,
+              "num_key_value_heads": 2,
+              "intermediate_size": 64, "vocab_size": 64, "num_experts": 4, "decoder_sparse_step": 2,
+              "mlp_only_layers": [1]}
+    spec = spec_from_config(config)
+    assert (spec.moe_every, spec.first_dense_layers, spec.moe_layers) == (2, 2, (3,))
+    written, _ = config_from_spec(spec, "float32")
+    step, dense = written["decoder_sparse_step"], written["mlp_only_layers"]
+    assert [i for i in range(4) if i not in dense and (i + 1) % step == 0] == [3]
 
 
 # --- checkpoints of parallel plans -----------------------------------------------------------------------------------
