@@ -7,7 +7,8 @@ when they refuse (the reason on the last line: "error: …"), 1 when they fail. 
 stands (webapp.services.conversions): running with the latest progress line, then done (an import's checkpoint
 registered with its lineage, an export's folder recorded on its checkpoint) or failed with the last error line.
 
-A redelivered task (its worker died) claims the conversion again and starts over: an import whose folder is complete
+The reconcile pass sends the task again for a conversion pending over two minutes and never claimed (its message
+lost). A redelivered task (its worker died) claims the conversion again and starts over: an import whose folder is complete
 already (the process renamed it into place just before the worker died) is registered as it is; an export writes
 over its own folder.
 """
@@ -17,13 +18,16 @@ import shutil
 import subprocess
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.utils import timezone
 
 from trainer.contract.manifest import read_manifest
 from webapp.models import CheckpointConversion
 from webapp.services import conversions
+from webapp.services.tasks import TaskName, enqueue
 
 log = logging.getLogger(__name__)
 Kind = CheckpointConversion.Kind
@@ -114,3 +118,19 @@ def conversion_run(conversion_id: int) -> str:
         log.exception("conversion %s failed", conversion_id)
         conversions.conversion_fail(conversion, f"{conversion.kind} failed: {exc}")
         return str(exc)
+
+
+def resend_unclaimed(older_than_s: float = 120) -> list[int]:
+    """Send the task again for conversions pending a while and never claimed: their message may have been lost (a
+    broker restart). A conversion claimed by a worker that died comes back by redelivery, as every task does; a
+    duplicate finds its conversion settled and does nothing."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    stale = list(CheckpointConversion.objects.filter(status=CheckpointConversion.Status.PENDING,
+                                                     claimed_at__isnull=True, created_at__lt=cutoff)
+                 .values_list("pk", "kind"))
+    for pk, kind in stale:
+        if kind == Kind.IMPORT_HF:
+            enqueue(TaskName.CHECKPOINT_IMPORT_HF, pk)
+        else:
+            enqueue(TaskName.CHECKPOINT_EXPORT_HF, pk)
+    return [pk for pk, _ in stale]

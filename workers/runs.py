@@ -28,6 +28,7 @@ from webapp.services.ingest import run_ingest
 from webapp.services.tasks import TaskName
 from webapp.services.triton import triton_readiness_refresh
 
+from .converting import resend_unclaimed
 from .launchers import Job, JobState, JobStates, LaunchError, launcher_for
 from .ingesting import request_ingest
 from .launching import WAITING, scheduler_settings
@@ -92,6 +93,7 @@ def reconcile_pass() -> PassReport:
     report.ingest_requested = request_ingest([run_id for run_id in grown if run_id not in report.settled])
     for run_id in launchable_run_ids():
         services.enqueue(TaskName.RUN_LAUNCH, run_id)
+    resend_unclaimed()  # imports and exports whose task message was lost
     report.triton_ready = triton_readiness_refresh()
     return report
 

@@ -160,3 +160,21 @@ def test_a_run_started_from_an_imported_llama_trains_checkpoints_and_deploys(bro
     assert answer.status_code == 200 and answer.json()["token_ids"] == smoke["token_ids"]
     assert api.post(f"/api/deployments/{deployment.pk}/undeploy/").status_code == 200
     _until(models.Deployment, deployment.pk, lambda d: d.status == "unloaded", 120)
+
+
+def test_the_reconcile_pass_sends_again_a_conversion_whose_message_was_lost(owner, folders,
+                                                                             django_capture_on_commit_callbacks):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    with django_capture_on_commit_callbacks(execute=False):
+        lost = conversions.checkpoint_import_hf(owner, str(folders / "tiny-llama"))
+        fresh = conversions.checkpoint_import_hf(owner, str(folders / "tiny-llama"))
+        claimed = conversions.checkpoint_import_hf(owner, str(folders / "tiny-llama"))
+    old = timezone.now() - timedelta(minutes=3)
+    models.CheckpointConversion.objects.filter(pk__in=[lost.pk, claimed.pk]).update(created_at=old)
+    models.CheckpointConversion.objects.filter(pk=claimed.pk).update(claimed_at=old)
+    with django_capture_on_commit_callbacks(execute=False) as sent:
+        assert converting.resend_unclaimed() == [lost.pk]
+    assert len(sent) == 1 and fresh.pk != lost.pk
