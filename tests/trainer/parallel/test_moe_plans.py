@@ -14,15 +14,19 @@ TOLERANCE = 1e-5
 QWEN = MODELS["tiny-qwen-moe"]  # routed experts without renormalising, a gated shared expert
 MIXTRAL = MODELS["tiny-mixtral"]
 MIXTRAL_3 = MIXTRAL.replace(n_layers=3)  # three layers: two pipeline stages cannot be equal
-REFERENCES = {"qwen": QWEN, "mixtral": MIXTRAL, "mixtral-3": MIXTRAL_3}
+QWEN_RENORMALISED = QWEN.replace(topk_norm="auto")  # top-2 weights renormalised, as DeepSpeed's gate weighs them
+REFERENCES = {"qwen": QWEN, "mixtral": MIXTRAL, "mixtral-3": MIXTRAL_3, "qwen-renormalised": QWEN_RENORMALISED}
 # name: (processes, reference, plan fields)
 PLANS = {
     "dp4-ep2-shared": (4, "qwen", dict(dp=4, ep=2)),  # 2 replicas × 2 expert shards; the shared expert dense
     "tp2-sp-shared": (2, "qwen", dict(tp=2, sequence_parallel=True)),
     "pp2": (2, "mixtral", dict(pp=2, pipeline_schedule="1f1b")),
+    # zero bubble: backward split into input and weight gradients, the aux loss's share in both
+    "pp2-zbv-shared": (2, "qwen", dict(pp=2, pipeline_schedule="zbv", virtual_stages=2)),
     "dp2-fsdp": (2, "mixtral", dict(dp=2, zero_stage=3)),  # every expert sharded over dp like any weight
     "tp2-pp2-uneven": (4, "mixtral-3", dict(tp=2, pp=2, stage_layers=(2, 1))),
-    "deepspeed-dp2-ep2": (2, "mixtral", dict(engine="deepspeed", dp=2, ep=2, zero_stage=1)),
+    # SwiGLU experts kept whole (capacity_factor 0) and the gated shared expert beside DeepSpeed's layer
+    "deepspeed-dp2-ep2-shared": (2, "qwen-renormalised", dict(engine="deepspeed", dp=2, ep=2, zero_stage=1)),
 }
 
 
