@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     except HFExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (OSError, RuntimeError, ValueError, KeyError) as exc:
+    except Exception as exc:  # any other failure (a torn file, a full disk): one line for the worker's log
         print(f"error: the export failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
               file=sys.stderr)
         return 1

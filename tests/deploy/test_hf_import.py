@@ -303,3 +303,12 @@ def test_the_command_line_says_why_it_refuses_in_one_line_with_status_2(tmp_path
     captured = capsys.readouterr()
     assert json.loads(captured.out)["model_type"] == "mixtral"
     assert "import-hf: reading model.safetensors" in captured.err  # progress lines for a worker's log
+
+
+def test_the_command_line_reports_a_torn_weights_file_in_one_line_with_status_1(tmp_path, hf_folder, capsys):
+    torn = _copy(hf_folder, tmp_path / "torn")
+    (torn / "model.safetensors").write_bytes((hf_folder / "model.safetensors").read_bytes()[:1000])
+    assert deploy_main(["import-hf", str(torn), str(tmp_path / "out")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(err) == 1 and err[0].startswith("error: the import failed: ")
+    assert not (tmp_path / "out").exists()
