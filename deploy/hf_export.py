@@ -23,7 +23,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -34,6 +33,7 @@ from tokenizers import Tokenizer
 from deploy.hf_import import CONFIG, GENERATION_CONFIG, IMPORT_RECORD, KEPT, SAFETENSORS, SAFETENSORS_INDEX, \
     TOKENIZER_CONFIG
 from deploy.hf_layout import LayoutError, config_from_spec, model_type_of, tensor_layout
+from deploy.staging import replace_folder
 from trainer.checkpoint.consolidated import checkpoint_state
 from trainer.contract.manifest import read_manifest
 from trainer.data.tokenizer import EOS, TOKENIZER, load_tokenizer
@@ -103,7 +103,7 @@ def export_hf(checkpoint: Path, out: Path, max_shard_bytes: int = 5 * 10 ** 9, d
             shutil.copy(tokenizer_path, staging / TOKENIZER)
             _write_json(staging / TOKENIZER_CONFIG, token_config)
         staging.chmod(0o755)
-        _swap_into_place(staging, out)
+        replace_folder(out, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     for note in notes:
@@ -174,17 +174,6 @@ def _tokenizer_config(tokenizer_path: Optional[Path], seq_len: int,
     bos = bos.get("content") if isinstance(bos, dict) else bos
     bos_id = Tokenizer.from_file(str(tokenizer_path)).token_to_id(bos) if isinstance(bos, str) else None
     return config, {"bos_token_id": bos_id, "eos_token_id": tokenizer.eos_id}
-
-
-def _swap_into_place(staging: Path, out: Path) -> None:
-    """``staging`` renamed to ``out``; a folder already there moved aside first and removed after."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}-old-{time.time_ns()}")
-        out.rename(old)
-    staging.rename(out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _read_json(path: Path) -> Optional[dict[str, Any]]:

@@ -27,12 +27,12 @@ def staged(target: Path) -> Iterator[Path]:
     try:
         yield staging
         staging.chmod(0o755)  # mkdtemp makes it private; the server may run as another user
-        _replace(target, staging)
+        replace_folder(target, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _replace(target: Path, staging: Path) -> None:
+def replace_folder(target: Path, staging: Path) -> None:
     """Put ``staging`` at ``target``; an entry already there is moved aside first and removed after."""
     old = None
     if target.exists():

@@ -31,6 +31,16 @@ def tiny_spec(run_dir: Path, dataset: DatasetSpec, steps: int = 20, tied: bool =
                    output_dir=str(run_dir), steps=steps, **run_kw).validate()
 
 
+def model_jobs(runs: Path, dataset: DatasetSpec, plans: dict, steps: int) -> list[dict]:
+    """One job a named (model, plan fields) pair, each run in its own folder under ``runs``: what a parity test
+    launches, then compares with the same model's run on one process."""
+    jobs = []
+    for name, (model, kw) in plans.items():
+        spec = tiny_spec(runs / name, dataset, steps, model=model, **kw)
+        jobs.append({"spec": spec, "run_dir": spec.output_dir, "resume": False, "stop_at": 0})
+    return jobs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -60,29 +60,29 @@ def _queued_tasks(client):
 
 
 def test_it_sends_the_launch_task_to_redis_only_after_the_transaction_commits(
-        alice, api, plan222, corpus, test_broker, django_capture_on_commit_callbacks):
+        alice, api, plan222, corpus, quiet_broker, django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = _create(api(alice), plan222, corpus, launch=True)
         assert response.status_code == 201 and response.data["status"] == "queued"
-    assert _queued_tasks(test_broker) == []  # nothing left before the commit
+    assert _queued_tasks(quiet_broker) == []  # nothing left before the commit
     for callback in callbacks:
         callback()
-    [headers] = _queued_tasks(test_broker)
+    [headers] = _queued_tasks(quiet_broker)
     assert headers["task"] == "workbench.runs.launch" and headers["argsrepr"] == f"({response.data['id']},)"
 
 
-def test_it_launches_a_draft_once(alice, api, plan222, corpus, test_broker, django_capture_on_commit_callbacks):
+def test_it_launches_a_draft_once(alice, api, plan222, corpus, quiet_broker, django_capture_on_commit_callbacks):
     run_id = _create(api(alice), plan222, corpus).data["id"]
     with django_capture_on_commit_callbacks(execute=True):
         launched = api(alice).post(f"/api/runs/{run_id}/launch/")
     assert launched.status_code == 200 and launched.data["status"] == "queued" and launched.data["queued_at"]
     again = api(alice).post(f"/api/runs/{run_id}/launch/")
     assert again.status_code == 400 and "a queued run cannot become queued" in again.data["non_field_errors"][0]
-    assert len(_queued_tasks(test_broker)) == 1
+    assert len(_queued_tasks(quiet_broker)) == 1
 
 
 def test_it_resumes_a_cancelled_run_once_its_job_has_ended_without_using_a_restart(
-        alice, api, plan222, corpus, test_broker, django_capture_on_commit_callbacks):
+        alice, api, plan222, corpus, quiet_broker, django_capture_on_commit_callbacks):
     run_id = _create(api(alice), plan222, corpus).data["id"]
     models.Run.objects.filter(pk=run_id).update(status="cancelled", job_id="4242",
                                                 ingest_state={"job_ended": False})
@@ -93,7 +93,7 @@ def test_it_resumes_a_cancelled_run_once_its_job_has_ended_without_using_a_resta
         resumed = api(alice).post(f"/api/runs/{run_id}/launch/")
     assert resumed.status_code == 200 and resumed.data["status"] == "queued" and resumed.data["restarts"] == 0
     assert models.RunEvent.objects.filter(run_id=run_id).last().message.startswith("resumed")
-    [headers] = _queued_tasks(test_broker)
+    [headers] = _queued_tasks(quiet_broker)
     assert headers["task"] == "workbench.runs.launch"
 
 

@@ -115,11 +115,11 @@ def test_an_import_reads_only_the_models_directory(alice, api, models_root, tmp_
     assert unknown.status_code == 400 and "unknown field" in unknown.data["x"][0]
 
 
-def _queued(test_broker):
-    return [json.loads(m)["headers"] for m in test_broker.lrange("celery", 0, -1)]
+def _queued(quiet_broker):
+    return [json.loads(m)["headers"] for m in quiet_broker.lrange("celery", 0, -1)]
 
 
-def test_an_import_and_an_export_are_queued_and_followed(alice, bob, api, models_root, imported, test_broker,
+def test_an_import_and_an_export_are_queued_and_followed(alice, bob, api, models_root, imported, quiet_broker,
                                                          django_capture_on_commit_callbacks):
     with django_capture_on_commit_callbacks(execute=True):
         started = api(alice).post("/api/checkpoints/import-hf/", {"path": str(models_root / "tiny")}, format="json")
@@ -130,7 +130,7 @@ def test_an_import_and_an_export_are_queued_and_followed(alice, bob, api, models
     with django_capture_on_commit_callbacks(execute=True):
         export = api(alice).post(f"/api/checkpoints/{imported.id}/export-hf/")
     assert export.status_code == 202 and export.data["checkpoint"] == imported.id
-    assert sorted((h["task"], h["argsrepr"]) for h in _queued(test_broker)) == [
+    assert sorted((h["task"], h["argsrepr"]) for h in _queued(quiet_broker)) == [
         ("workbench.checkpoints.export_hf", f"({export.data['id']},)"),
         ("workbench.checkpoints.import_hf", f"({body['id']},)")]
     assert api(alice).get(f"/api/conversions/{body['id']}/").json()["status"] == "pending"

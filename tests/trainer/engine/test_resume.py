@@ -5,6 +5,7 @@ import pytest
 
 from tests.trainer.conftest import RESUME_AT, RESUME_STEPS
 from tests.trainer.launch import losses, max_rel_error, records
+from trainer.contract import SCHEMA_VERSION
 from trainer.contract.manifest import complete_checkpoints
 
 pytestmark = pytest.mark.slow
@@ -37,7 +38,7 @@ def test_it_keeps_the_newest_checkpoints_with_a_manifest(single_rank_runs):
     assert [step for step, _ in kept] == [RESUME_STEPS]  # keep_checkpoints=1
     manifest = json.loads((kept[0][1] / "manifest.json").read_text())
     assert manifest["step"] == RESUME_STEPS and manifest["tokens_seen"] == RESUME_STEPS * 8 * 64
-    assert manifest["model"]["d_model"] == 64 and manifest["plan"]["dp"] == 1 and manifest["schema_version"] == 1
+    assert manifest["model"]["d_model"] == 64 and manifest["plan"]["dp"] == 1 and manifest["schema_version"] == SCHEMA_VERSION
     assert manifest["tokenizer"].endswith("tokenizer.json")
 
 

@@ -3,9 +3,9 @@ losses equal within 1e-5 relative (fp32, 20 steps).
 
 The blocks (RMSNorm, SwiGLU's gate beside up, q/k/v biases, rotary scaling, routed and shared experts) must be cut,
 sharded and wrapped like GPT-2's: tensor and sequence parallel, FSDP2, DeepSpeed's ZeRO-2 and ZeRO-3 (its engine
-wraps the native model) and its pipeline (which builds the final norm itself), expert parallel, full and selective
-recompute. One 2-rank launch runs every parallel job, one single-process launch the references and the recomputing
-runs.
+wraps the native model), full and selective recompute (expert parallel with the shared expert, and the other MoE
+plans: test_moe_plans.py). One 2-rank launch runs every parallel job, one single-process launch the references and the
+recomputing runs.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import PARITY_STEPS
-from tests.trainer.launch import launch, losses, max_rel_error, records, tiny_spec
+from tests.trainer.launch import launch, losses, max_rel_error, model_jobs, records
 from trainer.contract.presets import MODELS
 
 pytestmark = pytest.mark.slow
@@ -27,30 +27,20 @@ TWO_RANK = {
     "llama-fsdp2": (LLAMA, dict(dp=2, zero_stage=3)),
     "llama-ds-zero2": (LLAMA, dict(zero_stage=2, **DS)),
     "llama-ds-zero3": (LLAMA, dict(zero_stage=3, **DS)),
-    "llama-ds-pp2": (LLAMA, dict(engine="deepspeed", pp=2, zero_stage=1)),  # its PipelineModule's own final norm
     # tensor parallel is the slowest plan on gloo (DTensor): one run covers RMSNorm under sequence parallel, SwiGLU's
     # gate and up split alike, and q/k/v biases split with their rows
     "qwen2-tp2-sp": (QWEN2, dict(tp=2, sequence_parallel=True)),
-    "qwen-moe-dp2-ep2": (QWEN, dict(dp=2, ep=2)),
 }
 ONE_RANK = {f"{family}-{mode}": (model, dict(activation_checkpointing=mode))
             for family, model in (("llama", LLAMA), ("qwen-moe", QWEN)) for mode in ("none", "selective", "full")}
 ONE_RANK["qwen2-none"] = (QWEN2, {})
 
 
-def _jobs(runs: Path, dataset, plans: dict) -> list[dict]:
-    jobs = []
-    for name, (model, kw) in plans.items():
-        spec = tiny_spec(runs / name, dataset, PARITY_STEPS, model=model, **kw)
-        jobs.append({"spec": spec, "run_dir": spec.output_dir, "resume": False, "stop_at": 0})
-    return jobs
-
-
 @pytest.fixture(scope="module")
 def family_runs(tmp_path_factory, dataset) -> Path:
     runs = tmp_path_factory.mktemp("family-runs")
-    launch(2, _jobs(runs, dataset, TWO_RANK), runs / "jobs")
-    launch(1, _jobs(runs, dataset, ONE_RANK), runs / "jobs")
+    launch(2, model_jobs(runs, dataset, TWO_RANK, PARITY_STEPS), runs / "jobs")
+    launch(1, model_jobs(runs, dataset, ONE_RANK, PARITY_STEPS), runs / "jobs")
     return runs
 
 

@@ -57,7 +57,10 @@ def _spec_valid(model, clu, global_batch):
     (GQA, cluster("A100-SXM-80GB", 2, gpus_per_node=2), 6),
     (MOE_E6, cluster("A100-SXM-80GB", 2, gpus_per_node=4), 8),
     (GQA.replace(n_layers=5, name="gqa-5-layers"), cluster("A100-SXM-80GB", 1, gpus_per_node=4), 4),
-], ids=["dense", "moe", "gqa-two-nodes", "moe-e6-two-nodes", "uneven-stages"])
+    # experts 98 wide (tp = 4 does not divide them, tp = 2 does) beside a dense width of 256
+    (MODELS["tiny-moe"].replace(moe_ffn_hidden=98, name="moe-expert-width"),
+     cluster("A100-SXM-80GB", 1, gpus_per_node=4), 8),
+], ids=["dense", "moe", "gqa-two-nodes", "moe-e6-two-nodes", "uneven-stages", "moe-expert-width"])
 def test_it_enumerates_exactly_the_plans_the_spec_accepts(model, clu, global_batch):
     rejected = {}
     enumerated = list(enumerate_plans(model, clu, global_batch, SPACE, rejected))

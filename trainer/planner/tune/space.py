@@ -173,9 +173,10 @@ def enumerate_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int, s
         if tp > gpn:
             reject("tp spans nodes (tp > gpus_per_node)")
             continue
-        if tp > 1 and (model.n_heads % tp or model.ffn % tp or
+        widths = (model.ffn, model.moe_ffn, model.shared_expert_ffn) if moe else (model.ffn,)
+        if tp > 1 and (model.n_heads % tp or any(w % tp for w in widths) or
                        (model.kv_heads != model.n_heads and model.kv_heads % tp)):
-            reject("tp does not divide heads or FFN width")
+            reject("tp does not divide heads or an MLP's width (dense, expert or shared expert)")
             continue
         for pp, cp in _pp_cp(space, model, world // tp, reject):
             if pp > 1 and model.n_layers % pp and lighter_ends(model.n_layers, pp) is None:
