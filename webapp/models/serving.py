@@ -42,11 +42,15 @@ class Deployment(Owned):
         EXPORTING = "exporting"
         LOADING = "loading"
         READY = "ready"
+        # ready, but its server has lost the model (a restart): a worker loads it again from its entry
+        RELOADING = "reloading"
         FAILED = "failed"
         UNLOADED = "unloaded"
 
     # A model name is held by its deployment until it is unloaded or has failed; then it may be deployed again.
-    HOLDING = (Status.PENDING, Status.EXPORTING, Status.LOADING, Status.READY)
+    HOLDING = (Status.PENDING, Status.EXPORTING, Status.LOADING, Status.READY, Status.RELOADING)
+    # What should be serving: the reconcile pass loads these again where their server has lost them.
+    SERVING = (Status.READY, Status.RELOADING)
 
     class Reduction(models.TextChoices):
         NONE = "none", "Full precision"
@@ -80,7 +84,7 @@ class Deployment(Owned):
         ordering = ["-created_at", "-id"]
         constraints = [models.UniqueConstraint(fields=["server", "model_name"],
                                                condition=models.Q(status__in=["pending", "exporting", "loading",
-                                                                              "ready"]),
+                                                                              "ready", "reloading"]),
                                                name="unique_held_model_name_per_server")]
 
     def __str__(self):
