@@ -5,6 +5,7 @@
     python -m deploy export --checkpoint … --repository … --name …   a checkpoint → a Triton model entry
     python -m deploy triton --repository …   a local Triton server with explicit model control
     python -m deploy onnx --checkpoint … --output model.onnx   the forward as ONNX, checked with onnxruntime
+    python -m deploy export-trtllm SOURCE REPOSITORY --name …   a Triton entry for TensorRT-LLM's LLM-API backend
 
 Each command is one entry of ``COMMANDS``: its name → (a function adding its arguments to its subparser, a function
 running it on the parsed arguments and returning the exit status: 0 done, 2 refused with one line saying why). The
@@ -16,7 +17,7 @@ import argparse
 import sys
 from typing import Callable
 
-from deploy import export, hf_export, hf_import, onnx_export, triton
+from deploy import export, hf_export, hf_import, onnx_export, triton, trtllm_entry
 
 AddArguments = Callable[[argparse.ArgumentParser], None]
 Run = Callable[[argparse.Namespace], int]
@@ -27,6 +28,7 @@ COMMANDS: dict[str, tuple[AddArguments, Run]] = {
     "export": (export.add_arguments, export.run),
     "triton": (triton.add_arguments, triton.run),
     "onnx": (onnx_export.add_arguments, onnx_export.run),
+    "export-trtllm": (trtllm_entry.add_arguments, trtllm_entry.run),
 }
 
 
