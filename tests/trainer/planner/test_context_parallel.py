@@ -3,6 +3,8 @@ positions' share, the K/V ring per layer is counted and mostly hidden behind att
 and the tuner reaches for cp on long sequences."""
 import math
 
+import pytest
+
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS, cluster
 from trainer.planner.estimate.comm import RING_GRAD_BYTES, rank_of, ring_attention
@@ -19,9 +21,13 @@ def test_a_rank_saves_the_activations_of_its_share_of_each_sequence():
     base = dict(tp=8, sequence_parallel=True, micro_batch=1, precision="bf16", zero_stage=3)
     whole = planner.stage_memory(ParallelPlan(dp=2, global_batch=2, **base), 0)
     shared = planner.stage_memory(ParallelPlan(cp=2, global_batch=1, **base), 0)
+    h, kv = LONG.d_model, LONG.kv_heads * LONG.head_dim
+    # the ring keeps keys and values with their K heads (one process repeats them to h first); a share gathers its
+    # rotary rows apart for q and for k
+    ring = {"qkv": (h + 2 * kv) / (3 * h), "rotary_tables": 2}
     for name, value in whole.activations_per_microbatch.items():
         if value > 1024:  # the scalars (the loss) are the same size on every rank
-            assert shared.activations_per_microbatch[name] == value / 2, name
+            assert shared.activations_per_microbatch[name] == pytest.approx(value / 2 * ring.get(name, 1)), name
     # FSDP2 shards over the dp·cp ranks alike: dp2 and cp2 hold the same model state
     assert shared.model_state_bytes == whole.model_state_bytes
 

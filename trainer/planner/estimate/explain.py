@@ -30,10 +30,10 @@ ACTIVATION_FORMULAS = {
     "layernorm_outputs": "ln_copies·T·h·e / r_ln",
     "layernorm_stats": "2·2·T·stat_bytes / r  (mean and 1/σ of two LayerNorms)",
     "dropout_masks": "2·T·h·mask_bytes / r",
-    "qkv": "T·(h + 2·kv_saved)·e / t  (kv_saved = h when keys and values are repeated to the heads)",
+    "qkv": "T·(h + 2·kv_saved)·e / t  (kv_saved = h when keys and values are repeated to the heads, kv under cp)",
     "attention_output": "T·h·e / t",
     "rotary": "T·h·e / t  (rotated q, k)",
-    "rotary_tables": "2·s·floor(head_dim/2)·table_bytes  (cos, sin)",
+    "rotary_tables": "gathers·2·s·floor(head_dim/2)·table_bytes  (cos, sin; gathered for q and k apart under cp)",
     "attention_scores": "T·a·s·e / t  (softmax output)",
     "attention_dropout": "T·a·s·(mask_bytes + e) / t  (mask + dropped scores)",
     "causal_mask": "s²",
@@ -141,16 +141,18 @@ def _layer_formula(name: str, top_k: int) -> str:
     return ACTIVATION_FORMULAS.get(name, name)
 
 
-def _activation_symbols(model: ModelSpec, settings: M.ActivationSettings) -> dict[str, float]:
-    """The values of the symbols of the activation and buffer formulas, for ``settings``."""
+def _activation_symbols(model: ModelSpec, settings: M.ActivationSettings, cp: int) -> dict[str, float]:
+    """The values of the symbols of the activation and buffer formulas, for ``settings``; ``model`` as a rank of
+    ``cp`` sees it (``Planner.share``)."""
     T = model.seq_len * settings.micro_batch
+    kv = model.kv_heads * model.head_dim
     symbols = dict(T=T, s=model.seq_len, b=settings.micro_batch, h=model.d_model, a=model.n_heads, f=model.ffn,
                    V=model.vocab_size, head_dim=model.head_dim, t=settings.tp, e=settings.bytes_per_element,
                    e_stream=settings.stream_bytes, r=settings.sp_split, r_ln=settings.ln_output_split,
                    ln_copies=settings.ln_output_copies, stat_bytes=settings.stat_bytes,
                    mask_bytes=settings.mask_bytes, loss_bytes=settings.loss_bytes,
                    table_bytes=settings.rotary_table_bytes,
-                   kv_saved=settings.kv_saved(model.d_model, model.kv_heads * model.head_dim),
+                   kv_saved=kv if cp > 1 else settings.kv_saved(model.d_model, kv), gathers=2 if cp > 1 else 1,
                    e_norm=settings.norm_input_bytes(model.norm == "rmsnorm"))
     if model.is_moe:
         E, k, c = model.n_experts, model.top_k, model.capacity_factor
@@ -342,7 +344,7 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
                          "memory)" if plan.offload_optimizer else f"{per.optimizer}·{shard_o}", **terms),
     }
     settings = planner.activation_settings(plan)
-    symbols = _activation_symbols(planner.share(plan.cp), settings)  # a rank's s/cp positions under cp
+    symbols = _activation_symbols(planner.share(plan.cp), settings, plan.cp)  # a rank's s/cp positions under cp
     common = dict(s=m.seq_len // plan.cp, b=plan.micro_batch, h=m.d_model, a=m.n_heads, t=plan.tp,
                   e=settings.bytes_per_element, layers=st.layers, sequence_parallel=plan.sequence_parallel,
                   checkpointing=plan.activation_checkpointing)
@@ -374,7 +376,7 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
         if name == "recompute_working_set":
             # the backward of a recomputed layer re-creates that layer's activations without recompute
             whole = planner.activation_settings(plan, "none")
-            whole_symbols = _activation_symbols(planner.share(plan.cp), whole)
+            whole_symbols = _activation_symbols(planner.share(plan.cp), whole, plan.cp)
             layer = {n: symbolic(v, "bytes", _layer_formula(n, top_k), whole_symbols)
                      for n, v in M.layer_activations(planner.layer_shape(m.is_moe, plan.cp), whole)}
             buffers[name] = total("bytes", layer, " + ".join(layer) + "  (one layer's activations without "

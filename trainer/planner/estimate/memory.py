@@ -137,6 +137,7 @@ class LayerShape:
     moe: MoEShape | None = None  # a mixture-of-experts layer: its experts replace the MLP
     gated: bool = False       # SwiGLU MLPs (gate, up, down) rather than GELU (up, down)
     rmsnorm: bool = False     # RMSNorm (one statistic per token) rather than LayerNorm (two)
+    ring: bool = False        # a context-parallel rank's share, its attention run as a ring (``context_share``)
 
     @classmethod
     def of(cls, model: ModelSpec, moe: bool = False) -> "LayerShape":
@@ -258,8 +259,9 @@ class ActivationSettings:
 def context_share(shape: LayerShape, cp: int) -> LayerShape:
     """A layer as one context-parallel rank holds it: s/cp positions of each sequence (docs/formulas.md, Context
     parallel). Every term ∝ T = s·b then shrinks cp times; ring attention keeps only its block's output and
-    log-sum-exp, never a score matrix across ranks, and the rotary tables it saves are its positions' rows."""
-    return shape if cp == 1 else replace(shape, seq_len=shape.seq_len // cp)
+    log-sum-exp, never a score matrix across ranks, and its keys and values as they travel, before any repeat to
+    the query heads; the rotary tables it saves are its positions' rows, gathered once for q and once for k."""
+    return shape if cp == 1 else replace(shape, seq_len=shape.seq_len // cp, ring=True)
 
 
 @lru_cache(maxsize=8192)
@@ -286,13 +288,14 @@ def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
     if shape.dropout:
         terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
     selective = settings.checkpointing == "selective"
-    kv_saved = settings.kv_saved(h, kv)
+    kv_saved = kv if shape.ring else settings.kv_saved(h, kv)
     terms += [("qkv", T * (h + 2 * kv_saved) * e / t), ("attention_output", T * h * e / t)]
     if shape.rope and not selective:
         # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
         terms.append(("rotary", T * h * e / t))
         if small:  # fp32 cos/sin buffers; a model running in 16 bits saves 16-bit casts of them
-            terms.append(("rotary_tables", 2 * s * (shape.head_dim // 2) * settings.rotary_table_bytes))
+            gathers = 2 if shape.ring else 1  # a cp share gathers its rows apart for q and for k
+            terms.append(("rotary_tables", gathers * 2 * s * (shape.head_dim // 2) * settings.rotary_table_bytes))
     if not selective:
         if settings.attention in ("math", "sdpa_math"):
             terms.append(("attention_scores", T * a * s * e / t))
