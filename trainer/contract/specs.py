@@ -105,6 +105,12 @@ class RopeScaling(_Spec):
         return p
 
 
+def default_ffn(d_model: int, gated: bool) -> int:
+    """The MLP width when the spec gives none: 4·d_model, or for SwiGLU's three matrices 8/3·d_model rounded up to
+    a multiple of 256 (as Llama does), about the same parameters and FLOPs."""
+    return -(-(8 * d_model) // (3 * 256)) * 256 if gated else 4 * d_model
+
+
 @dataclass(frozen=True)
 class ModelSpec(_Spec):
     """A decoder-only transformer: GPT-2-style (LayerNorm, GELU MLP, learned positions) or Llama-style (RMSNorm,
@@ -172,11 +178,7 @@ class ModelSpec(_Spec):
 
     @property
     def ffn(self) -> int:
-        if self.ffn_hidden:
-            return self.ffn_hidden
-        if self.is_gated:
-            return -(-(8 * self.d_model) // (3 * 256)) * 256
-        return 4 * self.d_model
+        return self.ffn_hidden or default_ffn(self.d_model, self.is_gated)
 
     @property
     def moe_ffn(self) -> int:

@@ -139,3 +139,26 @@ def test_the_command_line_prints_the_table_with_formula_lines(capsys):
     assert "* vocab_padding" in out and "V' = ⌈V / (128·t)⌉" in out and "tokens/s" in out
     assert main(["--cluster", "V100", "--gpus", "8"]) == 2
     assert "unknown GPU 'V100'" in capsys.readouterr().err
+
+
+def test_the_gemms_of_a_swiglu_moe_block_are_its_gate_up_and_down_at_each_width():
+    from trainer.planner.advice.matmul import layer_gemms
+
+    model = MODELS["qwen1.5-moe-a2.7b"]
+    plan = ParallelPlan(tp=2, micro_batch=1, global_batch=8, precision="bf16")
+    widths = {g.name.rsplit(".", 1)[0]: g.n for g in layer_gemms(model, plan, moe=True)
+              if g.name.endswith(".forward")}
+    assert widths["expert.gate"] == widths["expert.up"] == model.moe_ffn // 2
+    assert widths["shared_expert.gate"] == widths["shared_expert.up"] == model.shared_expert_ffn // 2
+    dense = {g.name for g in layer_gemms(MODELS["llama3-8b"], plan, moe=False)}
+    assert {"mlp.gate.forward", "mlp.up.forward", "mlp.down.forward"} <= dense
+
+
+def test_an_aligned_swiglu_model_gets_no_width_suggestion():
+    from trainer.planner.advice.shapes import aligned_width
+
+    llama = MODELS["tiny-llama"].replace(d_model=256, n_heads=4, n_kv_heads=2, ffn_hidden=0)
+    assert llama.ffn == 768  # 8/3·256 rounded up to 256, a multiple of 64
+    assert aligned_width(llama, tp=2) is None
+    odd = aligned_width(llama.replace(d_model=200, n_heads=4, n_kv_heads=2), tp=1)
+    assert odd.d_model == 192 and odd.ffn_hidden == 0 and odd.ffn == 512  # SwiGLU's default at the new width

@@ -100,11 +100,20 @@ def layer_gemms(model: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
         E, k, c = model.n_experts, model.top_k, model.capacity_factor
         cap = M.expert_capacity(T, E, k, c)
         useful = M.moe_kept(T, E, k, c) / (E * cap)
-        out += _linear("router", T, E, h) + _linear("expert.up", cap, model.ffn, h, E, useful) \
-            + _linear("expert.down", cap, h, model.ffn, E, useful)
+        out += _linear("router", T, E, h) + _mlp("expert", model, cap, model.moe_ffn // t, E, useful)
+        if model.shared_expert_ffn:
+            out += _mlp("shared_expert", model, T, model.shared_expert_ffn // t)
     else:
-        out += _linear("mlp.up", T, model.ffn // t, h) + _linear("mlp.down", T, h, model.ffn // t)
+        out += _mlp("mlp", model, T, model.ffn // t)
     return out
+
+
+def _mlp(name: str, model: ModelSpec, tokens: int, width: int, count: int = 1, useful: float = 1.0) -> list[Gemm]:
+    """An MLP of ``width`` (per tensor-parallel rank): up and down, and SwiGLU's gate beside up."""
+    h = model.d_model
+    gate = _linear(f"{name}.gate", tokens, width, h, count, useful) if model.is_gated else []
+    return gate + _linear(f"{name}.up", tokens, width, h, count, useful) \
+        + _linear(f"{name}.down", tokens, h, width, count, useful)
 
 
 def model_gemms(model: ModelSpec, plan: ParallelPlan) -> list[tuple[Gemm, int]]:

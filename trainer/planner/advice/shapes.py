@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from trainer.contract import ClusterSpec, ModelSpec
+from trainer.contract.specs import default_ffn
 from trainer.planner.estimate.flops import model_flops_per_token
 from trainer.planner.estimate.params import count
 
@@ -56,10 +57,11 @@ def _with_width(model: ModelSpec, d_model: int, n_heads: int) -> ModelSpec:
 
 def aligned_width(model: ModelSpec, tp: int) -> ModelSpec | None:
     """The nearest widths that are tile multiples: d_model a multiple of 64 (heads kept when they still divide it),
-    the FFN a multiple of 64·tp (a 4·d_model FFN follows d_model); None when both already are."""
+    the FFN a multiple of 64·tp (a default FFN follows d_model); None when both already are."""
     h, step = model.d_model, WIDTH_MULTIPLE * tp
     new_h = h if h % WIDTH_MULTIPLE == 0 else max(WIDTH_MULTIPLE, round(h / WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
-    f = model.ffn_hidden or 4 * new_h
+    default = default_ffn(new_h, model.is_gated)
+    f = model.ffn_hidden or default
     new_f = f if f % step == 0 else max(step, round(f / step) * step)
     if (new_h, new_f) == (h, model.ffn):
         return None
@@ -67,7 +69,7 @@ def aligned_width(model: ModelSpec, tp: int) -> ModelSpec | None:
     if heads is None:
         return None
     out = _with_width(model, new_h, heads)
-    return out.replace(ffn_hidden=0 if new_f == 4 * new_h else new_f)
+    return out.replace(ffn_hidden=0 if new_f == default else new_f)
 
 
 def _closest_heads(d_model: int, heads: int, multiple: int) -> int | None:
