@@ -129,3 +129,17 @@ def test_a_real_two_stage_1f1b_run_is_drawn_with_its_traces_own_spans_beside_the
                                             ["F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3"])
         assert measured[:len(expected)] == ideal[:len(expected)]
     assert "ideal bubble 20.0%" in "".join(svg.itertext())
+
+
+def test_the_ideal_schedule_of_uneven_stages_costs_each_stage_by_its_layers(tmp_path):
+    from trainer.contract import ParallelPlan
+    from webapp.selectors.timeline import ideal_schedule
+
+    plan = ParallelPlan(pp=2, micro_batch=1, global_batch=4, pipeline_schedule="1f1b", stage_layers=(2, 1))
+    ideal, why = ideal_schedule(plan, tmp_path, [0, 1], n_layers=3)
+    assert why == "" and "stages costed by their layers" in ideal.source
+    # 4 micro-batches of F (1) and B (2) per stage, scaled by 2/1.5 and 1/1.5 of an equal stage's layers
+    assert ideal.simulation.rank(0).busy == pytest.approx(16.0)
+    assert ideal.simulation.rank(1).busy == pytest.approx(8.0)
+    even, _ = ideal_schedule(plan.replace(stage_layers=()), tmp_path, [0, 1], n_layers=4)
+    assert even.simulation.rank(0).busy == even.simulation.rank(1).busy == pytest.approx(12.0)

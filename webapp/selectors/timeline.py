@@ -19,7 +19,9 @@ from pathlib import Path
 
 from trainer.contract import ParallelPlan, SpecError
 from trainer.contract.runfolder import read_json
-from trainer.planner.schedule import GENERATED, ScheduleError, Simulation, orders_from_json, schedule_orders, simulate
+from trainer.contract.stages import is_uneven, stage_layer_counts
+from trainer.planner.schedule import (GENERATED, ScheduleError, Simulation, orders_from_json, schedule_orders, simulate,
+                                      stage_weights)
 
 from ..models import Profile, Run
 
@@ -119,11 +121,13 @@ def _rank_timelines(folder: Path) -> dict[int, dict]:
     return out
 
 
-def _plan(run: Run) -> ParallelPlan | None:
+def _plan(run: Run) -> tuple[ParallelPlan | None, int]:
+    """The run's plan and its model's layer count (which sizes uneven stages), or (None, 0) without a stored spec."""
     try:
-        return run.run_spec().plan
+        spec = run.run_spec()
     except SpecError:
-        return None
+        return None, 0
+    return spec.plan, spec.model.n_layers
 
 
 def _recorded(folder: Path) -> dict[int, dict]:
@@ -135,8 +139,18 @@ def _recorded(folder: Path) -> dict[int, dict]:
     return out
 
 
-def ideal_schedule(plan: ParallelPlan | None, folder: Path, ranks: list[int]) -> tuple[Ideal | None, str]:
-    """The ideal schedule to draw beside the measured ranks, or None and why there is none."""
+def _stage_costs(plan: ParallelPlan | None, n_layers: int) -> dict[int, float] | None:
+    """Each stage's cost against an equal one's when the plan's stages are uneven (None: all equal)."""
+    if plan is None or not n_layers or not is_uneven(plan):
+        return None
+    counts = stage_layer_counts(n_layers, plan)
+    return stage_weights(counts) if counts else None
+
+
+def ideal_schedule(plan: ParallelPlan | None, folder: Path, ranks: list[int],
+                   n_layers: int = 0) -> tuple[Ideal | None, str]:
+    """The ideal schedule to draw beside the measured ranks, or None and why there is none; uneven stages (from the
+    plan and the model's ``n_layers``) cost in proportion to their layers."""
     recorded = _recorded(folder)
     pp_rank_of = {}
     for rank in ranks:
@@ -144,12 +158,12 @@ def ideal_schedule(plan: ParallelPlan | None, folder: Path, ranks: list[int]) ->
         if isinstance(pp_rank, int):
             pp_rank_of[rank] = pp_rank
         elif plan is not None:
-            pp_rank_of[rank] = rank // (plan.dp * plan.tp)  # the mesh is (pp, dp, tp), tp innermost
-    notes = []
+            pp_rank_of[rank] = rank // (plan.dp * plan.cp * plan.tp)  # the mesh is (pp, dp, cp, tp), tp innermost
+    notes, stage_costs = [], _stage_costs(plan, n_layers)
     for rank in sorted(recorded):
         data = recorded[rank]
         try:
-            simulation = simulate(orders_from_json(data.get("order")))
+            simulation = simulate(orders_from_json(data.get("order")), stage_costs=stage_costs)
         except ScheduleError as exc:
             notes.append(f"the order recorded beside the trace does not run ({exc})")
             break
@@ -166,7 +180,9 @@ def ideal_schedule(plan: ParallelPlan | None, folder: Path, ranks: list[int]) ->
     source = (f"the {plan.pipeline_schedule} order generated from the plan (pp {plan.pp}, "
               f"{plan.grad_accum} micro-batches" + (f", {plan.model_chunks} stages a rank" if plan.model_chunks > 1
                                                    else "") + ")")
-    return Ideal(simulate(orders), plan.pipeline_schedule, source, pp_rank_of, notes), ""
+    if stage_costs:
+        source += ", stages costed by their layers"
+    return Ideal(simulate(orders, stage_costs=stage_costs), plan.pipeline_schedule, source, pp_rank_of, notes), ""
 
 
 def _spans(data: dict, kind: str) -> list[tuple[float, float]]:
@@ -221,7 +237,8 @@ def profile_timeline(run: Run, profile: Profile) -> Timeline:
     files = _rank_timelines(folder)
     if not files:
         raise NoTimeline(timeline_missing(run, profile) or f"profile {profile.name}'s timelines cannot be read")
-    ideal, why = ideal_schedule(_plan(run), folder, sorted(files))
+    plan, n_layers = _plan(run)
+    ideal, why = ideal_schedule(plan, folder, sorted(files), n_layers)
     notes = [why] if why else []
     for rank, data in sorted(files.items()):
         if data.get("labels_note"):
