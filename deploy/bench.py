@@ -1,43 +1,51 @@
-"""Serving benchmark: what the KV cache buys, what Triton costs, and how batching scales with concurrent streams.
+"""Serving benchmark with a standard client: each engine through Triton and through the web app's /v1, against the
+same model in this process under Hugging Face transformers' ``generate`` (the floor a user would otherwise reach
+for), at several numbers of concurrent streams.
 
-    python -m deploy.bench [--checkpoint runs/<id>/checkpoints/step-<n>] [--new-tokens 256]
+    python -m deploy.bench [--checkpoint CHECKPOINT] [--streams 1,8,32,64] [--new-tokens 128]
+        [--engines workbench] [--targets triton,v1] [--no-floor] [--train-steps 30] [--json results.json]
 
-Without a checkpoint it builds one: a model of random weights (the figures are about speed, not text) with a
-byte-level BPE trained on the repository's Shakespeare text. It prints, side by side:
-1. in-process greedy decoding of ``--new-tokens`` tokens with the KV cache and without it (every token recomputes
-   the whole prefix): tokens/s and their ratio (target ≥ 5×);
-2. one request at batch 1 end to end through a local Triton (gRPC) against the same request through the same
-   engine in this process: seconds and their ratio (target ≤ 1.2×);
-3. 1, 4, 8 and 16 concurrent streams through Triton: total tokens/s, its ratio to one stream, and the mean time to
-   first token.
+Without a checkpoint it builds one: a GPT-2-layout model (4 layers, d_model 256, head_dim 64, context 512) trained
+``--train-steps`` steps on the repository's Shakespeare text: enough for text that re-tokenizes to the tokens
+generated, which is how the client counts them (``deploy.aiperf_client``); the figures are about speed, not text.
+
+For each engine of ``ENGINES`` the checkpoint is exported to a Triton entry (the workbench engine's slots set to the
+largest stream count, so no stream waits for a slot) and loaded in a local Triton; the web app is started over it
+(``deploy.bench_webapp``) with each entry as a ready deployment. NVIDIA's AIPerf then drives, per number of streams,
+Triton's HTTP generate_stream and /v1/completions, streamed, with the same prompts, sampling (temperature 1) and
+tokens per request. It prints one table: time to first token, inter-token latency and tokens/s per path, with
+tokens/s against the floor's and against the path's own at one stream.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
+import sys
 import tempfile
-import threading
 import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Callable, Optional
 
-import torch
-
-from deploy.client import GenerateParams
+from deploy.aiperf_client import DEFAULT_VENV, Measurement, openai_completions_target, profile, \
+    triton_generate_target
 from deploy.export import ExportOptions, export
-from deploy.serving.engine import CountingMetrics, Engine, Request
-from deploy.serving.layout import Codec
-from deploy.serving.model import ServingGPT, ServingSpec
 from deploy.triton import LocalTriton
-from trainer.checkpoint.consolidated import checkpoint_state, write_consolidated
+from trainer.checkpoint.consolidated import write_consolidated
 from trainer.contract import ModelSpec, ParallelPlan
-from trainer.contract.manifest import CONSOLIDATED, FORMAT_CONSOLIDATED, CheckpointManifest, read_manifest
+from trainer.contract.manifest import CONSOLIDATED, FORMAT_CONSOLIDATED, CheckpointManifest, read_manifest, step_dir
 from trainer.contract.presets import demo_text
 from trainer.data.tokenizer import TOKENIZER, train_tokenizer
-from trainer.generate import generate
 from trainer.model import build_model
 
+# The engine's batching test serves this one (random weights; a decode step's work, not the per-token cost of
+# responses, sets the pace); the benchmark's default is the same layout at d_model 256.
 BENCH_MODEL = ModelSpec(name="bench", n_layers=4, d_model=512, n_heads=8, seq_len=512, vocab_size=2048)
-PROMPT = "ROMEO:\nWhat light through yonder window breaks?"
+SERVING_MODEL = BENCH_MODEL.replace(d_model=256, n_heads=4)
+TEMPERATURE = 1.0
+FLOOR = "transformers generate (floor)"
+PROMPT_TOKENS = 40
 
 
 def bench_checkpoint(folder: Path, spec: ModelSpec = BENCH_MODEL) -> Path:
@@ -53,148 +61,264 @@ def bench_checkpoint(folder: Path, spec: ModelSpec = BENCH_MODEL) -> Path:
     return folder
 
 
-def _rate(tokens: int, seconds: float) -> str:
-    return f"{tokens / seconds:9.0f} tokens/s"
+def trained_checkpoint(root: Path, spec: ModelSpec, steps: int) -> Path:
+    """``spec`` trained ``steps`` steps on the Shakespeare text by the real training loop in this process (a world
+    of one); its last checkpoint folder."""
+    import torch.distributed as dist
 
+    from trainer.contract import DatasetSpec, OptimizerSpec, RunSpec
+    from trainer.contract.presets import local_cpu_cluster
+    from trainer.engine.loop import run
 
-def kv_cache(model, prompt_ids: list[int], new_tokens: int) -> tuple[float, float]:
-    """Seconds for new_tokens greedy tokens with the cache (median of 3, after a warm-up) and by recomputing the
-    prefix each token (once: it is the slow one)."""
-    generate(model, prompt_ids, 8, temperature=0)
-    times = []
-    for _ in range(3):
-        started = time.perf_counter()
-        with_cache = generate(model, prompt_ids, new_tokens, temperature=0)
-        times.append(time.perf_counter() - started)
-    cached = statistics.median(times)
-    ids = list(prompt_ids)
-    started = time.perf_counter()
-    with torch.no_grad():
-        for _ in range(new_tokens):
-            ids.append(int(model(torch.tensor([ids[-model.spec.seq_len:]]))[0, -1].argmax()))
-    recomputed = time.perf_counter() - started
-    assert ids == with_cache, "the cache changed the tokens"
-    return cached, recomputed
-
-
-class _Done:
-    def __init__(self):
-        self.event, self.result = threading.Event(), None
-
-    def on_token(self, text, token_id):
-        pass
-
-    def on_finish(self, result):
-        self.result = result
-        self.event.set()
-
-    def on_error(self, message):
-        raise RuntimeError(message)
-
-    def is_cancelled(self):
-        return False
-
-
-def in_process_seconds(folder: Path, prompt_ids: list[int], new_tokens: int, repeats: int) -> float:
-    """Median seconds of one request through the engine in this process, over the exported weights."""
-    from deploy.serving.layout import MODEL_SPEC, load_shard, read_json
-
-    spec = ServingSpec.from_dict(read_json(folder / MODEL_SPEC))
-    engine = Engine(ServingGPT(spec, load_shard(folder, 0), 16), Codec(folder / "tokenizer.json"), spec.seq_len,
-                    CountingMetrics())
-    engine.start()
-    times = []
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "shakespeare.txt").write_bytes(demo_text(300_000))
+    run_spec = RunSpec(model=spec, plan=ParallelPlan(micro_batch=4, global_batch=4), cluster=local_cpu_cluster(1),
+                       dataset=DatasetSpec(path=str(root / "shakespeare.txt"), prepared_dir=str(root / "prepared")),
+                       output_dir=str(root / "run"), steps=steps, checkpoint_every=steps, log_every=max(1, steps),
+                       optimizer=OptimizerSpec(lr=3e-3, min_lr=3e-4, warmup_steps=min(10, steps))).validate()
+    joined_here = not dist.is_initialized()
     try:
-        for _ in range(repeats + 1):
-            done = _Done()
-            started = time.perf_counter()
-            engine.submit(Request(list(prompt_ids), done, max_tokens=new_tokens))
-            done.event.wait()
-            times.append(time.perf_counter() - started)
+        if run(run_spec, root / "run", resume=False) != "finished":
+            raise RuntimeError(f"training the bench model did not finish; see {root / 'run'}")
     finally:
-        engine.stop()
-    return statistics.median(times[1:])
+        if joined_here and dist.is_initialized():
+            dist.destroy_process_group()
+    return step_dir(root / "run", steps)
 
 
-def concurrent(client, model: str, streams: int, new_tokens: int) -> tuple[float, float]:
-    """(total tokens/s, mean seconds to the first token) of ``streams`` gRPC streams started together."""
-    firsts: list[float] = []
-    counts: list[int] = []
+def bench_prompts(count: int, tokenizer_file: Path, max_tokens: int = PROMPT_TOKENS) -> list[str]:
+    """``count`` different prompts of at most ``max_tokens`` tokens: the starts of consecutive passages of the
+    Shakespeare text."""
+    from tokenizers import Tokenizer
 
-    def one(i: int) -> None:
-        started = time.perf_counter()
-        n = 0
-        for chunk in client.stream(model, GenerateParams(f"{i} {PROMPT}", max_tokens=new_tokens), "grpc"):
-            if chunk.token_ids and n == 0:
-                firsts.append(time.perf_counter() - started)
-            n += len(chunk.token_ids)
-        counts.append(n)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.perf_counter() - started), statistics.mean(firsts)
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    text = demo_text(400_000).decode()
+    passages = (text[i * 4 * max_tokens:(i + 1) * 4 * max_tokens] for i in range(count))
+    return [tokenizer.decode(tokenizer.encode(p).ids[:max_tokens]) for p in passages]
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.split("\n")[0])
-    parser.add_argument("--checkpoint", default="", help="a checkpoint folder (default: a random bench model)")
-    parser.add_argument("--new-tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="deploy-bench-") as tmp:
-        root = Path(tmp)
-        checkpoint = Path(args.checkpoint) if args.checkpoint else bench_checkpoint(root / "checkpoint")
-        manifest = read_manifest(checkpoint)
-        spec = manifest.model_spec()
-        model = build_model(spec, 0).eval()
-        model.load_state_dict(checkpoint_state(checkpoint))
-        codec = Codec(Path(manifest.tokenizer))
-        prompt_ids = codec.encode(PROMPT)
-        new = min(args.new_tokens, spec.seq_len - len(prompt_ids))
-        print(f"model {spec.name or 'checkpoint'}: {spec.n_layers} layers, d_model {spec.d_model}, "
-              f"seq_len {spec.seq_len}; prompt {len(prompt_ids)} tokens, {new} new tokens; "
-              f"{torch.get_num_threads()} torch threads")
+# -- engines: a name → how the checkpoint becomes a Triton entry of that engine ----------------------------------
 
-        cached, recomputed = kv_cache(model, prompt_ids, new)
-        print(f"\n1. in-process decoding, {new} new tokens")
-        print(f"   with the KV cache    {cached:7.3f} s {_rate(new, cached)}")
-        print(f"   without (recompute)  {recomputed:7.3f} s {_rate(new, recomputed)}")
-        print(f"   ratio                {recomputed / cached:7.1f}×   (target ≥ 5×)")
+class EngineUnavailable(RuntimeError):
+    """The engine cannot be exported here; the message says why."""
 
-        export(checkpoint, root / "models", ExportOptions(name="bench", measure=False))
-        local = in_process_seconds(root / "models" / "bench" / "1", prompt_ids, new, args.repeats)
-        server = LocalTriton.on_free_ports(root / "models", root / "triton").start()
+
+def _export_workbench(checkpoint: Path, repository: Path, name: str, max_streams: int) -> dict:
+    return export(checkpoint, repository, ExportOptions(name=name, measure=False, max_sequences=max_streams))
+
+
+def _export_vllm(checkpoint: Path, repository: Path, name: str, max_streams: int) -> dict:
+    # `python -m deploy export --engine vllm`: ExportOptions gains an ``engine`` when that export exists
+    if "engine" not in {f.name for f in fields(ExportOptions)}:
+        raise EngineUnavailable("this checkout's export has no vllm engine (python -m deploy export --engine vllm)")
+    return export(checkpoint, repository, ExportOptions(name=name, measure=False, engine="vllm",  # type: ignore
+                                                        max_sequences=max_streams))
+
+
+ENGINES: dict[str, Callable[[Path, Path, str, int], dict]] = {"workbench": _export_workbench, "vllm": _export_vllm}
+TARGETS = ("triton", "v1")
+
+
+# -- the floor: the same model under transformers in this process -------------------------------------------------
+
+def transformers_floor(hf_folder: Path, prompts: list[str], streams: int, requests: int,
+                       new_tokens: int) -> Measurement:
+    """``requests`` prompts through ``model.generate`` in batches of ``streams`` (left-padded, sampled at
+    TEMPERATURE, exactly ``new_tokens`` each): time to the first token and between tokens from a clock called after
+    every step, tokens/s over all batches."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
+
+    model = AutoModelForCausalLM.from_pretrained(hf_folder, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(hf_folder)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+    class Clock(StoppingCriteria):
+        def __init__(self):
+            self.stamps: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.stamps.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    def batch(start: int, size: int, tokens: int) -> tuple[float, Clock, int]:
+        inputs = tokenizer([prompts[(start + i) % len(prompts)] for i in range(size)], return_tensors="pt",
+                           padding=True)
+        clock = Clock()
+        began = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=True,
+                                 temperature=TEMPERATURE, top_k=0, pad_token_id=tokenizer.pad_token_id,
+                                 stopping_criteria=StoppingCriteriaList([clock]))
+        return began, clock, (out.shape[1] - inputs["input_ids"].shape[1]) * size
+
+    torch.manual_seed(0)
+    batch(0, streams, 2)  # warm-up
+    firsts, gaps, generated, busy = [], [], 0, 0.0
+    for start in range(0, requests, streams):
+        began, clock, count = batch(start, streams, new_tokens)
+        firsts.append(clock.stamps[0] - began)
+        gaps += [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+        generated += count
+        busy += clock.stamps[-1] - began
+    return Measurement(streams=streams, requests=requests, errors=0, ttft_ms=1e3 * sum(firsts) / len(firsts),
+                       itl_ms=1e3 * sum(gaps) / max(1, len(gaps)), tokens_per_s=generated / busy,
+                       tokens_per_request=generated / requests)
+
+
+# -- the table ------------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Row:
+    path: str
+    measurement: Measurement
+
+
+def table(rows: list[Row]) -> str:
+    """A Markdown table, one row per path and number of streams: the figures, tokens/s against the floor's at the
+    same streams and against the path's own at its fewest streams."""
+    floor = {r.measurement.streams: r.measurement.tokens_per_s for r in rows if r.path == FLOOR}
+    alone: dict[str, float] = {}
+    for r in sorted(rows, key=lambda r: r.measurement.streams):
+        alone.setdefault(r.path, r.measurement.tokens_per_s)
+    lines = ["| streams | path | time to first token (ms) | inter-token latency (ms) | tokens/s | × floor "
+             "| × fewest streams | requests | errors | tokens/request |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(rows, key=lambda r: (r.measurement.streams, r.path == FLOOR, r.path)):
+        m = r.measurement
+        versus_floor = f"{m.tokens_per_s / floor[m.streams]:.2f}" if floor.get(m.streams) else "–"
+        lines.append(f"| {m.streams} | {r.path} | {m.ttft_ms:.1f} | {m.itl_ms:.2f} | {m.tokens_per_s:.0f} | "
+                     f"{versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | {m.requests} | {m.errors} | "
+                     f"{m.tokens_per_request:.1f} |")
+    return "\n".join(lines)
+
+
+# -- the run --------------------------------------------------------------------------------------------------------
+
+def _streams(text: str) -> list[int]:
+    values = sorted({int(v) for v in text.split(",") if v.strip()})
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive numbers of streams, e.g. 1,8,32,64")
+    return values
+
+
+def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
+    def parse(text: str) -> list[str]:
+        names = [v.strip() for v in text.split(",") if v.strip()]
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"{', '.join(unknown)}: choose among {', '.join(allowed)}")
+        return names
+    return parse
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m deploy.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint folder (default: the bench model)")
+    p.add_argument("--streams", type=_streams, default=_streams("1,8,32,64"), help="concurrent streams, e.g. 1,8")
+    p.add_argument("--new-tokens", type=int, default=128, help="tokens each request asks for")
+    p.add_argument("--requests-per-stream", type=int, default=2,
+                   help="requests per stream at each level (at least 4 requests a level)")
+    p.add_argument("--engines", type=_names(tuple(ENGINES)), default=["workbench"],
+                   help=f"comma-separated, of {', '.join(ENGINES)}")
+    p.add_argument("--targets", type=_names(TARGETS), default=list(TARGETS),
+                   help="triton: its HTTP generate_stream; v1: the web app's /v1/completions")
+    p.add_argument("--no-floor", dest="floor", action="store_false", help="leave out transformers' generate")
+    p.add_argument("--train-steps", type=int, default=30, help="steps the default model is trained (0: random)")
+    p.add_argument("--client-venv", type=Path, default=DEFAULT_VENV, help="where aiperf is installed")
+    p.add_argument("--work-dir", type=Path, default=None, help="keep the entries, logs and aiperf's artifacts here")
+    p.add_argument("--json", type=Path, default=None, help="also write the rows as JSON")
+    return p
+
+
+def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) -> list[Row]:
+    from deploy.hf_export import export_hf
+    from deploy.bench_webapp import WebApp
+
+    if args.checkpoint:
+        checkpoint = args.checkpoint
+    elif args.train_steps > 0:
+        say(f"training the bench model {args.train_steps} steps")
+        checkpoint = trained_checkpoint(root / "train", SERVING_MODEL, args.train_steps)
+    else:
+        checkpoint = bench_checkpoint(root / "checkpoint", SERVING_MODEL)
+    manifest = read_manifest(checkpoint)
+    spec = manifest.model_spec()
+    say(f"model: {spec.n_layers} layers, d_model {spec.d_model}, head_dim {spec.d_model // spec.n_heads}, "
+        f"context {spec.seq_len}; {args.new_tokens} new tokens a request; streams {args.streams}")
+    hf_folder = root / "hf"
+    export_hf(checkpoint, hf_folder)
+    # prompts of 40 tokens, or fewer where the context must also hold the new tokens
+    prompt_tokens = min(PROMPT_TOKENS, (spec.seq_len - args.new_tokens) // 2)
+    if prompt_tokens < 4:
+        raise SystemExit(f"--new-tokens {args.new_tokens} leaves no room for a prompt in the model's context "
+                         f"of {spec.seq_len} tokens: ask fewer")
+    prompts = bench_prompts(max(args.streams) * max(1, args.requests_per_stream), hf_folder / "tokenizer.json",
+                            prompt_tokens)
+    prompts_file = root / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
+    requests = {s: max(4, s * args.requests_per_stream) for s in args.streams}
+    rows: list[Row] = []
+
+    if args.floor:
+        for s in args.streams:
+            rows.append(Row(FLOOR, transformers_floor(hf_folder, prompts, s, requests[s], args.new_tokens)))
+            say(f"{FLOOR} at {s} streams: {rows[-1].measurement.tokens_per_s:.0f} tokens/s")
+
+    served = []
+    for engine in args.engines:
+        name = f"bench-{engine}"
         try:
-            client = server.client(timeout_s=300)
-            client.load("bench")
-            params = GenerateParams(PROMPT, max_tokens=new)
-            client.generate("bench", params, "grpc")  # warm up
-            times = []
-            for _ in range(args.repeats):
-                started = time.perf_counter()
-                client.generate("bench", params, "grpc")
-                times.append(time.perf_counter() - started)
-            served = statistics.median(times)
-            print(f"\n2. one request at batch 1, {new} new tokens (median of {args.repeats})")
-            print(f"   in-process engine    {local:7.3f} s {_rate(new, local)}")
-            print(f"   through Triton gRPC  {served:7.3f} s {_rate(new, served)}")
-            print(f"   ratio                {served / local:7.2f}×   (target ≤ 1.2×)")
+            report = ENGINES[engine](checkpoint, root / "models", name, max(args.streams))
+        except EngineUnavailable as exc:
+            say(f"engine {engine} left out: {exc}")
+            continue
+        served.append({"name": name, "engine": engine, "path": str(root / "models" / name), "report": report})
+    if not served:
+        return rows
+    with ExitStack() as stack:
+        server = LocalTriton.on_free_ports(root / "models", root / "triton").start()
+        stack.callback(server.stop)
+        client = server.client(timeout_s=600)
+        stack.callback(client.close)
+        for model in served:
+            client.load(model["name"])
+        targets = []
+        if "triton" in args.targets:
+            targets += [triton_generate_target(f"{m['engine']} · Triton HTTP", server.http_url, m["name"],
+                                               TEMPERATURE) for m in served]
+        if "v1" in args.targets:
+            web = stack.enter_context(WebApp(root / "web", {"http_url": server.http_url, "grpc_url": server.grpc_url,
+                                                            "metrics_url": server.metrics_url},
+                                             root / "models", checkpoint, manifest.to_dict(), manifest.step, served))
+            targets += [openai_completions_target(f"{m['engine']} · /v1", web.base_url, m["name"], web.api_key)
+                        for m in served]
+        for s in args.streams:
+            for target in targets:
+                slug = target.label.replace(" · ", "-").replace(" ", "-").replace("/", "")
+                measured = profile(target, s, requests[s], args.new_tokens, hf_folder, prompts_file,
+                                   root / "aiperf" / f"{slug}-{s}", TEMPERATURE, args.client_venv)
+                rows.append(Row(target.label, measured))
+                say(f"{target.label} at {s} streams: {measured.tokens_per_s:.0f} tokens/s, "
+                    f"{measured.errors} errors")
+    return rows
 
-            print(f"\n3. concurrent gRPC streams, {new} new tokens each")
-            print("   streams   total tokens/s   × one stream   mean time to first token")
-            base = None
-            for streams in (1, 4, 8, 16):
-                rate, first = concurrent(client, "bench", streams, new)
-                base = base or rate
-                print(f"   {streams:7d}   {rate:14.0f}   {rate / base:12.1f}×   {first * 1e3:10.1f} ms")
-            client.unload("bench")
-            client.close()
-        finally:
-            server.stop()
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parser().parse_args(argv)
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    with ExitStack() as stack:
+        root = args.work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="deploy-bench-")))
+        root.mkdir(parents=True, exist_ok=True)
+        rows = run_bench(args, root, say)
+    print(table(rows))
+    if args.json:
+        args.json.write_text(json.dumps([{"path": r.path, **asdict(r.measurement)} for r in rows], indent=2))
     return 0
 
 

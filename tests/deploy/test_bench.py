@@ -1,0 +1,64 @@
+"""The serving benchmark: AIPerf, the standard client, really runs against the workbench engine through Triton's
+HTTP generate_stream and through the web app's /v1 (both started by the benchmark), beside transformers' generate in
+process, and the table's figures parse and agree with each other. The figures themselves are timings, measured by
+running the benchmark, not asserted here; aiperf's start (about 12 s a run on two cores) keeps this to one level.
+The first run on a machine installs aiperf in its own environment (a few minutes, once)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from deploy.aiperf_client import DEFAULT_VENV, Measurement, aiperf_executable
+from deploy.bench import FLOOR, Row, main, table
+
+NEW_TOKENS = 8
+
+
+@pytest.fixture(scope="session")
+def aiperf():
+    return aiperf_executable(DEFAULT_VENV)
+
+
+def parse(text: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table in ``text``, as header → cell."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def test_the_client_measures_triton_and_v1_beside_the_floor_and_the_table_agrees(aiperf, served_checkpoint,
+                                                                                  tmp_path, capsys):
+    results = tmp_path / "rows.json"
+    assert main(["--checkpoint", str(served_checkpoint), "--streams", "2", "--new-tokens", str(NEW_TOKENS),
+                 "--requests-per-stream", "2", "--work-dir", str(tmp_path / "work"), "--json", str(results)]) == 0
+    rows = parse(capsys.readouterr().out)
+    by_path = {row["path"]: row for row in rows}
+    assert sorted(by_path) == sorted(["workbench · Triton HTTP", "workbench · /v1", FLOOR])
+    floor_rate = float(by_path[FLOOR]["tokens/s"])
+    for path, row in by_path.items():
+        assert row["streams"] == "2" and row["requests"] == "4" and row["errors"] == "0", row
+        ttft, itl, rate = (float(row[k]) for k in ("time to first token (ms)", "inter-token latency (ms)",
+                                                    "tokens/s"))
+        assert ttft > 0 and itl > 0 and rate > 0, row
+        # what the client counted: about the tokens asked (a stop token may end a request early; re-tokenizing the
+        # text may split a token in two)
+        assert 1 <= float(row["tokens/request"]) <= 1.5 * NEW_TOKENS, row
+        assert float(row["× floor"]) == pytest.approx(rate / floor_rate, abs=0.01)
+        assert row["× fewest streams"] == "1.00"
+    # aiperf's own export is where the figures came from
+    export = tmp_path / "work" / "aiperf" / "workbench-Triton-HTTP-2" / "profile_export_aiperf.json"
+    assert json.loads(export.read_text())["request_count"]["avg"] == 4
+    written = {r["path"]: r for r in json.loads(results.read_text())}
+    assert written["workbench · /v1"]["requests"] == 4 and written[FLOOR]["errors"] == 0
+
+
+def test_the_table_compares_each_path_with_the_floor_and_with_its_own_fewest_streams():
+    def m(streams, rate):
+        return Measurement(streams=streams, requests=4, errors=0, ttft_ms=10.0, itl_ms=2.0, tokens_per_s=rate,
+                           tokens_per_request=8.0)
+    rows = parse(table([Row(FLOOR, m(1, 50)), Row(FLOOR, m(8, 100)), Row("engine", m(1, 100)),
+                        Row("engine", m(8, 600)), Row("other", m(8, 300))]))
+    got = [(r["streams"], r["path"], r["× floor"], r["× fewest streams"]) for r in rows]
+    assert got == [("1", "engine", "2.00", "1.00"), ("1", FLOOR, "1.00", "1.00"),
+                   ("8", "engine", "6.00", "6.00"), ("8", "other", "3.00", "1.00"), ("8", FLOOR, "1.00", "2.00")]
