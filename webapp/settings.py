@@ -96,6 +96,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "webapp.api.errors.JSONErrorsMiddleware",  # first: it sees every answer, so each error under /api/ and /v1 is JSON
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

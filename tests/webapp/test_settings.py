@@ -11,6 +11,7 @@ from django.test import Client
 
 from tests.conftest import REPO
 from webapp.api import views
+from webapp.pages import dashboard
 
 
 def _manage(*args: str, **env: str) -> subprocess.CompletedProcess:
@@ -77,17 +78,20 @@ def _secrets() -> list[str]:
 def test_it_answers_a_server_error_with_debug_off_without_any_setting(failing_run_list, settings):
     settings.DEBUG = False
     page = failing_run_list.get("/api/runs/")
-    assert page.status_code == 500
+    assert page.status_code == 500 and page["Content-Type"] == "application/json"  # an error under /api/: JSON
     body = page.content.decode()
-    assert "Server Error" in body
+    assert "the server failed" in page.json()["detail"]
     for secret in filter(None, _secrets()):
         assert secret not in body
     assert "SECRET_KEY" not in body and "a bug of the server" not in body
 
 
-def test_it_hides_database_and_broker_urls_even_on_the_debug_page(failing_run_list, settings):
+def test_it_hides_database_and_broker_urls_even_on_the_debug_page(failing_run_list, settings, monkeypatch):
     settings.DEBUG = True
-    page = failing_run_list.get("/api/runs/", HTTP_ACCEPT="text/html")
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug of the server")
+    monkeypatch.setattr(dashboard, "dashboard_runs", broken)  # a page's error: the API's would be answered as JSON
+    page = failing_run_list.get("/", HTTP_ACCEPT="text/html")
     body = page.content.decode()
     assert page.status_code == 500 and "CELERY_BROKER_URL" in body  # the technical page, with its settings table
     for secret in filter(None, _secrets()):

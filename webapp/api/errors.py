@@ -1,5 +1,8 @@
-"""Every error a client can cause is a 4xx with a message that says what to change; never a 500."""
+"""Every error a client can cause is a 4xx with a message that says what to change; never a 500. Every error under
+/api/ and /v1 is JSON, whoever answers it (JSONErrorsMiddleware)."""
+import json
 from contextlib import contextmanager
+from http import HTTPStatus
 
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -15,6 +18,7 @@ from trainer.contract import SpecError
 from ..finite import non_finite_path
 from ..services.triton import ServingError
 from ..spec_errors import spec_field_errors
+from .openai_errors import error_body
 from .parsers import body_limit, too_large_message
 from .specfields import api_field
 
@@ -69,3 +73,69 @@ def exception_handler(exc, context):
     if isinstance(exc, IntegrityError):
         return Response({"detail": f"conflicts with an existing object: {exc}"}, status=status.HTTP_409_CONFLICT)
     return drf_exception_handler(exc, context)
+
+
+API_PREFIX, OPENAI_PREFIX = "/api/", "/v1"
+
+
+def _openai_path(path: str) -> bool:
+    return path == OPENAI_PREFIX or path.startswith(OPENAI_PREFIX + "/")
+
+
+def _message(request, response) -> str:
+    """What an error answered outside the API's views says: Django's pages carry it in HTML only."""
+    where = f"{request.method} {request.path}"
+    status_code = response.status_code
+    if status_code == 404:
+        return f"no API route matches {where}: the routes and their parameters are listed at /api/docs/"
+    if status_code == 405:
+        return f"{where}: the method is not allowed here (allowed: {response.get('Allow', 'none')})"
+    if status_code == 403:
+        return (f"{where}: CSRF verification failed, or the request is not allowed. A signed-in browser form sends "
+                f"its CSRF token; an API client sends `Authorization: Token <key>` (POST /api/token/) instead")
+    if status_code == 400:
+        return (f"{where} was refused before it reached a view: a Host header this server does not answer to, a "
+                f"body over the size limit, or a malformed request")
+    if status_code >= 500:
+        return f"the server failed on {where}; the error is logged for the administrators"
+    try:
+        return f"{where}: {HTTPStatus(status_code).phrase}"
+    except ValueError:  # a status code HTTP does not name
+        return f"{where}: refused with status {status_code}"
+
+
+class JSONErrorsMiddleware:
+    """Every error under /api/ (the API's ``{"detail": …}``) and /v1 (OpenAI's ``{"error": {…}}``) answered as JSON.
+
+    The API's views answer their own errors as JSON (exception_handler above, webapp.api.openai_errors for /v1), but
+    Django answers others as HTML pages: the 404 of a path no route matches (a malformed id, /api/runs/abc/updates/),
+    a plain Django view's 405, the CSRF 403, the 400 of a Host header not allowed, and any 500 — in DEBUG its
+    technical pages, which handler404 and handler500 do not replace. Outermost of the middleware, this rewrites
+    such an answer under the two prefixes as JSON with the same status and headers (Allow kept); Django has logged
+    the error already. The browsable API's error page becomes its JSON; an error an event stream carries (an
+    ``error`` event, for a client that accepts only text/event-stream) stays an event.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        path = request.path_info
+        content_type = response.get("Content-Type", "")
+        if (response.status_code < 400 or getattr(response, "streaming", False) or "json" in content_type
+                or content_type.startswith("text/event-stream")):
+            return response
+        if _openai_path(path):
+            kind = "server_error" if response.status_code >= 500 else "invalid_request_error"
+            body = error_body(_message(request, response), kind)
+        elif path.startswith(API_PREFIX):
+            data = getattr(response, "data", None)  # a DRF answer rendered for a browser: its own message
+            body = data if isinstance(data, (dict, list)) and data else {"detail": _message(request, response)}
+        else:
+            return response
+        response.content = json.dumps(body, ensure_ascii=False).encode()
+        response["Content-Type"] = "application/json"
+        if response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))
+        return response
