@@ -33,6 +33,7 @@ from tokenizers import Tokenizer
 from deploy.hf_import import CONFIG, GENERATION_CONFIG, IMPORT_RECORD, KEPT, SAFETENSORS, SAFETENSORS_INDEX, \
     TOKENIZER_CONFIG
 from deploy.hf_layout import LayoutError, config_from_spec, model_type_of, tensor_layout
+from deploy.outcome import report_outcome
 from deploy.staging import replace_folder
 from trainer.checkpoint.consolidated import checkpoint_state
 from trainer.contract.manifest import read_manifest
@@ -219,20 +220,12 @@ def run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"export-hf: {line}", file=sys.stderr, flush=True)
 
-    try:
-        template = args.chat_template.read_text() if args.chat_template is not None else None
-    except (OSError, UnicodeDecodeError) as exc:
-        print(f"error: cannot read the chat template {args.chat_template}: {exc}", file=sys.stderr)
-        return 2
-    try:
-        result = export_hf(args.checkpoint, args.out, args.max_shard_size, args.dtype, args.overwrite, template,
-                           progress)
-    except HFExportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # any other failure (a torn file, a full disk): one line for the worker's log
-        print(f"error: the export failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-              file=sys.stderr)
-        return 1
-    print(json.dumps(result), flush=True)
-    return 0
+    def work() -> dict:
+        try:
+            template = args.chat_template.read_text() if args.chat_template is not None else None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HFExportError(f"cannot read the chat template {args.chat_template}: {exc}") from exc
+        return export_hf(args.checkpoint, args.out, args.max_shard_size, args.dtype, args.overwrite, template,
+                         progress)
+
+    return report_outcome("the export", work, (HFExportError,))

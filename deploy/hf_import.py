@@ -37,6 +37,7 @@ from safetensors.torch import load_file
 from tokenizers import ByteLevelBPETokenizer, Tokenizer
 
 from deploy.hf_layout import SKIPPED_SUFFIXES, LayoutError, hf_shapes, spec_from_config, tensor_layout
+from deploy.outcome import report_outcome
 from trainer.checkpoint.consolidated import write_consolidated
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.contract.manifest import CONSOLIDATED, FORMAT_CONSOLIDATED, CheckpointManifest, read_manifest
@@ -304,17 +305,8 @@ def run(args: argparse.Namespace) -> int:
     def progress(line: str) -> None:
         print(f"import-hf: {line}", file=sys.stderr, flush=True)
 
-    try:
-        target = import_hf(args.source, args.target, progress)
-    except HFImportError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # any other failure (a torn file, a full disk): one line for the worker's log
-        print(f"error: the import failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-              file=sys.stderr)
-        return 1
-    print(json.dumps(summary(target)), flush=True)
-    return 0
+    return report_outcome("the import", lambda: summary(import_hf(args.source, args.target, progress)),
+                          (HFImportError,))
 
 
 def _few(names: list[str], shown: int = 4) -> str:
