@@ -1,13 +1,20 @@
 """The serving engine: iteration-level (continuous) batching over a slot cache.
 
 One loop serves every request. Each iteration
-1. admits waiting requests into free slots: each prompt is run once (prefill), which gives its first token;
-2. runs one decode step over every active sequence together, one new token each, whatever their lengths;
-3. hands each sequence's token to its request: streamed at once, or kept for the one final answer; a sequence that
+1. admits waiting requests into free slots; a prompt whose first whole blocks are in the prefix cache starts with
+   their keys and values copied into its slot, and only the rest is computed;
+2. prefills: the prompts not computed yet, up to ``prefill_chunk`` tokens in all, in one batch (rows of similar
+   length padded together); a longer prompt takes the rest in the next iterations, between decode steps, so running
+   streams keep flowing; a prompt that is complete gives its first token, and its whole blocks enter the cache;
+3. runs one decode step over every sequence that has its first token, one new token each, whatever their lengths;
+4. hands each sequence's token to its request: streamed at once, or kept for the one final answer; a sequence that
    reached max_tokens, the end-of-text token or a stop string, or whose request was cancelled, leaves its slot.
 So a new request joins between two steps instead of waiting for the batch to drain, and a cancelled one stops within
 one step. A sequence that fills the context window is started again over its last seq_len − 1 tokens, as the
 trainer's generation does, so both produce the same tokens.
+
+Batching, chunking and the cache change where keys and values are computed, never what: a token attends to the same
+positions with the same values (``model.ServingGPT.extend``), so greedy tokens are those of one prompt at a time.
 """
 from __future__ import annotations
 
@@ -19,19 +26,26 @@ from typing import Optional, Protocol, Sequence
 
 import torch
 
+from .prefix_cache import PrefixCache
 from .sampling import Sampling, generator_for, pick
+
+PREFILL_CHUNK = 512  # prompt tokens computed in one iteration, at most (a longer prompt takes several)
 
 
 class Runner(Protocol):
     """The model as the engine drives it (``ServingGPT``, or rank 0 of a tensor-parallel group)."""
 
     slots: int
+    prefix_blocks: int  # the prefix cache's blocks (0: no cache)
+    block_size: int
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor: ...
+    def extend(self, slots: list[int], chunks: list[list[int]]) -> torch.Tensor: ...
 
-    def decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor: ...
+    def truncate(self, slot: int, length: int) -> None: ...
 
-    def length(self, slot: int) -> int: ...
+    def save_blocks(self, slot: int, first: int, blocks: list[int]) -> None: ...
+
+    def load_blocks(self, slot: int, blocks: list[int]) -> None: ...
 
 
 class Codec(Protocol):
@@ -89,6 +103,10 @@ class Metrics(Protocol):
 
     def decode_step(self, batch_size: int, seconds: float) -> None: ...
 
+    def prefill_step(self, sequences: int, tokens: int, seconds: float) -> None: ...
+
+    def prefix_lookup(self, prompt_tokens: int, cached_tokens: int) -> None: ...
+
     def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None: ...
 
     def active(self, sequences: int) -> None: ...
@@ -100,6 +118,8 @@ class CountingMetrics:
     def __init__(self):
         self.first_tokens: list[float] = []
         self.batch_sizes: list[int] = []
+        self.prefills: list[tuple[int, int]] = []  # (sequences, tokens) of each prefill batch
+        self.prefix_lookups = self.prefix_hits = self.prefix_hit_tokens = 0
         self.tokens = 0
         self.reasons: list[str] = []
         self.active_now = 0
@@ -109,6 +129,14 @@ class CountingMetrics:
 
     def decode_step(self, batch_size: int, seconds: float) -> None:
         self.batch_sizes.append(batch_size)
+
+    def prefill_step(self, sequences: int, tokens: int, seconds: float) -> None:
+        self.prefills.append((sequences, tokens))
+
+    def prefix_lookup(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prefix_lookups += 1
+        self.prefix_hits += cached_tokens > 0
+        self.prefix_hit_tokens += cached_tokens
 
     def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
         self.tokens += completion_tokens
@@ -128,14 +156,26 @@ class _Sequence:
     sent: int = 0  # characters of the text already streamed
     first_at: float = 0.0
     done: bool = False
+    start: int = 0   # the slot holds context[start:start + cached]; start moves when the window slides
+    cached: int = 0
+
+    @property
+    def pending(self) -> list[int]:
+        """Tokens still to run through the model before the next token: a prompt's (or its rest), or the last
+        token drawn."""
+        return self.context[self.start + self.cached:]
 
 
 class Engine:
     def __init__(self, runner: Runner, codec: Codec, seq_len: int, metrics: Optional[Metrics] = None,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", prefill_chunk: int = PREFILL_CHUNK):
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk={prefill_chunk}: a prefill must take at least one token an iteration")
         self.runner, self.codec, self.seq_len = runner, codec, seq_len
         self.metrics = metrics or CountingMetrics()
         self.device = torch.device(device)
+        self.prefill_chunk = prefill_chunk
+        self.prefix = PrefixCache(runner.prefix_blocks, runner.block_size) if runner.prefix_blocks else None
         self._waiting: deque[Request] = deque()
         self._active: list[_Sequence] = []
         self._free = list(range(runner.slots))
@@ -183,25 +223,51 @@ class Engine:
             return bool(self._waiting or self._active)
 
     def step(self) -> None:
-        """Admit what fits, then one decode step over every active sequence."""
+        """Admit what fits, prefill up to prefill_chunk prompt tokens, then one decode step."""
         self._admit()
-        batch: list[_Sequence] = []
+        prefilling: list[_Sequence] = []
+        decoding: list[_Sequence] = []
         for seq in self._active:
             if seq.request.sink.is_cancelled():
                 self._finish(seq, "cancelled")
-            elif self.runner.length(seq.slot) >= self.seq_len:  # the window is full: start over on its tail
-                self._emit(seq, self.runner.prefill(seq.slot, seq.context[-(self.seq_len - 1):]))
-            else:
-                batch.append(seq)
-        if batch:
-            batch.sort(key=lambda s: s.slot)  # consecutive slots are read in place (ServingGPT.decode)
+                continue
+            if seq.cached >= self.seq_len:  # the window is full: start over on its tail (prefilled again)
+                seq.start, seq.cached = len(seq.context) - (self.seq_len - 1), 0
+                self.runner.truncate(seq.slot, 0)
+            (decoding if len(seq.pending) == 1 else prefilling).append(seq)
+        if prefilling:
+            self._prefill(prefilling)
+        if decoding:
+            decoding.sort(key=lambda s: s.slot)  # consecutive slots are read in place (ServingGPT.extend)
             started = time.perf_counter()
-            logits = self.runner.decode([s.slot for s in batch], [s.context[-1] for s in batch])
-            self.metrics.decode_step(len(batch), time.perf_counter() - started)
-            for seq, row in zip(batch, logits):
-                self._emit(seq, row)
+            logits = self.runner.extend([s.slot for s in decoding], [s.pending for s in decoding])
+            self.metrics.decode_step(len(decoding), time.perf_counter() - started)
+            for seq, token in zip(decoding, _draw(decoding, logits)):
+                seq.cached += 1
+                self._emit(seq, token)
         self._active = [s for s in self._active if not s.done]
         self.metrics.active(len(self._active))
+
+    def _prefill(self, sequences: list[_Sequence]) -> None:
+        """The next chunk of each prompt in arrival order while the iteration's budget lasts, in batches of rows
+        of similar length (padding at most doubles a batch's work)."""
+        budget, chunks = self.prefill_chunk, []
+        for seq in sequences:
+            if budget == 0:
+                break
+            chunk = seq.pending[:budget]
+            chunks.append((seq, chunk))
+            budget -= len(chunk)
+        for batch in _similar_lengths(chunks):
+            started = time.perf_counter()
+            logits = self.runner.extend([s.slot for s, _ in batch], [c for _, c in batch])
+            self.metrics.prefill_step(len(batch), sum(len(c) for _, c in batch), time.perf_counter() - started)
+            for seq, chunk in batch:
+                seq.cached += len(chunk)
+            complete = [i for i, (seq, _) in enumerate(batch) if not seq.pending]  # their logits give a token
+            if complete:
+                for i, token in zip(complete, _draw([batch[i][0] for i in complete], logits[complete])):
+                    self._emit(batch[i][0], token)
 
     def _admit(self) -> None:
         while True:
@@ -216,14 +282,29 @@ class Engine:
             self._free.remove(slot)
             seq = _Sequence(request, slot, list(request.prompt_ids)[-self.seq_len:],
                             generator_for(request.sampling, self.device))
+            blocks = self.prefix.match(seq.context) if self.prefix is not None else []
+            if blocks:
+                self.runner.load_blocks(slot, blocks)
+                seq.cached = len(blocks) * self.prefix.block_size
+            else:
+                self.runner.truncate(slot, 0)
+            if self.prefix is not None:
+                self.metrics.prefix_lookup(len(seq.context), seq.cached)
             self._active.append(seq)
-            self._emit(seq, self.runner.prefill(seq.slot, seq.context))
+
+    def _remember_prompt(self, seq: _Sequence) -> None:
+        """Enter the prompt's whole blocks into the prefix cache, copying those it lacks from the slot. Once a block
+        is new, so is every one after it (each is keyed by its parent), so the new ones are consecutive."""
+        stores = self.prefix.add(seq.context)
+        if stores:
+            self.runner.save_blocks(seq.slot, stores[0][0], [block for _, block in stores])
 
     # -- tokens out ----------------------------------------------------------------------------------------------
-    def _emit(self, seq: _Sequence, logits: torch.Tensor) -> None:
+    def _emit(self, seq: _Sequence, token: int) -> None:
         request = seq.request
-        token = pick(logits, request.sampling, seq.generator)
         if not seq.generated:
+            if self.prefix is not None:  # the prompt is in the slot (a window slides only later)
+                self._remember_prompt(seq)
             seq.first_at = time.perf_counter()
             self.metrics.first_token(seq.first_at - request.arrived)
         seq.generated.append(token)
@@ -276,6 +357,24 @@ class Engine:
         self._active = []
         for request in waiting:
             request.sink.on_error(message)
+
+
+def _draw(sequences: list[_Sequence], logits: torch.Tensor) -> list[int]:
+    """Each row's next token: the greedy ones from one argmax over the batch (one read from the device), the
+    sampled ones by their own rule and generator."""
+    greedy = logits.argmax(dim=-1).tolist()
+    return [greedy[i] if seq.request.sampling.greedy else pick(logits[i], seq.request.sampling, seq.generator)
+            for i, seq in enumerate(sequences)]
+
+
+def _similar_lengths(chunks: list[tuple[_Sequence, list[int]]]) -> list[list[tuple[_Sequence, list[int]]]]:
+    """Longest first, a new batch wherever a chunk is under half the batch's longest; each batch in slot order."""
+    batches: list[list[tuple[_Sequence, list[int]]]] = []
+    for item in sorted(chunks, key=lambda c: -len(c[1])):
+        if not batches or 2 * len(item[1]) < len(batches[-1][0][1]):
+            batches.append([])
+        batches[-1].append(item)
+    return [sorted(batch, key=lambda c: c[0].slot) for batch in batches]
 
 
 def _first_stop(text: str, stops: tuple[str, ...], sent: int) -> Optional[int]:

@@ -6,10 +6,13 @@ C = d_model, H heads and K key/value heads held by this rank, D head size, V voc
 The weights are the trainer's, under its parameter names, possibly int8 per output channel (``<name>_scale``) and
 possibly this rank's tensor-parallel shard (``deploy.reshard``). The maths is the trainer's model exactly
 (``trainer.model.gpt``); what differs is only how work is laid out for serving:
-- every sequence owns a slot of a preallocated key/value cache (S, K, L, D) per layer, and its own length, so a
-  decode step runs one new position of every active sequence in one batch whatever their lengths;
-- a decode step's query sees the cached positions ≤ its own, masked per row (the others hold another sequence's past
-  or nothing);
+- every sequence owns a slot of a preallocated key/value cache (S, K, L, D) per layer, and its own length, so one
+  call appends new positions to many sequences whatever their lengths: one each (a decode step), whole prompts
+  (right-padded to the longest), or chunks of prompts that continue where their slot ends;
+- a new position's query sees its slot's positions ≤ its own, masked per row (the others hold another sequence's
+  past or nothing); prompts starting at position 0 attend to themselves only, causally;
+- a prefix cache of fixed size holds blocks of prompt positions' keys and values, copied into a slot when a new
+  prompt starts with the same tokens (``prefix_cache``), so those positions are not computed again;
 - tensor parallel (Megatron's split): q, k, v and the MLP's up projection are split by output columns, so a rank
   holds H/t heads and F/t hidden units; the attention output and the MLP's down projection are split by input rows,
   so each rank's product is a partial sum Y = Σ_r X_r A_r that one all-reduce completes (its bias added once, by
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 SCALE_SUFFIX = "_scale"
+PREFIX_BLOCK_SIZE = 16  # positions of a prefix-cache block: prompts are matched and kept a block at a time
 
 
 @dataclass(frozen=True)
@@ -214,14 +218,29 @@ class MoE:
 
 
 class SlotCache:
-    """Keys and values of every slot's past positions, per layer: (S, K, L, D) each, and each slot's length."""
+    """Keys and values of every slot's past positions, per layer: (S, K, L, D) each, and each slot's length (kept
+    on the host: the engine's bookkeeping, never a reason to wait for the device)."""
 
     def __init__(self, n_layers: int, slots: int, kv_heads: int, seq_len: int, head_dim: int, dtype: torch.dtype,
                  device: torch.device):
         shape = (slots, kv_heads, seq_len, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.lengths = torch.zeros(slots, dtype=torch.long, device=device)
+        self.lengths = [0] * slots
+
+
+class PrefixBlocks:
+    """The prefix cache's memory: N blocks of ``block_size`` positions' keys and values per layer, (N, K, b, D)
+    each, allocated once (so the cache is bounded); which prompt prefix a block holds is the engine's bookkeeping
+    (``prefix_cache.PrefixCache``)."""
+
+    def __init__(self, n_layers: int, blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device):
+        shape = (blocks, kv_heads, block_size, head_dim)
+        self.block_size = block_size
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers if blocks else 0)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers if blocks else 0)]
+        self.count = blocks
 
 
 def _as_range(slots: torch.Tensor) -> slice | torch.Tensor:
@@ -232,11 +251,15 @@ def _as_range(slots: torch.Tensor) -> slice | torch.Tensor:
 
 
 class ServingGPT:
-    """prefill(slot, ids) and decode(slots, tokens), each returning the next-token logits of its sequences."""
+    """extend(slots, chunks): append each chunk of tokens to its slot and return the next-token logits of each,
+    the one operation behind a batch of prompts, a chunk of a long prompt and a decode step; prefill and decode
+    are its two plain cases. save_blocks and load_blocks move a prompt prefix's keys and values between a slot and
+    the prefix cache's blocks."""
 
     def __init__(self, spec: ServingSpec, state: dict[str, torch.Tensor], slots: int, rank: int = 0,
                  world: int = 1, all_reduce: Optional[AllReduce] = None, dtype: torch.dtype = torch.float32,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", prefix_blocks: int = 0,
+                 block_size: int = PREFIX_BLOCK_SIZE):
         if spec.n_heads % world or spec.kv_heads % world:
             raise ValueError(f"tensor_parallel={world} must divide n_heads={spec.n_heads} and "
                              f"kv_heads={spec.kv_heads}")
@@ -256,8 +279,10 @@ class ServingGPT:
         self.norm = Norm(w, "norm", spec)
         self.head = self.tokens if spec.tied_embeddings or not w.has("head") else w.tensor("head.weight")
         self.group = spec.n_heads // spec.kv_heads
-        self.cache = SlotCache(spec.n_layers, slots, spec.kv_heads // world, spec.seq_len, spec.head_dim, dtype,
-                               self.device)
+        kv_heads = spec.kv_heads // world
+        self.cache = SlotCache(spec.n_layers, slots, kv_heads, spec.seq_len, spec.head_dim, dtype, self.device)
+        self.prefix = PrefixBlocks(spec.n_layers, prefix_blocks, block_size, kv_heads, spec.head_dim, dtype,
+                                   self.device)
         if spec.positions == "rope":
             inv_freq = inverse_frequencies(spec.head_dim, spec.rope_base, spec.rope_scaling)
             angles = torch.outer(torch.arange(spec.seq_len, dtype=torch.float32), inv_freq)  # (L, D/2)
@@ -265,7 +290,15 @@ class ServingGPT:
 
     @property
     def slots(self) -> int:
-        return self.cache.lengths.numel()
+        return len(self.cache.lengths)
+
+    @property
+    def prefix_blocks(self) -> int:
+        return self.prefix.count
+
+    @property
+    def block_size(self) -> int:
+        return self.prefix.block_size
 
     def _rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Rotary positions as the trainer applies them; x (B, heads, T, D), pos (B, T)."""
@@ -273,18 +306,29 @@ class ServingGPT:
         x1, x2 = x[..., 0::2], x[..., 1::2]
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
-    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, prefill: bool) -> torch.Tensor:
-        """ids, pos (B, T) → last-position logits (B, V), writing each row's keys and values into its slot.
-        Prefill: one sequence (B = 1) from position 0, causal. Decode: T = 1, each row at its own position."""
+    def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, counts: list[int],
+                 fresh: bool, reach: int) -> torch.Tensor:
+        """ids, pos (B, T): row b's counts[b] new tokens, right-padded to T → the logits (B, V) after each row's
+        last new token; the new tokens' keys and values are written into the row's slot at their positions.
+        fresh (every row starts at position 0: whole prompts, or first chunks): the new tokens attend to each other
+        only, causally; a padding position comes after every real one, so no real token sees it. Otherwise each
+        query attends to its slot's positions ≤ its own, up to ``reach`` (the most any row holds after this call),
+        the new ones written first; a padding query repeats its row's last position. Padding positions' keys and
+        values are never written, and every operation but attention is per token, so padding changes no real row."""
         B, T = ids.shape
         D = self.spec.head_dim
         x = F.embedding(ids, self.tokens)  # (B, T, C)
         if self.positions is not None:
             x = x + F.embedding(pos, self.positions)
-        if not prefill:
+        in_place = fresh and B == 1  # one whole prompt: its keys and values are the slot's first T positions
+        if T > 1 and not in_place:  # where the real tokens' keys and values go: row bi's ti-th token, at pos[bi, ti]
+            bi = torch.tensor([b for b, n in enumerate(counts) for _ in range(n)], device=self.device)
+            ti = torch.tensor([t for n in counts for t in range(n)], device=self.device)
+            write_slots, write_pos = slots[bi], pos[bi, ti]
+        if not fresh:
             # Each row attends to its cached positions ≤ its own, read up to the longest row's, not the whole
             # window; consecutive slots are read in place, others gathered (a copy).
-            L = int(pos.max()) + 1
+            L = reach
             visible = torch.arange(L, device=self.device).view(1, 1, 1, L) <= pos.view(B, 1, T, 1)  # (B, 1, T, L)
             rows = _as_range(slots)
         for i, layer in enumerate(self.layers):
@@ -295,47 +339,84 @@ class ServingGPT:
             if self.spec.positions == "rope":
                 q, k = self._rotate(q, pos), self._rotate(k, pos)
             keys, values = self.cache.keys[i], self.cache.values[i]
-            if prefill:
+            if in_place:
                 keys[slots[0], :, :T] = k[0]
                 values[slots[0], :, :T] = v[0]
-                kk, vv = k, v  # the prompt attends to itself only
-                mask = None
-            else:
+            elif T == 1:  # a decode step
                 keys[slots, :, pos[:, 0]] = k[:, :, 0]
                 values[slots, :, pos[:, 0]] = v[:, :, 0]
+            else:
+                keys[write_slots, :, write_pos] = k[bi, :, ti]  # (N, K, D)
+                values[write_slots, :, write_pos] = v[bi, :, ti]
+            if fresh:
+                kk, vv, mask = k, v, None  # the new tokens attend to themselves only
+            else:
                 kk, vv, mask = keys[rows, :, :L], values[rows, :, :L], visible  # (B, K, L, D)
             if self.group > 1:
                 kk, vv = kk.repeat_interleave(self.group, dim=1), vv.repeat_interleave(self.group, dim=1)
-            y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=prefill and T > 1)
+            y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=fresh and T > 1)
             x = x + layer["out"](y.transpose(1, 2).reshape(B, T, -1))
             m = layer["mlp"](layer["ln2"](x))
             if layer["reduce"] is not None:
                 layer["reduce"](m)
             x = x + m
-        x = self.norm(x[:, -1])  # (B, C): only the last position's logits are needed
+        if T > 1:  # only each row's last position's logits are needed
+            x = x[torch.arange(B, device=self.device), torch.tensor([n - 1 for n in counts], device=self.device)]
+        x = self.norm(x.view(B, -1))  # (B, C)
         return F.linear(x, self.head).float()  # (B, V)
 
     @torch.no_grad()
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
-        """Start ``slot`` over on ``ids`` (at most seq_len of them); logits (V,) of the token after them."""
-        if not 0 < len(ids) <= self.spec.seq_len:
-            raise ValueError(f"a prefill takes 1 to seq_len={self.spec.seq_len} tokens, not {len(ids)}")
-        t = torch.tensor([ids], device=self.device)
-        slots = torch.tensor([slot], device=self.device)
-        logits = self._forward(t, torch.arange(len(ids), device=self.device).unsqueeze(0), slots, prefill=True)
-        self.cache.lengths[slot] = len(ids)
-        return logits[0]
-
-    @torch.no_grad()
-    def decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
-        """One new token for each of ``slots`` (each below seq_len cached positions); logits (B, V)."""
-        s = torch.tensor(slots, device=self.device)
-        pos = self.cache.lengths[s].unsqueeze(1)  # (B, 1)
-        if int(pos.max()) >= self.spec.seq_len:
-            raise ValueError("a slot is full: prefill it again over its last tokens")
-        logits = self._forward(torch.tensor(tokens, device=self.device).unsqueeze(1), pos, s, prefill=False)
-        self.cache.lengths[s] += 1
+    def extend(self, slots: list[int], chunks: list[list[int]]) -> torch.Tensor:
+        """Append chunks[b] (≥ 1 token) to slot slots[b] after the positions it holds; logits (B, V) of the token
+        after each chunk. The rows may start at different positions and have different lengths."""
+        starts = [self.cache.lengths[s] for s in slots]
+        counts = [len(c) for c in chunks]
+        for slot, start, n in zip(slots, starts, counts):
+            if n < 1 or start + n > self.spec.seq_len:
+                raise ValueError(f"slot {slot} holds {start} positions: it takes 1 to seq_len={self.spec.seq_len} "
+                                 f"in all, not {n} more (a full slot is filled again over its last tokens)")
+        T = max(counts)
+        ids = torch.tensor([list(c) + [0] * (T - len(c)) for c in chunks], device=self.device)
+        pos = torch.tensor([[start + min(t, n - 1) for t in range(T)] for start, n in zip(starts, counts)],
+                           device=self.device)  # (B, T): a padding position repeats its row's last one
+        logits = self._forward(ids, pos, torch.tensor(slots, device=self.device), counts, fresh=max(starts) == 0,
+                               reach=max(start + n for start, n in zip(starts, counts)))
+        for slot, n in zip(slots, counts):
+            self.cache.lengths[slot] += n
         return logits
 
+    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
+        """Start ``slot`` over on ``ids`` (at most seq_len of them); logits (V,) of the token after them."""
+        self.truncate(slot, 0)
+        return self.extend([slot], [list(ids)])[0]
+
+    def decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
+        """One new token for each of ``slots`` (each below seq_len cached positions); logits (B, V)."""
+        return self.extend(list(slots), [[t] for t in tokens])
+
+    def truncate(self, slot: int, length: int) -> None:
+        """Keep the slot's first ``length`` positions (0: start it over); the rest is written again before read."""
+        self.cache.lengths[slot] = length
+
     def length(self, slot: int) -> int:
-        return int(self.cache.lengths[slot])
+        return self.cache.lengths[slot]
+
+    @torch.no_grad()
+    def save_blocks(self, slot: int, first: int, blocks: list[int]) -> None:
+        """Copy the slot's positions of blocks first, first+1, … (block_size each) into prefix blocks ``blocks``."""
+        b, n = self.block_size, len(blocks)
+        index = torch.tensor(blocks, device=self.device)
+        for cache, pool in ((self.cache.keys, self.prefix.keys), (self.cache.values, self.prefix.values)):
+            for layer, blocks_of_layer in zip(cache, pool):
+                kv = layer[slot, :, first * b:(first + n) * b]  # (K, n·b, D)
+                blocks_of_layer[index] = kv.unflatten(1, (n, b)).transpose(0, 1)
+
+    @torch.no_grad()
+    def load_blocks(self, slot: int, blocks: list[int]) -> None:
+        """Start ``slot`` over holding prefix blocks ``blocks``, in order, as its first positions."""
+        b, n = self.block_size, len(blocks)
+        index = torch.tensor(blocks, device=self.device)
+        for cache, pool in ((self.cache.keys, self.prefix.keys), (self.cache.values, self.prefix.values)):
+            for layer, blocks_of_layer in zip(cache, pool):
+                layer[slot, :, :n * b] = blocks_of_layer[index].transpose(0, 1).flatten(1, 2)
+        self.cache.lengths[slot] = n * b

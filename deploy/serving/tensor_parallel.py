@@ -1,8 +1,10 @@
 """A served model split over tensor-parallel ranks, each its own process: rank 0 schedules, the others follow.
 
-Rank 0 runs the engine. Before each model call it broadcasts what the call is (prefill a slot with these ids, or
-decode these slots with these tokens); every follower makes the same call on its shard, so the all-reduces inside
-the model (``model.RowParallel``) meet. Only rank 0 samples: the followers learn each new token from the next call.
+Rank 0 runs the engine. Before each model call it broadcasts what the call is (extend these slots with these
+chunks of tokens, truncate a slot, copy prefix-cache blocks into or out of a slot); every follower makes the same
+call on its shard, so the all-reduces inside the model (``model.RowParallel``) meet, and every rank's prefix blocks
+hold its own heads of the same prefixes. Only rank 0 samples: the followers learn each new token from the next
+call.
 Gloo on the CPU, NCCL on GPUs (rank r on the r-th GPU after the instance's own).
 
     python -m workbench_serving.tensor_parallel --folder <version folder> --rank 1 --world 2 --port <p> ...
@@ -25,7 +27,7 @@ import torch.distributed as dist
 from .layout import MODEL_SPEC, load_shard, read_json
 from .model import ServingGPT, ServingSpec
 
-PREFILL, DECODE, STOP = 1, 2, 3
+EXTEND, TRUNCATE, SAVE, LOAD, STOP = 1, 2, 3, 4, 5
 INIT_TIMEOUT = timedelta(seconds=300)
 
 
@@ -34,10 +36,10 @@ def device_for(kind: str, base: int, rank: int) -> torch.device:
 
 
 def build_rank_model(folder: Path, rank: int, world: int, slots: int, device: torch.device,
-                     dtype: torch.dtype) -> ServingGPT:
+                     dtype: torch.dtype, prefix_blocks: int = 0) -> ServingGPT:
     spec = ServingSpec.from_dict(read_json(Path(folder) / MODEL_SPEC))
     reduce = (lambda t: dist.all_reduce(t)) if world > 1 else None
-    return ServingGPT(spec, load_shard(folder, rank), slots, rank, world, reduce, dtype, device)
+    return ServingGPT(spec, load_shard(folder, rank), slots, rank, world, reduce, dtype, device, prefix_blocks)
 
 
 def join_group(rank: int, world: int, port: int, device: torch.device) -> None:
@@ -59,7 +61,7 @@ class Leader:
 
     def __init__(self, model: ServingGPT, followers: list[subprocess.Popen]):
         self.model, self.followers = model, followers
-        self.slots = model.slots
+        self.slots, self.prefix_blocks, self.block_size = model.slots, model.prefix_blocks, model.block_size
         self._device = model.device if model.device.type == "cuda" else torch.device("cpu")
 
     def _announce(self, op: int, slot: int, payload: list[int]) -> None:
@@ -67,16 +69,21 @@ class Leader:
         if payload:
             _broadcast(payload, self._device)
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
-        self._announce(PREFILL, slot, list(ids))
-        return self.model.prefill(slot, ids)
+    def extend(self, slots: list[int], chunks: list[list[int]]) -> torch.Tensor:
+        self._announce(EXTEND, 0, [len(slots), *slots, *(len(c) for c in chunks), *(t for c in chunks for t in c)])
+        return self.model.extend(slots, chunks)
 
-    def decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
-        self._announce(DECODE, 0, list(slots) + list(tokens))
-        return self.model.decode(slots, tokens)
+    def truncate(self, slot: int, length: int) -> None:
+        self._announce(TRUNCATE, slot, [length])
+        self.model.truncate(slot, length)
 
-    def length(self, slot: int) -> int:
-        return self.model.length(slot)
+    def save_blocks(self, slot: int, first: int, blocks: list[int]) -> None:
+        self._announce(SAVE, slot, [first, *blocks])
+        self.model.save_blocks(slot, first, blocks)
+
+    def load_blocks(self, slot: int, blocks: list[int]) -> None:
+        self._announce(LOAD, slot, list(blocks))
+        self.model.load_blocks(slot, blocks)
 
     def close(self) -> None:
         try:
@@ -101,10 +108,22 @@ def follow(model: ServingGPT) -> None:
         payload = torch.zeros(n, dtype=torch.long, device=device)
         dist.broadcast(payload, src=0)
         values = payload.tolist()
-        if op == PREFILL:
-            model.prefill(slot, values)
+        if op == EXTEND:
+            model.extend(*_chunks(values))
+        elif op == TRUNCATE:
+            model.truncate(slot, values[0])
+        elif op == SAVE:
+            model.save_blocks(slot, values[0], values[1:])
         else:
-            model.decode(values[:n // 2], values[n // 2:])
+            model.load_blocks(slot, values)
+
+
+def _chunks(values: list[int]) -> tuple[list[int], list[list[int]]]:
+    """An EXTEND's payload [B, slots…, lengths…, tokens…] → (slots, chunks)."""
+    b = values[0]
+    slots, lengths, tokens = values[1:1 + b], values[1 + b:1 + 2 * b], values[1 + 2 * b:]
+    ends = [sum(lengths[:i + 1]) for i in range(b)]
+    return slots, [tokens[end - n:end] for end, n in zip(ends, lengths)]
 
 
 def free_port() -> int:
@@ -121,7 +140,7 @@ def python_executable() -> str:
 
 
 def start_leader(folder: Path, world: int, slots: int, kind: str, base_device: int,
-                 dtype: torch.dtype) -> Leader:
+                 dtype: torch.dtype, prefix_blocks: int = 0) -> Leader:
     """Start ranks 1 … world−1 as processes, join them, and return rank 0 over its shard."""
     folder = Path(folder)
     port = free_port()
@@ -129,10 +148,11 @@ def start_leader(folder: Path, world: int, slots: int, kind: str, base_device: i
         [python_executable(), "-m", "workbench_serving.tensor_parallel", "--folder", str(folder), "--rank", str(r),
          "--world", str(world), "--port", str(port), "--slots", str(slots), "--kind", kind,
          "--base-device", str(base_device), "--dtype", str(dtype).removeprefix("torch."),
-         "--parent", str(os.getpid())], cwd=str(folder)) for r in range(1, world)]
+         "--prefix-blocks", str(prefix_blocks), "--parent", str(os.getpid())], cwd=str(folder))
+        for r in range(1, world)]
     device = device_for(kind, base_device, 0)
     join_group(0, world, port, device)
-    return Leader(build_rank_model(folder, 0, world, slots, device, dtype), followers)
+    return Leader(build_rank_model(folder, 0, world, slots, device, dtype, prefix_blocks), followers)
 
 
 def _watch_parent(pid: int) -> None:
@@ -148,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", required=True)
     for name in ("--rank", "--world", "--port", "--slots", "--base-device", "--parent"):
         parser.add_argument(name, type=int, required=True)
+    parser.add_argument("--prefix-blocks", type=int, default=0)
     parser.add_argument("--kind", default="cpu")
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args(argv)
@@ -155,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     device = device_for(args.kind, args.base_device, args.rank)
     join_group(args.rank, args.world, args.port, device)
     model = build_rank_model(Path(args.folder), args.rank, args.world, args.slots, device,
-                             getattr(torch, args.dtype))
+                             getattr(torch, args.dtype), args.prefix_blocks)
     follow(model)
     dist.destroy_process_group()
     return 0

@@ -5,6 +5,10 @@ started as processes when the model is split), the tokenizer, and the engine's t
 request to the engine and returns: the engine answers through the request's response sender, one response per
 token for a streamed request (decoupled models), one final response otherwise.
 
+The engine's settings are the config's parameters: tensor_parallel, max_sequences (slots, 16), prefill_chunk_tokens
+(prompt tokens computed in one iteration, 512) and prefix_cache_tokens (positions the prefix cache holds, in blocks of
+16; 0 turns it off; 4 × seq_len by default).
+
 Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p, seed (−1: none), stop
 (strings), stream. Outputs: text_output (the new text) and token_ids in every response; finish_reason,
 prompt_tokens and completion_tokens in the last.
@@ -24,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from workbench_serving.engine import Engine, Request, Result  # noqa: E402
+from workbench_serving.engine import PREFILL_CHUNK, Engine, Request, Result  # noqa: E402
 from workbench_serving.layout import SERVING, TOKENIZER, Codec, read_json  # noqa: E402
+from workbench_serving.model import PREFIX_BLOCK_SIZE  # noqa: E402
 from workbench_serving.sampling import Sampling  # noqa: E402
 from workbench_serving.tensor_parallel import build_rank_model, device_for, start_leader  # noqa: E402
 
@@ -51,8 +56,12 @@ class TritonMetrics:
             _family("workbench_tokens_per_second", "Decode rate of each finished request, tokens per second", H),
             _family("workbench_generated_tokens_total", "Tokens generated", C),
             _family("workbench_active_sequences", "Sequences in the engine's slots", G),
-            _family("workbench_requests_total", "Requests answered, by finish reason", C)]
-        ttft, batch, rate, tokens, active, self.requests = self.families
+            _family("workbench_requests_total", "Requests answered, by finish reason", C),
+            _family("workbench_prefill_batch_size", "Prompts (or chunks of prompts) computed by each prefill", H),
+            _family("workbench_prefix_cache_lookups_total", "Prompts looked up in the prefix cache", C),
+            _family("workbench_prefix_cache_hits_total", "Prompts that found a prefix in the prefix cache", C),
+            _family("workbench_prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache", C)]
+        ttft, batch, rate, tokens, active, self.requests, prefill, lookups, hits, hit_tokens = self.families
         self.labels = labels
         self.by_reason: dict[str, object] = {}
         self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
@@ -60,12 +69,24 @@ class TritonMetrics:
         self.rate = rate.Metric(labels=labels, buckets=RATE_BUCKETS)
         self.tokens = tokens.Metric(labels=labels)
         self.sequences = active.Metric(labels=labels)
+        self.prefill = prefill.Metric(labels=labels, buckets=BATCH_BUCKETS)
+        self.lookups, self.hits = lookups.Metric(labels=labels), hits.Metric(labels=labels)
+        self.hit_tokens = hit_tokens.Metric(labels=labels)
 
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
 
     def decode_step(self, batch_size: int, seconds: float) -> None:
         self.batch.observe(batch_size)
+
+    def prefill_step(self, sequences: int, tokens: int, seconds: float) -> None:
+        self.prefill.observe(sequences)
+
+    def prefix_lookup(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.lookups.increment(1)
+        if cached_tokens:
+            self.hits.increment(1)
+            self.hit_tokens.increment(cached_tokens)
 
     def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
         if reason not in self.by_reason:
@@ -167,21 +188,23 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         world = int(params.get("tensor_parallel", serving.get("tensor_parallel", 1)))
         slots = int(params.get("max_sequences", 16))
+        seq_len = int(serving["seq_len"])
+        prefix_blocks = int(params.get("prefix_cache_tokens", 4 * seq_len)) // PREFIX_BLOCK_SIZE
         kind = "gpu" if args.get("model_instance_kind") == "GPU" else "cpu"
         base = int(args.get("model_instance_device_id") or 0)
         dtype = getattr(torch, serving.get("compute_dtype_" + kind, "float32"))
         self.leader = None
         if world > 1:
-            self.leader = start_leader(folder, world, slots, kind, base, dtype)
+            self.leader = start_leader(folder, world, slots, kind, base, dtype, prefix_blocks)
             runner = self.leader
         else:
-            runner = build_rank_model(folder, 0, 1, slots, device_for(kind, base, 0), dtype)
+            runner = build_rank_model(folder, 0, 1, slots, device_for(kind, base, 0), dtype, prefix_blocks)
         self.codec = Codec(folder / TOKENIZER)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metrics = TritonMetrics(labels)
         self.outbox = Outbox()
-        self.engine = Engine(runner, self.codec, int(serving["seq_len"]), self.metrics,
-                             device_for(kind, base, 0))
+        self.engine = Engine(runner, self.codec, seq_len, self.metrics, device_for(kind, base, 0),
+                             int(params.get("prefill_chunk_tokens", PREFILL_CHUNK)))
         self.engine.start()
 
     def execute(self, requests):

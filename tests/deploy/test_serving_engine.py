@@ -1,5 +1,6 @@
 """The serving model and its engine, in this process: the trainer's tokens, batched, streamed, stopped, cancelled;
-for every family of model (GPT-2, Llama, Mixtral, Qwen2-MoE), whole and reduced."""
+for every family of model (GPT-2, Llama, Mixtral, Qwen2-MoE), whole and reduced; prompts prefilled together, in
+chunks, and from the prefix cache give the tokens of one prompt at a time."""
 from __future__ import annotations
 
 import threading
@@ -11,6 +12,7 @@ from deploy.quality import model_with
 from deploy.reduce import REDUCTIONS, dequantize_state, reduce_state
 from deploy.serving.engine import Engine, Request, Result
 from deploy.serving.model import ServingGPT, ServingSpec, inverse_frequencies
+from deploy.serving.prefix_cache import PrefixCache
 from deploy.serving.sampling import Sampling
 from trainer.contract.presets import MODELS
 from trainer.generate import generate
@@ -55,11 +57,12 @@ class ByteCodec:
         return "".join(chr(65 + i % 26) for i in ids)
 
 
-def _engine(kw=None, slots=4, reduction="none"):
+def _engine(kw=None, slots=4, reduction="none", prefill_chunk=256, prefix_blocks=0, block_size=4):
     spec = MODELS["tiny"].replace(**(kw or {}))
     model = build_model(spec, 3).eval()
-    serving = ServingGPT(ServingSpec.from_dict(spec.to_dict()), reduce_state(model.state_dict(), reduction), slots)
-    return model, Engine(serving, ByteCodec(), spec.seq_len)
+    serving = ServingGPT(ServingSpec.from_dict(spec.to_dict()), reduce_state(model.state_dict(), reduction), slots,
+                         prefix_blocks=prefix_blocks, block_size=block_size)
+    return model, Engine(serving, ByteCodec(), spec.seq_len, prefill_chunk=prefill_chunk)
 
 
 def _drain(engine):
@@ -90,8 +93,9 @@ def test_it_slides_past_the_context_window_as_the_trainer_does():
     assert sink.result.token_ids == generate(model, list(range(10)), 40, temperature=0)[10:]
 
 
-def test_it_samples_the_trainers_tokens_from_a_seed():
-    model, engine = _engine()
+@pytest.mark.parametrize("prefill_chunk", [256, 1])  # 1: a draw only where a prompt is complete
+def test_it_samples_the_trainers_tokens_from_a_seed(prefill_chunk):
+    model, engine = _engine(prefill_chunk=prefill_chunk)
     sampling = Sampling(temperature=0.9, top_k=40, top_p=0.9, seed=11)
     sinks = [ListSink(), ListSink()]
     engine.submit(Request([1, 2], sinks[0], max_tokens=20, sampling=sampling))
@@ -108,7 +112,10 @@ def test_it_lets_new_requests_join_between_decode_steps():
     for _ in range(5):
         engine.step()
     engine.submit(Request([4, 5], second, max_tokens=10))
-    engine.step()
+    engine.step()  # the second is prefilled (its first token) beside the first's decode step …
+    assert engine.metrics.prefills[-1] == (1, 2) and len(engine.metrics.first_tokens) == 2
+    assert engine.metrics.batch_sizes[-1] == 1
+    engine.step()  # … and decoded with it from the next
     assert engine.metrics.batch_sizes[-1] == 2 and first.result is None  # joined while the first is running
     _drain(engine)
     assert first.result.completion_tokens == 30 and second.result.completion_tokens == 10
@@ -191,6 +198,108 @@ def test_it_serves_int8_weights_as_their_dequantized_model():
     _drain(engine)
     reference = model_with(dequantize_state(reduced), spec)
     assert sink.result.token_ids == generate(reference, [5, 6, 7], 20, temperature=0)[3:]
+
+
+
+def _alone(engine: Engine, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens of ``prompt`` served by itself: one prefill, then decode steps of one sequence."""
+    sink = ListSink()
+    engine.submit(Request(prompt, sink, max_tokens=n))
+    _drain(engine)
+    return sink.result.token_ids
+
+
+MIXED_PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [1, 2, 3, 4, 9, 10, 12, 13, 14, 15, 16, 17], [42, 41, 40, 39, 38, 37, 36],
+                 [7, 100, 3, 250] * 3 + [9]]
+
+
+@pytest.mark.parametrize("kw", [{}, dict(positions="rope", n_kv_heads=2, tied_embeddings=False),
+                                dict(n_experts=4, top_k=2, capacity_factor=8.0)])
+def test_it_prefills_prompts_of_mixed_lengths_together_with_the_tokens_of_each_alone(kw):
+    model, engine = _engine(kw)
+    served = _greedy_together(engine, MIXED_PROMPTS, 20)
+    assert engine.metrics.prefills[0] == (4, sum(map(len, MIXED_PROMPTS)))  # one padded batch of the 4 prompts
+    _, single = _engine(kw, slots=1)
+    assert served == [_alone(single, p, 20) for p in MIXED_PROMPTS]
+    assert all(sequences == 1 for sequences, _ in single.metrics.prefills)
+    assert served == [generate(model, p, 20, temperature=0)[len(p):] for p in MIXED_PROMPTS]
+
+
+def test_it_batches_prompts_of_similar_length_and_splits_the_rest():
+    _, engine = _engine()
+    _greedy_together(engine, [[1] * 40, [2] * 30, [3] * 5, [4] * 4], 4)
+    assert engine.metrics.prefills[:2] == [(2, 70), (2, 9)]  # padding at most doubles a batch's work
+
+
+@pytest.mark.parametrize("kw", [{}, dict(positions="rope", n_kv_heads=2)])
+def test_a_long_prompt_is_prefilled_in_chunks_while_running_streams_keep_decoding(kw):
+    model, engine = _engine(kw, prefill_chunk=8)
+    running, long = ListSink(), ListSink()
+    engine.submit(Request([1, 2, 3], running, max_tokens=30, stream=True))
+    engine.step()
+    prompt = [(7 * i) % 200 + 1 for i in range(45)]
+    engine.submit(Request(prompt, long, max_tokens=20, stream=True))
+    streamed_before = len(running.tokens)
+    while not long.tokens:
+        engine.step()
+    assert len(running.tokens) - streamed_before >= 5  # a decode step each iteration of the 6 chunks
+    assert [tokens for _, tokens in engine.metrics.prefills[1:]] == [8, 8, 8, 8, 8, 5]
+    _drain(engine)
+    _, unchunked = _engine(kw)
+    assert long.result.token_ids == _alone(unchunked, prompt, 20) == generate(model, prompt, 20, temperature=0)[45:]
+    assert running.result.token_ids == generate(model, [1, 2, 3], 30, temperature=0)[3:]
+
+
+def test_several_prompts_share_one_iterations_chunk_in_arrival_order():
+    _, engine = _engine(prefill_chunk=16)
+    _greedy_together(engine, [[1] * 10, [2] * 10, [3] * 10], 3)
+    # the first's 10 and the second's 6; then the third's 10, and the second's last 4 apart (under half as long)
+    assert engine.metrics.prefills[:3] == [(2, 16), (1, 10), (1, 4)]
+
+
+TEMPLATE = [11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]  # a playground template: 3 blocks of 4 and 2
+
+
+@pytest.mark.parametrize("kw", [{}, dict(positions="rope", n_kv_heads=2, tied_embeddings=False)])
+def test_a_prefix_cache_hit_gives_the_same_tokens_and_is_counted(kw):
+    model, engine = _engine(kw, prefix_blocks=16, block_size=4)
+    first, second = TEMPLATE + [30, 31], TEMPLATE + [40, 41, 42]
+    assert _alone(engine, first, 16) == generate(model, first, 16, temperature=0)[len(first):]
+    assert (engine.metrics.prefix_lookups, engine.metrics.prefix_hits) == (1, 0)
+    assert _alone(engine, second, 16) == generate(model, second, 16, temperature=0)[len(second):]
+    assert (engine.metrics.prefix_lookups, engine.metrics.prefix_hits, engine.metrics.prefix_hit_tokens) == (2, 1, 12)
+    assert engine.metrics.prefills[-1] == (1, 5)  # only what follows the cached blocks is computed
+    assert _alone(engine, first, 16) == generate(model, first, 16, temperature=0)[len(first):]
+    assert engine.metrics.prefix_hit_tokens == 24 and engine.metrics.prefills[-1] == (1, 4)
+
+
+def test_a_whole_cached_prompt_still_computes_its_last_token():
+    model, engine = _engine(prefix_blocks=8, block_size=4)
+    prompt = TEMPLATE[:12]  # exactly 3 blocks
+    assert _alone(engine, prompt, 10) == _alone(engine, prompt, 10) == generate(model, prompt, 10, temperature=0)[12:]
+    assert engine.metrics.prefix_hit_tokens == 8  # 2 blocks: the third holds the last token, whose logits are needed
+
+
+def test_the_prefix_cache_is_bounded_and_evicts_the_least_recently_used_leaf_first():
+    cache = PrefixCache(blocks=4, block_size=2)
+    a, b, c = [1, 2, 3, 4, 5, 6], [7, 8, 9, 10], [11, 12, 13, 14]
+    assert cache.add(a) == [(0, 0), (1, 1), (2, 2)]
+    assert cache.match(a + [0]) == [0, 1, 2] and cache.add(a) == []  # cached already: nothing to copy
+    assert cache.add(b) == [(0, 3), (1, 2)]  # full: a's last block (its leaf, least recently used) is taken
+    assert len(cache) == 4 and cache.match(a + [0]) == [0, 1] and cache.match(b + [0]) == [3, 2]
+    assert cache.add(c) == [(0, 1), (1, 0)]  # a's blocks were used before b's: a goes
+    assert len(cache) == 4 and cache.match(a + [0]) == [] and cache.match(b + [0]) == [3, 2]
+    assert cache.add(a) == [(0, 0), (1, 1), (2, 2)]  # a comes back: c's blocks, leaf first, then b's leaf go
+    assert len(cache) == 4 and cache.match(b + [0]) == [3]
+
+
+def test_an_engine_with_a_small_prefix_cache_evicts_and_stays_exact():
+    model, engine = _engine(prefix_blocks=3, block_size=4)
+    prompts = [TEMPLATE + [30], TEMPLATE[:8] + [50, 51, 52, 53, 54], [60, 61, 62, 63, 64, 65, 66, 67, 68],
+               TEMPLATE + [31], TEMPLATE[:8] + [50, 51, 52, 53, 55]]
+    for prompt in prompts:
+        assert _alone(engine, prompt, 12) == generate(model, prompt, 12, temperature=0)[len(prompt):]
+    assert len(engine.prefix) == 3 and engine.metrics.prefix_hits >= 1
 
 
 def family_model(name: str, **kw):
