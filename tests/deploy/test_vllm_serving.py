@@ -156,6 +156,17 @@ def test_it_streams_as_it_generates(served, references, protocol):
     assert chunks[-1].completion_tokens == 24
 
 
+def test_it_ends_at_a_stop_string_and_leaves_it_out(served):
+    """As the workbench engine: the answer's text ends where a stop string starts, finish_reason "stop"."""
+    client, _ = served
+    whole = client.generate("vllm-gpt", GenerateParams("ROMEO:", max_tokens=60), "grpc").text
+    stop = whole[len(whole) // 2:len(whole) // 2 + 2]
+    assert whole.index(stop) > 0
+    for protocol in ("grpc", "http"):
+        answer = client.generate("vllm-gpt", GenerateParams("ROMEO:", max_tokens=60, stop=(stop,)), protocol)
+        assert (answer.text, answer.finish_reason) == (whole[:whole.index(stop)], "stop"), protocol
+
+
 def test_it_stops_the_sequence_of_a_client_that_disconnects(served):
     client, _ = served
     before = client.metrics()
