@@ -3,14 +3,15 @@ same model in this process under Hugging Face transformers' ``generate`` (the fl
 for), at several numbers of concurrent streams.
 
     python -m deploy.bench [--checkpoint CHECKPOINT] [--streams 1,8,32,64] [--new-tokens 128]
-        [--engines workbench] [--targets triton,v1] [--no-floor] [--train-steps 30] [--json results.json]
+        [--engines workbench,vllm] [--targets triton,v1] [--no-floor] [--train-steps 30] [--json results.json]
 
 Without a checkpoint it builds one: a GPT-2-layout model (4 layers, d_model 256, head_dim 64, context 512) trained
 ``--train-steps`` steps on the repository's Shakespeare text: enough for text that re-tokenizes to the tokens
 generated, which is how the client counts them (``deploy.aiperf_client``); the figures are about speed, not text.
 
-For each engine of ``ENGINES`` the checkpoint is exported to a Triton entry (the workbench engine's slots set to the
-largest stream count, so no stream waits for a slot) and loaded in a local Triton; the web app is started over it
+For each engine (``deploy.export.ENGINES``: workbench, vllm) the checkpoint is exported to a Triton entry by that
+engine's exporter (room for the largest stream count, so no stream waits for a slot) and loaded in a local Triton; an
+engine whose export refuses the model (vLLM not installed, a head size it lacks) is left out with the reason; the web app is started over it
 (``deploy.bench_webapp``) with each entry as a ready deployment. NVIDIA's AIPerf then drives, per number of streams,
 Triton's HTTP generate_stream and /v1/completions, streamed, with the same prompts, sampling (temperature 1) and
 tokens per request. It prints one table: time to first token, inter-token latency and tokens/s per path, with
@@ -23,14 +24,15 @@ import json
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
-from dataclasses import asdict, dataclass, fields
+from contextlib import ExitStack, redirect_stdout
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 from deploy.aiperf_client import DEFAULT_VENV, Measurement, openai_completions_target, profile, \
     triton_generate_target
-from deploy.export import ExportOptions, export
+from deploy.export import ENGINES, ExportOptions
+from deploy.prepare import ExportError
 from deploy.triton import LocalTriton
 from trainer.checkpoint.consolidated import write_consolidated
 from trainer.contract import ModelSpec, ParallelPlan
@@ -78,7 +80,9 @@ def trained_checkpoint(root: Path, spec: ModelSpec, steps: int) -> Path:
                        optimizer=OptimizerSpec(lr=3e-3, min_lr=3e-4, warmup_steps=min(10, steps))).validate()
     joined_here = not dist.is_initialized()
     try:
-        if run(run_spec, root / "run", resume=False) != "finished":
+        with redirect_stdout(sys.stderr):  # the loop's log lines; the table alone goes to standard output
+            finished = run(run_spec, root / "run", resume=False)
+        if finished != "finished":
             raise RuntimeError(f"training the bench model did not finish; see {root / 'run'}")
     finally:
         if joined_here and dist.is_initialized():
@@ -97,25 +101,17 @@ def bench_prompts(count: int, tokenizer_file: Path, max_tokens: int = PROMPT_TOK
     return [tokenizer.decode(tokenizer.encode(p).ids[:max_tokens]) for p in passages]
 
 
-# -- engines: a name → how the checkpoint becomes a Triton entry of that engine ----------------------------------
+# -- engines: each of deploy.export.ENGINES, exported by the command line's exporter for it ---------------------
 
-class EngineUnavailable(RuntimeError):
-    """The engine cannot be exported here; the message says why."""
+def export_entry(engine: str, checkpoint: Path, repository: Path, name: str, max_streams: int) -> dict:
+    """``checkpoint`` as the Triton entry ``repository/name`` served by ``engine``, with room for ``max_streams``
+    sequences at once (the workbench engine's slots, vLLM's sequences), so no stream waits for a slot."""
+    from deploy.__main__ import EXPORTERS
 
-
-def _export_workbench(checkpoint: Path, repository: Path, name: str, max_streams: int) -> dict:
-    return export(checkpoint, repository, ExportOptions(name=name, measure=False, max_sequences=max_streams))
-
-
-def _export_vllm(checkpoint: Path, repository: Path, name: str, max_streams: int) -> dict:
-    # `python -m deploy export --engine vllm`: ExportOptions gains an ``engine`` when that export exists
-    if "engine" not in {f.name for f in fields(ExportOptions)}:
-        raise EngineUnavailable("this checkout's export has no vllm engine (python -m deploy export --engine vllm)")
-    return export(checkpoint, repository, ExportOptions(name=name, measure=False, engine="vllm",  # type: ignore
-                                                        max_sequences=max_streams))
+    options = ExportOptions(name=name, measure=False, engine=engine, max_sequences=max_streams)
+    return EXPORTERS[engine](checkpoint, repository, options)
 
 
-ENGINES: dict[str, Callable[[Path, Path, str, int], dict]] = {"workbench": _export_workbench, "vllm": _export_vllm}
 TARGETS = ("triton", "v1")
 
 
@@ -221,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=128, help="tokens each request asks for")
     p.add_argument("--requests-per-stream", type=int, default=2,
                    help="requests per stream at each level (at least 4 requests a level)")
-    p.add_argument("--engines", type=_names(tuple(ENGINES)), default=["workbench"],
+    p.add_argument("--engines", type=_names(tuple(ENGINES)), default=list(ENGINES),
                    help=f"comma-separated, of {', '.join(ENGINES)}")
     p.add_argument("--targets", type=_names(TARGETS), default=list(TARGETS),
                    help="triton: its HTTP generate_stream; v1: the web app's /v1/completions")
@@ -271,8 +267,8 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
     for engine in args.engines:
         name = f"bench-{engine}"
         try:
-            report = ENGINES[engine](checkpoint, root / "models", name, max(args.streams))
-        except EngineUnavailable as exc:
+            report = export_entry(engine, checkpoint, root / "models", name, max(args.streams))
+        except ExportError as exc:  # e.g. vLLM refuses the model or is not installed: said, the others measured
             say(f"engine {engine} left out: {exc}")
             continue
         served.append({"name": name, "engine": engine, "path": str(root / "models" / name), "report": report})
