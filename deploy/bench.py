@@ -10,17 +10,19 @@ Without a checkpoint it builds one: a GPT-2-layout model (4 layers, d_model 256,
 generated, which is how the client counts them (``deploy.aiperf_client``); the figures are about speed, not text.
 
 For each engine (``deploy.export.ENGINES``: workbench, vllm) the checkpoint is exported to a Triton entry by that
-engine's exporter (room for the largest stream count, so no stream waits for a slot) and loaded in a local Triton; an
-engine whose export refuses the model (vLLM not installed, a head size it lacks) is left out with the reason; the web app is started over it
-(``deploy.bench_webapp``) with each entry as a ready deployment. NVIDIA's AIPerf then drives, per number of streams,
-Triton's HTTP generate_stream and /v1/completions, streamed, with the same prompts, sampling (temperature 1) and
-tokens per request. It prints one table: time to first token, inter-token latency and tokens/s per path, with
-tokens/s against the floor's and against the path's own at one stream.
+engine's exporter (room for the largest stream count, so no stream waits for a slot) and loaded in a local Triton;
+an engine whose export refuses the model (vLLM not installed, a head size it lacks) is left out with the reason. The
+web app is started over that Triton (``deploy.bench_webapp``) with each entry as a ready deployment. NVIDIA's
+AIPerf then drives, per number of streams, Triton's HTTP generate_stream and /v1/completions, streamed, with the
+same prompts, sampling (temperature 1) and tokens per request. It prints one table: time to first token,
+inter-token latency and tokens/s per path, with tokens/s against the floor's and against the path's own at its
+fewest streams, and the machine's load average as each was measured (on a shared machine, others' work).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -170,24 +172,29 @@ def transformers_floor(hf_folder: Path, prompts: list[str], streams: int, reques
 class Row:
     path: str
     measurement: Measurement
+    load: float = 0.0   # the machine's 1-minute load average when the measurement ended: others' work shows here
+
+
+def _row(path: str, measurement: Measurement) -> Row:
+    return Row(path, measurement, os.getloadavg()[0])
 
 
 def table(rows: list[Row]) -> str:
     """A Markdown table, one row per path and number of streams: the figures, tokens/s against the floor's at the
-    same streams and against the path's own at its fewest streams."""
+    same streams and against the path's own at its fewest streams, and the machine's load when it was measured."""
     floor = {r.measurement.streams: r.measurement.tokens_per_s for r in rows if r.path == FLOOR}
     alone: dict[str, float] = {}
     for r in sorted(rows, key=lambda r: r.measurement.streams):
         alone.setdefault(r.path, r.measurement.tokens_per_s)
     lines = ["| streams | path | time to first token (ms) | inter-token latency (ms) | tokens/s | × floor "
-             "| × fewest streams | requests | errors | tokens/request |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| × fewest streams | requests | errors | tokens/request | load |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r.measurement.streams, r.path == FLOOR, r.path)):
         m = r.measurement
         versus_floor = f"{m.tokens_per_s / floor[m.streams]:.2f}" if floor.get(m.streams) else "–"
         lines.append(f"| {m.streams} | {r.path} | {m.ttft_ms:.1f} | {m.itl_ms:.2f} | {m.tokens_per_s:.0f} | "
                      f"{versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | {m.requests} | {m.errors} | "
-                     f"{m.tokens_per_request:.1f} |")
+                     f"{m.tokens_per_request:.1f} | {r.load:.1f} |")
     return "\n".join(lines)
 
 
@@ -260,7 +267,7 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
 
     if args.floor:
         for s in args.streams:
-            rows.append(Row(FLOOR, transformers_floor(hf_folder, prompts, s, requests[s], args.new_tokens)))
+            rows.append(_row(FLOOR, transformers_floor(hf_folder, prompts, s, requests[s], args.new_tokens)))
             say(f"{FLOOR} at {s} streams: {rows[-1].measurement.tokens_per_s:.0f} tokens/s")
 
     served = []
@@ -296,7 +303,7 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
                 slug = target.label.replace(" · ", "-").replace(" ", "-").replace("/", "")
                 measured = profile(target, s, requests[s], args.new_tokens, hf_folder, prompts_file,
                                    root / "aiperf" / f"{slug}-{s}", TEMPERATURE, args.client_venv)
-                rows.append(Row(target.label, measured))
+                rows.append(_row(target.label, measured))
                 say(f"{target.label} at {s} streams: {measured.tokens_per_s:.0f} tokens/s, "
                     f"{measured.errors} errors")
     return rows
@@ -314,7 +321,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = run_bench(args, root, say)
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps([{"path": r.path, **asdict(r.measurement)} for r in rows], indent=2))
+        args.json.write_text(json.dumps([{"path": r.path, **asdict(r.measurement), "load": r.load} for r in rows],
+                                        indent=2))
     return 0
 
 
