@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The run command: the whole product on one machine with embedded defaults: SQLite in var/, a local Redis,
-# a Celery worker with beat, a local Triton server, and the web server. Ctrl-C stops everything it started.
+# a Celery worker with beat, a local Triton server, and the web server, each started again if it ends (with a backoff
+# and a line saying so). Ctrl-C stops everything it started.
 # PORT (default 8000), TRITON_PORT (default 8100: HTTP; gRPC and metrics on the next two) and the variables in
 # webapp/settings.py change the defaults.
 # This is the development command: it turns DEBUG on (DJANGO_DEBUG=1) unless told otherwise, which also allows the
@@ -18,31 +19,9 @@ ensure_redis
 echo "== migrating the database"
 "$PY" manage.py migrate --noinput -v0
 
-pids=()
-stop() {
-  trap - INT TERM EXIT
-  echo; echo "== stopping"
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap stop INT TERM EXIT
-
-echo "== starting a Celery worker with beat (log: var/log/worker.log)"
-"$VENV/bin/celery" -A workers.celery_app worker -B --loglevel=INFO --concurrency=2 \
-  --schedule var/celerybeat-schedule >var/log/worker.log 2>&1 &
-pids+=($!)
-
-echo "== starting a local Triton server (log: var/triton/tritonserver.log)"
-"$PY" -m deploy triton --repository var/triton-models --work-dir var/triton --http-port "$TRITON_PORT" \
-  --grpc-port "$((TRITON_PORT + 1))" --metrics-port "$((TRITON_PORT + 2))" >var/log/triton.log 2>&1 &
-pids+=($!)
 "$PY" manage.py register_triton --name local --http-url "http://127.0.0.1:$TRITON_PORT" \
   --grpc-url "127.0.0.1:$((TRITON_PORT + 1))" --metrics-url "http://127.0.0.1:$((TRITON_PORT + 2))" \
   --repository var/triton-models
-
-echo "== starting the web server"
-"$PY" manage.py runserver "127.0.0.1:$PORT" --noreload &
-pids+=($!)
 
 # While no admin can sign in with a password: an admin and a one-time sign-in link for it, shown on this terminal
 # only (never written to a log), as Jupyter shows its token.
@@ -54,7 +33,7 @@ else
   sign_in="Sign in with your username and password (staff add users in the admin)"
 fi
 
-cat <<MSG
+banner="$(cat <<MSG
 
   The workbench is at      http://127.0.0.1:$PORT/       (sign in; the dashboard, new run, deploy, playground)
   API (browsable)          http://127.0.0.1:$PORT/api/
@@ -66,6 +45,16 @@ cat <<MSG
   $sign_in
 
   Press Ctrl-C to stop everything.
-
 MSG
-wait -n "${pids[@]}"
+)"$'\n'
+
+# The supervisor starts each of these in a session of its own and starts again, after a backoff, whichever ends while
+# the product runs (the others carry on); Ctrl-C stops them all (scripts/supervisor.py).
+exec "$PY" scripts/supervisor.py --banner "$banner" \
+  --child "a Celery worker with beat (log: var/log/worker.log)" var/log/worker.log \
+    "$VENV/bin/celery" -A workers.celery_app worker -B --loglevel=INFO --concurrency=2 \
+    --schedule var/celerybeat-schedule \
+  --child "a local Triton server (log: var/triton/tritonserver.log)" var/log/triton.log \
+    "$PY" -m deploy triton --repository var/triton-models --work-dir var/triton --http-port "$TRITON_PORT" \
+    --grpc-port "$((TRITON_PORT + 1))" --metrics-port "$((TRITON_PORT + 2))" \
+  --child "the web server" - "$PY" manage.py runserver "127.0.0.1:$PORT" --noreload

@@ -9,6 +9,12 @@ workbench.deployments.undeploy).
                           checkpoint's own (``report["smoke"]["token_ids"]``), so the export changed nothing.
     any failure → failed, with a message that says what to change.
 
+    ready → reloading     the reconcile pass saw the deployment's server up without its model (a restarted server
+                          loads nothing by itself: webapp.services.serving_state) and sent the task again;
+          → ready         loaded again from its entry (``repository_path``: no export) and smoke-checked again;
+          → failed        its entry is gone from the repository, Triton refused it, or the smoke check failed;
+          (reloading)     while its server cannot be reached: the reconcile pass sends it again once it is back.
+
 Each delivery of workbench.deployments.deploy claims the deployment (``claimed_at``) and writes it only while the
 claim is its own. A redelivered task (its worker died) finds the deployment exporting or loading and starts over
 from the export, which builds its entry beside the repository and renames it into place, so a half-written one is
@@ -21,6 +27,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 from django.conf import settings
 from django.db import transaction
@@ -48,9 +55,9 @@ class Superseded(Exception):
 
 
 class DeployFailed(Exception):
-    def __init__(self, message: str, smoke_ok: bool | None = None):
+    def __init__(self, message: str, smoke_ok: bool | None = None, unreachable: bool = False):
         super().__init__(message)
-        self.message, self.smoke_ok = message, smoke_ok
+        self.message, self.smoke_ok, self.unreachable = message, smoke_ok, unreachable
 
 
 def _client(deployment: Deployment, timeout_s: float = SMOKE_TIMEOUT_S) -> TritonClient:
@@ -65,7 +72,8 @@ def _unreachable_fails(deployment: Deployment):
     except TritonUnavailable as exc:
         server = deployment.server
         raise DeployFailed(f"the Triton server {server.name!r} cannot be reached at {server.http_url} "
-                           f"({exc.message}): start it, or have staff correct its URLs, then deploy again") from None
+                           f"({exc.message}): start it, or have staff correct its URLs, then deploy again",
+                           unreachable=True) from None
 
 
 def _write(deployment: Deployment, since, **fields) -> None:
@@ -82,6 +90,14 @@ def _claim(deployment_id: int):
         if deployment is None or deployment.status in SETTLED:
             return None, None
         since = timezone.now()
+        if deployment.status == Status.RELOADING:  # loaded again from the entry it has: nothing else changes
+            if deployment.claimed_at is None:  # undeployed since the reconcile pass sent it
+                return None, None
+            deployment.claimed_at = since
+            deployment.status_message = (f"reloading {deployment.model_name} on {deployment.server.name} from its "
+                                         f"entry {deployment.repository_path}")
+            deployment.save(update_fields=["claimed_at", "status_message", "updated_at"])
+            return deployment, since
         deployment.status, deployment.claimed_at, deployment.smoke_ok = Status.EXPORTING, since, None
         deployment.report, deployment.ready_at, deployment.repository_path = {}, None, ""
         deployment.status_message = _exporting(deployment, 0)
@@ -202,26 +218,46 @@ def _unload_if_abandoned(deployment: Deployment) -> None:
             _unload_quietly(client, deployment.model_name)
 
 
+def _entry_problem(deployment: Deployment) -> str:
+    """Why the deployment's entry cannot be loaded again, or ''."""
+    entry = deployment.repository_path
+    if not entry or not (Path(entry) / "config.pbtxt").is_file():
+        return (f"its entry {entry or '(none recorded)'} is no longer in the model repository of "
+                f"{deployment.server.name}, so it cannot be loaded again: deploy the checkpoint again")
+    if not deployment.report.get("smoke"):
+        return "its exporter's report has no smoke check to check it with again: deploy the checkpoint again"
+    return ""
+
+
 def deployment_deploy(deployment_id: int) -> str:
-    """pending (or a redelivery's exporting or loading) → ready or failed; any other status: nothing."""
+    """pending (or a redelivery's exporting or loading) → ready or failed; reloading → ready or failed (or still
+    reloading while its server cannot be reached); any other status: nothing."""
     deployment, since = _claim(deployment_id)
     if deployment is None:
         return "skipped"
+    reloading = deployment.status == Status.RELOADING
     loading = False
     try:
-        problem = deployment_access_problem(deployment)
-        if problem:
-            raise DeployFailed(problem)
-        report = _export(deployment, since)
-        _write(deployment, since, status=Status.LOADING, report=report, repository_path=report.get("path", ""),
-               status_message=f"loading {deployment.model_name} on {deployment.server.name}")
+        if reloading:
+            problem = _entry_problem(deployment)
+            if problem:
+                raise DeployFailed(problem)
+            report = deployment.report
+        else:
+            problem = deployment_access_problem(deployment)
+            if problem:
+                raise DeployFailed(problem)
+            report = _export(deployment, since)
+            _write(deployment, since, status=Status.LOADING, report=report, repository_path=report.get("path", ""),
+                   status_message=f"loading {deployment.model_name} on {deployment.server.name}")
         with _client(deployment) as client:
             loading = True
             _load(client, deployment)
             _write(deployment, since, status_message=f"smoke check: {report['smoke']['max_tokens']} greedy tokens")
             _smoke(client, deployment, report)
+        again = " again, reloaded from its entry after its server had lost it" if reloading else ""
         _write(deployment, since, status=Status.READY, smoke_ok=True, ready_at=timezone.now(),
-               status_message=f"serving as {deployment.model_name} on {deployment.server.name}; its greedy "
+               status_message=f"serving as {deployment.model_name} on {deployment.server.name}{again}; its greedy "
                               f"tokens are the checkpoint's own")
         return Status.READY
     except Superseded:
@@ -231,6 +267,15 @@ def deployment_deploy(deployment_id: int) -> str:
     except Exception as exc:  # noqa: BLE001 - whatever stops a deploy is told on the deployment, not only the log
         if isinstance(exc, DeployFailed):
             message, smoke_ok = exc.message, exc.smoke_ok
+            if reloading and exc.unreachable:  # still wanted: loaded once the server is back
+                server = deployment.server
+                try:
+                    _write(deployment, since, status_message=f"reloading: the Triton server {server.name!r} cannot "
+                                                             f"be reached at {server.http_url}; it is loaded again "
+                                                             f"once the server is back")
+                except Superseded:
+                    return "superseded"
+                return "waiting"
         else:
             log.exception("deploying deployment %s failed", deployment_id)
             message, smoke_ok = f"the deploy failed unexpectedly ({type(exc).__name__}: {exc}); the worker's log " \

@@ -15,6 +15,7 @@ from django.utils import timezone
 from deploy.client import ModelNotReady, RequestRejected, TritonClient, TritonError, TritonUnavailable
 
 from ..models import TritonServer
+from .serving_state import deployments_reconcile, loaded_models
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,8 @@ def triton_errors(server: TritonServer, model: str = ""):
                                  f"or ask staff to correct its URLs") from None
     except ModelNotReady as exc:
         raise ServingUnavailable(f"model {model!r} is not loaded on the Triton server {server.name!r} "
-                                 f"({exc.message}): undeploy it and deploy the checkpoint again") from None
+                                 f"({exc.message}): if its server was restarted, the workbench is loading it again "
+                                 f"from its entry; try again shortly, and see the deployment's status") from None
     except RequestRejected as exc:
         raise ServingRejected(f"the model refused the request: {exc.message}") from None
     except TritonError as exc:
@@ -91,15 +93,25 @@ def triton_server_status(server: TritonServer) -> dict:
 
 def triton_readiness_refresh() -> dict[str, bool]:
     """Ask every Triton server whether it is ready and record the answers, by server name. The reconcile pass calls
-    it, so that the deploy form and the admin show what is true now, not what the last status request saw."""
+    it, so that the deploy form and the admin show what is true now, not what the last status request saw. Of a
+    ready server the models it has loaded are read too, and every deployment that should be serving there but is
+    not loaded is sent to be loaded again (webapp.services.serving_state)."""
     answers = {}
     for server in TritonServer.objects.all():
+        asked_at, loaded = timezone.now(), None
         try:
             with client_for(server, READY_TIMEOUT_S) as client:
                 ready = client.server_ready()  # unreachable, refused or still starting: False
+            if ready:  # the index waits while a model loads or unloads: a little longer
+                with client_for(server, STATUS_TIMEOUT_S) as client:
+                    loaded = loaded_models(client.repository_index())
         except ServingError:  # URLs the client cannot even use
             ready = False
+        except TritonError as exc:  # ready, but its index could not be read: its deployments are judged next time
+            log.warning("could not read the model index of Triton server %s: %s", server.name, exc.message)
         seen = {"last_seen_at": timezone.now()} if ready else {}
         TritonServer.objects.filter(pk=server.pk).update(is_ready=ready, **seen)
         answers[server.name] = ready
+        if loaded is not None:
+            deployments_reconcile(server, loaded, asked_at)
     return answers
