@@ -13,6 +13,7 @@ from tests.webapp import serving
 from webapp.models import Deployment, TritonServer
 from webapp.pages.deploy import DeployForm
 from webapp.services.deployments import deployment_generate
+from webapp.services.serving_state import STALLED_AFTER, deployments_reconcile
 from webapp.services.tasks import TaskName
 from workers import deploying, tasks
 
@@ -175,3 +176,14 @@ def test_a_reload_whose_server_cannot_be_reached_stays_reloading_and_is_sent_aga
             break
         time.sleep(0.5)
     assert sent == [(TaskName.DEPLOYMENT_DEPLOY.value, reloading.pk)]
+
+
+def test_a_reload_whose_worker_died_after_the_load_is_sent_again_once_it_has_been_quiet_too_long(owner, tmp_path,
+                                                                                                 sent):
+    server = TritonServer.objects.create(name="anywhere", http_url="http://127.0.0.1:1", model_repository="/m")
+    stalled = _ready(owner, serving.checkpoint_folder(tmp_path / "small"), server, "stalled", {},
+                     status=Status.RELOADING)
+    now = timezone.now()
+    assert deployments_reconcile(server, {"stalled"}, now) == {}  # loaded, and its reload may still be smoke-checking
+    Deployment.objects.filter(pk=stalled.pk).update(updated_at=now - STALLED_AFTER - timedelta(seconds=1))
+    assert deployments_reconcile(server, {"stalled"}, now) == {stalled.pk: Status.RELOADING}

@@ -21,6 +21,9 @@ Status = Deployment.Status
 # A reloading deployment still not loaded this long after its last word is sent to a worker again: its task was
 # lost, or its server went away meanwhile.
 RESEND_AFTER = timedelta(seconds=30)
+# One that has said nothing for longer than a load and a smoke check may take (workers.deploying) is sent again even
+# if its model is loaded: its worker died between the load and the word "ready".
+STALLED_AFTER = timedelta(minutes=16)
 LOADED_STATES = ("READY", "LOADING")  # Triton's model states that need no load from us
 
 
@@ -34,13 +37,16 @@ def deployments_reconcile(server: TritonServer, loaded: set[str], asked_at: date
     done, by deployment id ('reloading' or 'unloaded'). Only deployments unchanged since ``asked_at`` are judged, so
     that one which became ready while the server was being asked is not loaded twice."""
     done = {}
-    lost = (Deployment.objects.filter(server=server, status__in=Deployment.SERVING, updated_at__lt=asked_at)
-            .exclude(model_name__in=loaded))
-    for deployment in lost:
+    serving = Deployment.objects.filter(server=server, status__in=Deployment.SERVING, updated_at__lt=asked_at)
+    for deployment in serving:
+        lost, quiet_for = deployment.model_name not in loaded, asked_at - deployment.updated_at
         if deployment.claimed_at is None:
-            if _unloaded(deployment, server):
+            if lost and _unloaded(deployment, server):
                 done[deployment.pk] = Status.UNLOADED
-        elif deployment.status == Status.READY or deployment.updated_at < asked_at - RESEND_AFTER:
+        elif deployment.status == Status.READY:
+            if lost and _reloading(deployment, server):
+                done[deployment.pk] = Status.RELOADING
+        elif (lost and quiet_for > RESEND_AFTER) or quiet_for > STALLED_AFTER:
             if _reloading(deployment, server):
                 done[deployment.pk] = Status.RELOADING
     return done
