@@ -67,7 +67,7 @@ class DeploymentViewSet(mixins.CreateModelMixin, mixins.ListModelMixin, mixins.R
     queryset = models.Deployment.objects.all()
     serializer_class = DeploymentSerializer
     permission_classes = [IsAuthenticated, IsOwnerOrStaffToChange]
-    filterset_fields = ["status", "server", "checkpoint", "shared"]
+    filterset_fields = ["status", "server", "checkpoint", "shared", "engine"]
     ordering_fields = ["created_at", "model_name", "status"]
 
     def get_queryset(self):

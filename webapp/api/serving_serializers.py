@@ -170,12 +170,15 @@ class DeploymentSerializer(OwnedSerializer):
     model_name = StrictCharField(max_length=100, help_text="The name Triton serves it under, and the model's id on "
                                                            "/v1: letters, digits, '-' and '_'")
     reduction = serializers.ChoiceField(choices=models.Deployment.Reduction.choices, default="none")
+    engine = serializers.ChoiceField(choices=models.Deployment.Engine.choices, default="workbench",
+                                     help_text="What serves it in Triton: workbench (any model) or vllm (refused, "
+                                               "with the reason, for a model vLLM cannot serve)")
     prompt_template = VisibleRelatedField(queryset=models.PromptTemplate.objects.all(), required=False,
                                           allow_null=True, default=None)
 
     class Meta:
         model = models.Deployment
-        fields = ["id", "checkpoint", "server", "model_name", "reduction", "tensor_parallel", "instances",
+        fields = ["id", "checkpoint", "server", "model_name", "engine", "reduction", "tensor_parallel", "instances",
                   "streaming", "prompt_template", "shared", "owner", "status", "status_message", "repository_path",
                   "report", "smoke_ok", "ready_at", "unloaded_at", "created_at", "updated_at"]
         read_only_fields = ["status", "status_message", "repository_path", "report", "smoke_ok", "ready_at",

@@ -58,8 +58,15 @@ class Deployment(Owned):
         FP16 = "fp16", "float16 cast"
         INT8 = "int8", "int8 weight-only"
 
+    class Engine(models.TextChoices):
+        WORKBENCH = "workbench", "Workbench engine (this project's, any model)"
+        VLLM = "vllm", "vLLM"
+
     checkpoint = models.ForeignKey(Checkpoint, on_delete=models.PROTECT, related_name="deployments")
     server = models.ForeignKey(TritonServer, on_delete=models.PROTECT, related_name="deployments")
+    engine = models.CharField(max_length=16, choices=Engine.choices, default=Engine.WORKBENCH,
+                              help_text="What serves it in Triton: the workbench engine, or vLLM from the "
+                                        "checkpoint's Hugging Face layout")
     model_name = models.SlugField(max_length=100, help_text="The name Triton serves it under")
     reduction = models.CharField(max_length=8, choices=Reduction.choices, default=Reduction.NONE)
     tensor_parallel = models.PositiveIntegerField(default=1, help_text="Shards of the serving layout")

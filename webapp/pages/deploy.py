@@ -1,13 +1,17 @@
-"""The Deploy page: a checkpoint you may see deployed on a Triton server (webapp.services.deployment_create, which a
-worker then exports, loads and smoke-checks), and your deployments with their status (polled while they move), the
-smoke check, where each came from (checkpoint → run → plan → model config) and a way to undeploy them; and the
-Hugging Face layout both ways: a checkpoint exported as a folder transformers loads, a model folder imported as a
-checkpoint (webapp.services.conversions, run by a worker as ``python -m deploy export-hf`` / ``import-hf``)."""
+"""The Deploy page: a checkpoint you may see deployed on a Triton server by an engine that can serve it (the
+workbench's, or vLLM where its rules allow: an engine that cannot is offered disabled, with the reason), through
+webapp.services.deployment_create, which a worker then exports, loads and smoke-checks; your deployments with their
+status (polled while they move), engine, smoke check, where each came from (checkpoint → run → plan → model config)
+and a way to undeploy them; and the Hugging Face layout both ways: a checkpoint exported as a folder transformers
+loads, a model folder imported as a checkpoint (webapp.services.conversions, run by a worker as
+``python -m deploy export-hf`` / ``import-hf``)."""
 from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
+from django.http import HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.template.loader import render_to_string
 from django.urls import path, reverse
 from django.utils.text import slugify
 from django.views.decorators.http import require_GET, require_POST
@@ -18,7 +22,7 @@ from ..selectors.checkpoints import checkpoints_visible_to
 from ..selectors.deployments import deployments_with_lineage
 from ..selectors.lineage import conversions_visible_to
 from ..services.conversions import models_root
-from ..services.deployments import MAX_TENSOR_PARALLEL
+from ..services.deployments import MAX_TENSOR_PARALLEL, checkpoint_engines
 
 IN_PROGRESS = (Deployment.Status.PENDING, Deployment.Status.EXPORTING, Deployment.Status.LOADING)
 LISTED = 100
@@ -55,6 +59,8 @@ class DeployForm(forms.Form):
                           label="Triton server")
     model_name = forms.CharField(max_length=100, required=False, strip=True)
     tensor_parallel = forms.IntegerField(min_value=1, max_value=MAX_TENSOR_PARALLEL, initial=1)
+    # not required: an engine the page disabled for the checkpoint chosen is not sent, and the workbench serves all
+    engine = forms.ChoiceField(choices=Deployment.Engine.choices, initial=Deployment.Engine.WORKBENCH, required=False)
 
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
@@ -66,6 +72,29 @@ class DeployForm(forms.Form):
                 self.fields[name].initial = only[0].pk
                 if name == "checkpoint":
                     self.fields["model_name"].initial = default_model_name(only[0])
+
+
+def _chosen(form: DeployForm, name: str):
+    """The checkpoint or server the form holds (bound or initial), or None."""
+    value = form[name].value()
+    value = getattr(value, "pk", value)
+    if not str(value or "").isdigit():
+        return None
+    return form.fields[name].queryset.filter(pk=int(value)).first()
+
+
+def engine_context(form: DeployForm, oob: bool = False) -> dict:
+    """The engine field: each engine, and why it cannot serve the checkpoint chosen on the server chosen ('' when
+    it can); an engine that cannot is disabled with its reason, and the one that can is chosen instead."""
+    checkpoint, server = _chosen(form, "checkpoint"), _chosen(form, "server")
+    refused = checkpoint_engines(checkpoint, server) if checkpoint is not None else {}
+    value = form["engine"].value() or Deployment.Engine.WORKBENCH
+    if refused.get(value):
+        value = Deployment.Engine.WORKBENCH
+    engines = [{"value": v, "label": label, "refused": refused.get(v, "")} for v, label in Deployment.Engine.choices]
+    return {"engines": engines, "engine": value, "engines_checked": checkpoint is not None,
+            "engines_serving": [e["value"] for e in engines if not e["refused"]],
+            "engine_errors": form.errors.get("engine", []) if form.is_bound else [], "oob": oob}
 
 
 def _deployments(user):
@@ -113,7 +142,8 @@ def _conversions_context(user) -> dict:
 def _render_page(request, form):
     rows = _rows_context(request.user, *_watch(request.GET))
     return render(request, "pages/deploy.html", {"form": form, **rows, **_conversions_context(request.user),
-                                                 "models_root": models_root(), "page_note": _note(rows, request.GET)})
+                                                 **engine_context(form), "models_root": models_root(),
+                                                 "page_note": _note(rows, request.GET)})
 
 
 @login_required
@@ -126,7 +156,8 @@ def page(request):
                 deployment = services.deployment_create(
                     owner=request.user, checkpoint=data["checkpoint"], server=data["server"],
                     model_name=data["model_name"] or default_model_name(data["checkpoint"]),
-                    reduction=data["reduction"], tensor_parallel=data["tensor_parallel"])
+                    reduction=data["reduction"], tensor_parallel=data["tensor_parallel"],
+                    engine=data["engine"] or Deployment.Engine.WORKBENCH)
             except ValidationError as exc:
                 for name, problems in exc.message_dict.items():
                     form.add_error(name if name in form.fields else None, problems)
@@ -145,15 +176,29 @@ def page(request):
     return _render_page(request, form)
 
 
+def _form_of_query(request) -> DeployForm:
+    """The deploy form holding the checkpoint, server and engine of the query (what htmx sends on a change)."""
+    return DeployForm(user=request.user, initial={name: request.GET.get(name, "")
+                                                  for name in ("checkpoint", "server", "engine")})
+
+
 @login_required
 @require_GET
 def model_name(request):
-    """The model-name field, filled with the default for the checkpoint chosen (htmx, on change)."""
-    form = DeployForm(user=request.user)
-    chosen = request.GET.get("checkpoint", "")
-    checkpoint = form.fields["checkpoint"].queryset.filter(pk=int(chosen)).first() if chosen.isdigit() else None
+    """The model-name field, filled with the default for the checkpoint chosen (htmx, on change), and the engine
+    field for it (swapped out of band): which engines can serve that checkpoint."""
+    form = _form_of_query(request)
+    checkpoint = _chosen(form, "checkpoint")
     value = default_model_name(checkpoint) if checkpoint is not None else ""
-    return render(request, "pages/deploy_model_name.html", {"value": value})
+    return HttpResponse(render_to_string("pages/deploy_model_name.html", {"value": value}, request)
+                        + render_to_string("pages/deploy_engine.html", engine_context(form, oob=True), request))
+
+
+@login_required
+@require_GET
+def engine(request):
+    """The engine field for the checkpoint and server chosen (htmx, when the server changes)."""
+    return render(request, "pages/deploy_engine.html", engine_context(_form_of_query(request)))
 
 
 @login_required
@@ -222,6 +267,7 @@ def import_hf(request):
 urlpatterns = [
     path("deploy/", page, name="deploy"),
     path("deploy/model-name/", model_name, name="deploy-model-name"),
+    path("deploy/engine/", engine, name="deploy-engine"),
     path("deploy/deployments/", rows, name="deploy-rows"),
     path("deploy/<int:pk>/undeploy/", undeploy, name="deploy-undeploy"),
     path("deploy/conversions/", conversions, name="deploy-conversions"),

@@ -12,6 +12,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from deploy.client import Chunk, Completion, GenerateParams
+from deploy.vllm import rules as vllm_rules
 from trainer.contract import ModelSpec, SpecError
 
 from ..models import Checkpoint, Deployment, PromptTemplate, TritonServer, data_roots_for
@@ -43,6 +44,29 @@ def tensor_parallel_problem(spec: ModelSpec, tensor_parallel: int) -> str:
     return ""
 
 
+def engine_problems(spec: ModelSpec, engine: str, server: TritonServer, reduction: str = Deployment.Reduction.NONE,
+                    tensor_parallel: int = 1) -> list[str]:
+    """Why ``engine`` cannot serve ``spec`` as asked on ``server``; [] when it can. The workbench engine serves
+    every model the trainer builds; vLLM's refusals are the export's own (deploy.vllm.rules), so a deployment is
+    refused here rather than by the worker after a wait."""
+    if engine != Deployment.Engine.VLLM:
+        return []
+    # a managed server runs on this machine: vLLM's CPU ranks are given this machine's cores
+    cores = vllm_rules.usable_cpu_cores() if server.kind == TritonServer.Kind.MANAGED else None
+    return vllm_rules.problems(spec, reduction, tensor_parallel, server.instance_kind, cpu_cores=cores)
+
+
+def checkpoint_engines(checkpoint: Checkpoint, server: TritonServer | None) -> dict[str, str]:
+    """Each engine → why it cannot serve ``checkpoint`` on ``server`` (a CPU server where none is chosen) in full
+    precision on one rank, '' where it can (what the deploy page offers)."""
+    try:
+        spec = _model_spec(checkpoint)
+    except ValidationError as exc:
+        return {engine: exc.message_dict["checkpoint"][0] for engine in Deployment.Engine.values}
+    server = server or TritonServer(instance_kind=TritonServer.InstanceKind.CPU, kind=TritonServer.Kind.EXTERNAL)
+    return {engine: "; ".join(engine_problems(spec, engine, server)) for engine in Deployment.Engine.values}
+
+
 def deployment_access_problem(deployment: Deployment) -> str:
     """Why the deployment's owner may not export its checkpoint (any more), or '' (checked when the deployment is
     made and again by the worker before it exports: sharing can be withdrawn, a folder can change in between)."""
@@ -60,7 +84,7 @@ def deployment_access_problem(deployment: Deployment) -> str:
 def deployment_create(*, owner, checkpoint: Checkpoint, server: TritonServer, model_name: str,
                       reduction: str = Deployment.Reduction.NONE, tensor_parallel: int = 1, instances: int = 1,
                       streaming: bool = True, prompt_template: PromptTemplate | None = None,
-                      shared: bool = False) -> Deployment:
+                      shared: bool = False, engine: str = Deployment.Engine.WORKBENCH) -> Deployment:
     """Check and save a pending deployment; a worker deploys it once this transaction commits."""
     errors: dict[str, list[str]] = {}
     if not _MODEL_NAME.match(model_name or "") or len(model_name) > 100:
@@ -70,20 +94,28 @@ def deployment_create(*, owner, checkpoint: Checkpoint, server: TritonServer, mo
                                 f"or undeploy that one first"]
     if reduction not in Deployment.Reduction.values:
         errors["reduction"] = [f"{reduction!r}: choose one of {', '.join(Deployment.Reduction.values)}"]
+    if engine not in Deployment.Engine.values:
+        errors["engine"] = [f"{engine!r}: choose one of {', '.join(Deployment.Engine.values)}"]
     if not 1 <= instances <= MAX_INSTANCES:
         errors["instances"] = [f"instances={instances}: give 1 to {MAX_INSTANCES}"]
     if prompt_template is not None and not prompt_template.is_visible_to(owner):
         errors["prompt_template"] = [f"prompt template {prompt_template.pk} is not one you may see"]
     deployment = Deployment(owner=owner, checkpoint=checkpoint, server=server, model_name=model_name,
                             reduction=reduction, tensor_parallel=tensor_parallel, instances=instances,
-                            streaming=streaming, prompt_template=prompt_template, shared=shared)
+                            streaming=streaming, prompt_template=prompt_template, shared=shared, engine=engine)
     problem = deployment_access_problem(deployment)
     if problem:
         errors["checkpoint"] = [problem]
     else:
-        problem = tensor_parallel_problem(_model_spec(checkpoint), tensor_parallel)
+        spec = _model_spec(checkpoint)
+        problem = tensor_parallel_problem(spec, tensor_parallel)
         if problem:
             errors["tensor_parallel"] = [problem]
+        if "engine" not in errors and "reduction" not in errors:
+            refused = engine_problems(spec, engine, server, reduction, tensor_parallel)
+            if refused:
+                errors["engine"] = [f"the {engine} engine cannot serve checkpoint {checkpoint.pk}: "
+                                    f"{'; '.join(refused)}"]
     if errors:
         raise ValidationError(errors)
     deployment.status_message = f"waiting for a worker to export it to {server.name}"
