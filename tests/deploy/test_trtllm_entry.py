@@ -85,7 +85,7 @@ def test_the_entry_holds_config_pbtxt_model_yaml_and_the_hf_folder_with_the_mode
 
     pbtxt = _pbtxt_fields((entry / "config.pbtxt").read_text())
     assert pbtxt["name"] == ["gpt-trt"] and pbtxt["backend"] == ["python"]
-    # batching and streaming are model.yaml's: the backend sets them, and refuses a config.pbtxt that sets them too
+    # batching and streaming are model.yaml's: the backend sets them at load, which a value in config.pbtxt would stop
     assert "max_batch_size" not in pbtxt and "model_transaction_policy" not in (entry / "config.pbtxt").read_text()
     assert pbtxt["instance_group"] == ["{ kind: KIND_CPU count: 1 }"]
     assert pbtxt["input"][0] == "text_input" and {"streaming", "sampling_param_max_tokens"} <= set(pbtxt["input"])
