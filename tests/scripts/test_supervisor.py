@@ -38,9 +38,10 @@ supervisor = _module()
 class Running:
     """The supervisor as a process, its output collected as it comes."""
 
-    def __init__(self, args: list[str]):
+    def __init__(self, args: list[str], env: dict[str, str] | None = None):
         self.process = subprocess.Popen([sys.executable, str(SUPERVISOR), *args], stdout=subprocess.PIPE,
-                                        stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True)
+                                        stderr=subprocess.STDOUT, text=True, cwd=REPO, start_new_session=True,
+                                        env=env)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -63,8 +64,8 @@ class Running:
 
 
 @contextmanager
-def running(*args: str):
-    run = Running(list(args))
+def running(*args: str, env: dict[str, str] | None = None):
+    run = Running(list(args), env)
     try:
         yield run
     finally:
