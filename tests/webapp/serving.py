@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import socket
 from contextlib import contextmanager
+from functools import lru_cache
 from pathlib import Path
 
 from trainer.contract import ModelSpec, ParallelPlan
@@ -25,12 +26,27 @@ def refusing_port():
         sock.close()
 
 
+@lru_cache(maxsize=1)
+def byte_tokenizer_json() -> str:
+    """A byte-level tokenizer without merges: every byte of the UTF-8 text is one token (and <|endoftext|> one), so
+    a test knows a prompt's count from its length."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {symbol: index for index, symbol in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(["<|endoftext|>"])
+    return tokenizer.to_str()
+
+
 def checkpoint_folder(folder: Path, tokenizer: bool = True, model: ModelSpec = SMALL_MODEL) -> Path:
-    """A folder holding a checkpoint's manifest.json (and a tokenizer file), no weights: enough to register."""
+    """A folder holding a checkpoint's manifest.json (and a tokenizer file, byte_tokenizer_json), no weights: enough
+    to register."""
     folder.mkdir(parents=True, exist_ok=True)
     tokenizer_path = ""
     if tokenizer:
-        (folder / "tokenizer.json").write_text("{}")
+        (folder / "tokenizer.json").write_text(byte_tokenizer_json())
         tokenizer_path = str(folder / "tokenizer.json")
     CheckpointManifest(step=7, format="consolidated", tokens_seen=1000, model=model.to_dict(),
                        plan=ParallelPlan().to_dict(), world_size=1, tokenizer=tokenizer_path, seed=0).write(folder)

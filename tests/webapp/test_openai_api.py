@@ -10,6 +10,7 @@ from tests.webapp import serving
 from webapp import models
 from webapp.api import openai as v1
 from webapp.services.chat import chat_prompt
+from webapp.services.context_window import tokenizer_for
 
 Status = models.Deployment.Status
 
@@ -248,8 +249,11 @@ def test_it_writes_a_chat_with_the_deployments_template_and_its_sampling(openai_
     asked = {"model": served_deployment.model_name, "messages": messages}
     body = _ok(openai_api(alice).post("/v1/chat/completions", {**asked, "stop": ["."]}, format="json"))
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
-    # the template's sampling (greedy, 12 tokens) and both stops reached the model with the written prompt
-    same = _direct(served_deployment, GenerateParams(written.prompt, 12, temperature=0.0, stop=(written.stop, ".")))
+    # the template's sampling (greedy, 12 tokens, a default: lowered to what the context leaves after the prompt)
+    # and both stops reached the model with the written prompt
+    room = served_deployment.report["seq_len"] - len(tokenizer_for(served_deployment).encode(written.prompt).ids)
+    same = _direct(served_deployment, GenerateParams(written.prompt, min(12, room), temperature=0.0,
+                                                     stop=(written.stop, ".")))
     assert body["choices"] == [{"index": 0, "message": {"role": "assistant", "content": same.text},
                                 "finish_reason": same.finish_reason, "logprobs": None}]
     assert body["usage"]["completion_tokens"] == same.completion_tokens <= 12

@@ -18,6 +18,10 @@ A chat is written as one prompt by the deployment's prompt template and stopped 
 begin (webapp.services.chat, which shows the default format); what the request leaves out of max_tokens,
 temperature, top_k, top_p and seed comes from the template's ``sampling``, else OpenAI's defaults (a chat answer is
 at most CHAT_MAX_TOKENS tokens unless told otherwise).
+
+A prompt and max_tokens beyond the model's context are refused with OpenAI's ``context_length_exceeded`` (400,
+naming the field), or the prompt is cut to its last ``truncate_prompt_tokens`` tokens where the request asks for it
+(vLLM's field); a max_tokens left out is lowered to what the context leaves (webapp.services.context_window).
 """
 import time
 import uuid
@@ -37,9 +41,10 @@ from .. import models, services
 from ..models.serving import DEFAULT_CHAT_TEMPLATE
 from ..selectors.deployments import deployments_visible_to
 from ..services.chat import chat_prompt
+from ..services.context_window import fit_prompt
 from ..services.triton import ServingError, ServingUnavailable
 from .openai_errors import ModelNotFound, error_body, exception_handler
-from .openai_requests import CHAT_MAX_TOKENS, ChatRequest, CompletionRequest
+from .openai_requests import CHAT_MAX_TOKENS, COMPLETION_MAX_TOKENS, ChatRequest, CompletionRequest
 from .outside_transaction import OutsideRequestTransaction
 from .sse import EventStreamRenderer, event, event_stream
 
@@ -93,8 +98,8 @@ def _model(deployment: Deployment) -> dict:
 class ModelsView(OpenAIView):
     def get(self, request):
         seen, data = set(), []
-        for deployment in deployments_visible_to(request.user).filter(status=Deployment.Status.READY).order_by("model_name",
-                                                                                              "-ready_at"):
+        ready = deployments_visible_to(request.user).filter(status=Deployment.Status.READY)
+        for deployment in ready.order_by("model_name", "-ready_at"):
             if deployment.model_name not in seen:
                 seen.add(deployment.model_name)
                 data.append(_model(deployment))
@@ -186,7 +191,10 @@ class CompletionsView(OpenAIView):
         body.is_valid(raise_exception=True)
         body = {**OPENAI_DEFAULTS, **body.validated_data}
         deployment = _deployment(request.user, body["model"])
-        params = GenerateParams(prompt=body["prompt"], max_tokens=body["max_tokens"],
+        fitted = fit_prompt(deployment, body["prompt"], max_tokens=body.get("max_tokens"),
+                            default_max_tokens=COMPLETION_MAX_TOKENS,
+                            truncate_prompt_tokens=body.get("truncate_prompt_tokens"), prompt_param="prompt")
+        params = GenerateParams(prompt=fitted.prompt, max_tokens=fitted.max_tokens,
                                 temperature=body["temperature"], top_k=body["top_k"], top_p=body["top_p"],
                                 seed=body["seed"], stop=tuple(body.get("stop", ())))
         return _answer(Answer("text", deployment.model_name, _include_usage(body)), deployment, params,
@@ -202,13 +210,15 @@ class ChatCompletionsView(OpenAIView):
         template = deployment.prompt_template
         defaults = {**OPENAI_DEFAULTS, "max_tokens": CHAT_MAX_TOKENS}
         defaults.update({k: v for k, v in (template.sampling if template else {}).items() if k in defaults})
-        given = {k: v for k, v in body.items() if k in defaults}
-        if "max_completion_tokens" in body:  # OpenAI's newer name for max_tokens
-            given["max_tokens"] = body["max_completion_tokens"]
-        sampling = {**defaults, **given}
+        sampling = {**defaults, **{k: v for k, v in body.items() if k in defaults}}
         chat = chat_prompt(body["messages"], template.chat_template if template else DEFAULT_CHAT_TEMPLATE,
                            template.examples if template else ())
-        params = GenerateParams(prompt=chat.prompt, max_tokens=sampling["max_tokens"],
+        named = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"  # OpenAI's newer name
+        fitted = fit_prompt(deployment, chat.prompt, max_tokens=body.get(named),
+                            default_max_tokens=defaults["max_tokens"],
+                            truncate_prompt_tokens=body.get("truncate_prompt_tokens"), prompt_param="messages",
+                            max_tokens_param=named)
+        params = GenerateParams(prompt=fitted.prompt, max_tokens=fitted.max_tokens,
                                 temperature=sampling["temperature"], top_k=sampling["top_k"],
                                 top_p=sampling["top_p"], seed=sampling["seed"],
                                 stop=(chat.stop, *body.get("stop", ())))

@@ -42,7 +42,8 @@ def exception_handler(exc, context):
     """The answer to ``exc`` raised by an OpenAI-compatible view, or None for a bug (a 500)."""
     if isinstance(exc, ServingError):
         kind = "server_error" if exc.status >= 500 else "invalid_request_error"
-        return JsonResponse(error_body(exc.message, kind, code=exc.code), status=exc.status)
+        return JsonResponse(error_body(exc.message, kind, param=getattr(exc, "param", None), code=exc.code),
+                            status=exc.status)
     if isinstance(exc, RequestDataTooBig):
         return JsonResponse(error_body(too_large_message(body_limit())),
                             status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE)

@@ -3,8 +3,11 @@
 A null is the same as a field left out (OpenAI's clients send either). A field this server does not know is refused
 ("Unrecognized request argument supplied"), as OpenAI does; one it knows but does not implement is accepted at its
 neutral value only (``echo: false``, ``presence_penalty: 0``, …), and refused otherwise, so that no request is
-silently answered as if it had asked for less. ``user`` is accepted and ignored. Sampling is bounded as in the
-deployments' own API (webapp.api.serving_serializers); ``top_k`` is this server's addition.
+silently answered as if it had asked for less; so is a key of a message or of stream_options it does not read.
+``user`` is accepted and ignored. Sampling is bounded as in the deployments' own API
+(webapp.api.serving_serializers); ``top_k`` is this server's addition, ``truncate_prompt_tokens`` vLLM's (the
+prompt cut from the left to its last tokens: webapp.services.context_window, which also bounds max_tokens by the
+model's context).
 """
 from rest_framework import serializers
 
@@ -21,6 +24,19 @@ NEUTRAL = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (Fal
            "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
            "parallel_tool_calls": (True, False), "store": (False,), "metadata": ({},), "service_tier": ("auto",)}
 IGNORED = ("user",)
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for completions
+
+
+class ClosedSerializer(serializers.Serializer):
+    """A JSON object whose every key this server reads: another is refused by name, not dropped."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError({key: [f"Unrecognized argument supplied: {key}"]
+                                                   for key in unknown})
+        return super().to_internal_value(data)
 
 
 class PromptField(serializers.Field):
@@ -54,7 +70,7 @@ class StopField(serializers.Field):
         return stops
 
 
-class StreamOptions(serializers.Serializer):
+class StreamOptions(ClosedSerializer):
     include_usage = StrictBooleanField(required=False, default=False)
 
 
@@ -68,6 +84,7 @@ class OpenAIRequest(serializers.Serializer):
     stream = StrictBooleanField(required=False, default=False)
     stream_options = StreamOptions(required=False)
     n = StrictIntegerField(required=False, default=1)
+    truncate_prompt_tokens = StrictIntegerField(required=False, min_value=-1)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -88,6 +105,18 @@ class OpenAIRequest(serializers.Serializer):
             raise serializers.ValidationError(top_p_problem(value))
         return value
 
+    def validate_truncate_prompt_tokens(self, value):
+        if value == 0:
+            raise serializers.ValidationError("give the number of the prompt's last tokens to keep (1 or more), or "
+                                              "-1 for the model's context length")
+        return value
+
+    def validate(self, attrs):
+        if "stream_options" in attrs and not attrs.get("stream"):
+            raise serializers.ValidationError({"stream_options": ["stream_options is only allowed when stream is "
+                                                                  "true"]})
+        return attrs
+
     def validate_n(self, value):
         if value != 1:
             raise serializers.ValidationError(f"n={value}: this server answers one choice a request; give n=1 (or "
@@ -97,10 +126,11 @@ class OpenAIRequest(serializers.Serializer):
 
 class CompletionRequest(OpenAIRequest):
     prompt = PromptField()
-    max_tokens = StrictIntegerField(required=False, default=16, min_value=1, max_value=MAX_TOKENS)
+    # Left out: COMPLETION_MAX_TOKENS, lowered to what the model's context leaves (webapp.services.context_window).
+    max_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
 
 
-class MessageSerializer(serializers.Serializer):
+class MessageSerializer(ClosedSerializer):
     role = StrictCharField()
     content = serializers.JSONField()
     name = StrictCharField(required=False, max_length=200)
@@ -110,6 +140,10 @@ class MessageSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"role {value!r}: give system, developer, user or assistant (tools "
                                               f"and functions are not supported)")
         return ROLES[value]
+
+    def validate_name(self, value):
+        raise serializers.ValidationError("a participant's name is not supported: the prompt template writes a "
+                                          "turn's role and content only; leave name out")
 
     def validate_content(self, value):
         """A string, or content parts of type text (joined)."""
@@ -128,3 +162,11 @@ class ChatRequest(OpenAIRequest):
     # What is left out comes from the deployment's prompt template (its sampling), else OpenAI's defaults.
     max_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
     max_completion_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if "max_tokens" in attrs and attrs["max_tokens"] != attrs.get("max_completion_tokens", attrs["max_tokens"]):
+            raise serializers.ValidationError({"max_completion_tokens": [
+                f"{attrs['max_completion_tokens']} differs from max_tokens={attrs['max_tokens']}: give one of the "
+                f"two (max_completion_tokens is OpenAI's newer name for max_tokens)"]})
+        return attrs
