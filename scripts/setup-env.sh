@@ -61,6 +61,12 @@ ensure_chromium() {
     fonts-dejavu-core >/dev/null
 }
 
+ensure_aiperf() {
+  # The serving benchmark's client (deploy/aiperf_client.py) lives in an environment of its own in the user's cache
+  # folder: made once here, so that the test that runs it does not spend its install time inside the suite.
+  "$PY" -c 'from deploy.aiperf_client import aiperf_executable; aiperf_executable()'
+}
+
 ensure_slurm() {
   # The Slurm tests build a real two-node cluster (tests/slurm_cluster.py) from Debian's packages: as root, install
   # them if a part is missing. Package scripts must start no daemon (the tests start their own): policy-rc.d says no.

@@ -8,6 +8,7 @@ cd "$REPO"
 ensure_redis
 ensure_slurm
 ensure_chromium
+ensure_aiperf
 
 if [ -n "${DATABASE_URL:-}" ] && [[ "$DATABASE_URL" == postgres* ]]; then
   if ! pg_isready -q -h 127.0.0.1 2>/dev/null && command -v pg_ctlcluster >/dev/null; then
