@@ -18,7 +18,7 @@ QWEN_RENORMALISED = QWEN.replace(topk_norm="auto")  # top-2 weights renormalised
 REFERENCES = {"qwen": QWEN, "mixtral": MIXTRAL, "mixtral-3": MIXTRAL_3, "qwen-renormalised": QWEN_RENORMALISED}
 # name: (processes, reference, plan fields)
 PLANS = {
-    "dp4-ep2-shared": (4, "qwen", dict(dp=4, ep=2)),  # 2 replicas × 2 expert shards; the shared expert dense
+    "dp2-ep2-shared": (2, "qwen", dict(dp=2, ep=2)),  # 2 expert shards; the shared expert dense, replicated
     "tp2-sp-shared": (2, "qwen", dict(tp=2, sequence_parallel=True)),
     "pp2": (2, "mixtral", dict(pp=2, pipeline_schedule="1f1b")),
     # zero bubble: backward split into input and weight gradients, the aux loss's share in both
