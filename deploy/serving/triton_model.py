@@ -21,7 +21,6 @@ import sys
 import threading
 from pathlib import Path
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -33,42 +32,23 @@ from workbench_serving.layout import SERVING, TOKENIZER, Codec, read_json  # noq
 from workbench_serving.model import PREFIX_BLOCK_SIZE  # noqa: E402
 from workbench_serving.sampling import Sampling  # noqa: E402
 from workbench_serving.tensor_parallel import build_rank_model, device_for, start_leader  # noqa: E402
-
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64]
-SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
-RATE_BUCKETS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500]
+from workbench_serving.triton_io import (BATCH_BUCKETS, FINAL, TritonMetrics, as_text, metric_family,  # noqa: E402
+                                         read_input, response)
 
 
-def _family(name: str, description: str, kind):
-    return pb_utils.MetricFamily(name=name, description=description, kind=kind)
-
-
-class TritonMetrics:
-    """The engine's figures on Triton's metrics endpoint, labelled by model and version."""
+class EngineMetrics(TritonMetrics):
+    """Every engine's figures, and what only this engine has: its prefill batches and its prefix cache."""
 
     def __init__(self, labels: dict[str, str]):
-        H, G, C = pb_utils.MetricFamily.HISTOGRAM, pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
-        # The families must outlive their metrics: both are kept on self.
-        self.families = [
-            _family("workbench_time_to_first_token_seconds", "From a request's arrival to its first token", H),
-            _family("workbench_decode_batch_size", "Sequences served by each decode step", H),
-            _family("workbench_tokens_per_second", "Decode rate of each finished request, tokens per second", H),
-            _family("workbench_generated_tokens_total", "Tokens generated", C),
-            _family("workbench_active_sequences", "Sequences in the engine's slots", G),
-            _family("workbench_requests_total", "Requests answered, by finish reason", C),
-            _family("workbench_prefill_batch_size", "Prompts (or chunks of prompts) computed by each prefill", H),
-            _family("workbench_prefix_cache_lookups_total", "Prompts looked up in the prefix cache", C),
-            _family("workbench_prefix_cache_hits_total", "Prompts that found a prefix in the prefix cache", C),
-            _family("workbench_prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache", C)]
-        ttft, batch, rate, tokens, active, self.requests, prefill, lookups, hits, hit_tokens = self.families
-        self.labels = labels
-        self.by_reason: dict[str, object] = {}
-        self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
-        self.batch = batch.Metric(labels=labels, buckets=BATCH_BUCKETS)
-        self.rate = rate.Metric(labels=labels, buckets=RATE_BUCKETS)
-        self.tokens = tokens.Metric(labels=labels)
-        self.sequences = active.Metric(labels=labels)
+        super().__init__(labels)
+        H, C = pb_utils.MetricFamily.HISTOGRAM, pb_utils.MetricFamily.COUNTER
+        own = [metric_family("workbench_prefill_batch_size", "Prompts (or chunks of prompts) computed by each prefill",
+                             H),
+               metric_family("workbench_prefix_cache_lookups_total", "Prompts looked up in the prefix cache", C),
+               metric_family("workbench_prefix_cache_hits_total", "Prompts that found a prefix in the prefix cache", C),
+               metric_family("workbench_prefix_cache_hit_tokens_total", "Prompt tokens taken from the prefix cache", C)]
+        self.families += own
+        prefill, lookups, hits, hit_tokens = own
         self.prefill = prefill.Metric(labels=labels, buckets=BATCH_BUCKETS)
         self.lookups, self.hits = lookups.Metric(labels=labels), hits.Metric(labels=labels)
         self.hit_tokens = hit_tokens.Metric(labels=labels)
@@ -88,35 +68,8 @@ class TritonMetrics:
             self.hits.increment(1)
             self.hit_tokens.increment(cached_tokens)
 
-    def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
-        if reason not in self.by_reason:
-            self.by_reason[reason] = self.requests.Metric(labels={**self.labels, "finish_reason": reason})
-        self.by_reason[reason].increment(1)
-        self.tokens.increment(completion_tokens)
-        if completion_tokens > 1 and decode_seconds > 0:
-            self.rate.observe((completion_tokens - 1) / decode_seconds)
-
     def active(self, sequences: int) -> None:
         self.sequences.set(sequences)
-
-
-def _tensor(name: str, values, dtype) -> "pb_utils.Tensor":
-    return pb_utils.Tensor(name, np.array(values, dtype=dtype))
-
-
-def _token_response(text: str, token_id: int) -> "pb_utils.InferenceResponse":
-    """A streamed token: its text and id only; the counts and the reason come with the last response."""
-    return pb_utils.InferenceResponse(output_tensors=[
-        _tensor("text_output", [text.encode()], object), _tensor("token_ids", [token_id], np.int32)])
-
-
-def _final_response(text: str, token_ids: list[int], result: Result) -> "pb_utils.InferenceResponse":
-    return pb_utils.InferenceResponse(output_tensors=[
-        _tensor("text_output", [text.encode()], object),
-        _tensor("token_ids", token_ids, np.int32),
-        _tensor("finish_reason", [result.finish_reason.encode()], object),
-        _tensor("prompt_tokens", [result.prompt_tokens], np.int32),
-        _tensor("completion_tokens", [result.completion_tokens], np.int32)])
 
 
 class Outbox:
@@ -152,12 +105,13 @@ class ResponseSink:
 
     def on_token(self, text: str, token_id: int) -> None:
         self.streamed = True
-        self.outbox.send(self.sender, lambda: _token_response(text, token_id))
+        self.outbox.send(self.sender, lambda: response(text, [token_id]))
 
     def on_finish(self, result: Result) -> None:
         text = result.unsent if self.streamed else result.text
         ids = [] if self.streamed else result.token_ids
-        self.outbox.send(self.sender, lambda: _final_response(text, ids, result), FINAL)
+        final = (result.finish_reason, result.prompt_tokens, result.completion_tokens)
+        self.outbox.send(self.sender, lambda: response(text, ids, final), FINAL)
 
     def on_error(self, message: str) -> None:
         self.outbox.send(self.sender, lambda: pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
@@ -165,18 +119,6 @@ class ResponseSink:
 
     def is_cancelled(self) -> bool:
         return self.sender.is_cancelled()
-
-
-def _input(request, name: str, default):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return default
-    values = tensor.as_numpy().reshape(-1)
-    return values.tolist() if name == "stop" else (values[0] if values.size else default)
-
-
-def _text(value) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 class TritonPythonModel:
@@ -201,7 +143,7 @@ class TritonPythonModel:
             runner = build_rank_model(folder, 0, 1, slots, device_for(kind, base, 0), dtype, prefix_blocks)
         self.codec = Codec(folder / TOKENIZER)
         labels = {"model": args["model_name"], "version": args["model_version"]}
-        self.metrics = TritonMetrics(labels)
+        self.metrics = EngineMetrics(labels)
         self.outbox = Outbox()
         self.engine = Engine(runner, self.codec, seq_len, self.metrics, device_for(kind, base, 0),
                              int(params.get("prefill_chunk_tokens", PREFILL_CHUNK)))
@@ -211,17 +153,18 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                stream = bool(_input(request, "stream", False))
+                stream = bool(read_input(request, "stream", False))
                 if stream and not self.decoupled:
                     raise ValueError("streaming needs the model exported as decoupled; ask without stream")
-                seed = int(_input(request, "seed", -1))
-                prompt = self.codec.encode(_text(_input(request, "text_input", b"")))
+                seed = int(read_input(request, "seed", -1))
+                prompt = self.codec.encode(as_text(read_input(request, "text_input", b"")))
                 self.engine.submit(Request(
                     prompt_ids=prompt, sink=ResponseSink(sender, self.outbox),
-                    max_tokens=int(_input(request, "max_tokens", 64)),
-                    sampling=Sampling(float(_input(request, "temperature", 0.0)), int(_input(request, "top_k", 0)),
-                                      float(_input(request, "top_p", 1.0)), seed if seed >= 0 else None),
-                    stop=tuple(_text(s) for s in _input(request, "stop", []) if s), stream=stream))
+                    max_tokens=int(read_input(request, "max_tokens", 64)),
+                    sampling=Sampling(float(read_input(request, "temperature", 0.0)),
+                                      int(read_input(request, "top_k", 0)), float(read_input(request, "top_p", 1.0)),
+                                      seed if seed >= 0 else None),
+                    stop=tuple(as_text(s) for s in read_input(request, "stop", []) if s), stream=stream))
             except (ValueError, TypeError, OverflowError) as exc:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad request: {exc}")),
                             flags=FINAL)

@@ -2,6 +2,7 @@
 
     <repository>/<name>/config.pbtxt      the workbench engine's inputs and outputs (deploy.export.config_pbtxt)
     <repository>/<name>/1/model.py        deploy/vllm/triton_model.py: vLLM's AsyncLLM in Triton's Python backend
+    <repository>/<name>/1/triton_io.py    deploy/serving/triton_io.py: inputs, responses and metrics, as ours
     <repository>/<name>/1/hf/             the checkpoint in the Hugging Face layout (deploy.hf_export), in the dtype
                                           vLLM computes in
     <repository>/<name>/1/serving.json    the export's report, with vLLM's engine arguments under "vllm"
@@ -27,6 +28,8 @@ from trainer.contract import ModelSpec
 from trainer.contract.manifest import read_manifest
 
 TRITON_MODEL = Path(__file__).parent / "triton_model.py"
+# the requests, responses and metrics every engine's model shares, copied beside model.py
+TRITON_IO = Path(__file__).parent.parent / "serving" / "triton_io.py"
 HF_FOLDER, SERVING = "hf", "serving.json"  # the names triton_model.py reads
 MIN_KV_CACHE_BYTES = 64 * 2 ** 20
 # On the CPU vLLM compiles nothing (torch.compile of a model takes minutes there) and schedules at most this many
@@ -87,6 +90,7 @@ def export(checkpoint: str | Path, repository: str | Path, options: ExportOption
         except HFExportError as exc:
             raise ExportError(f"the Hugging Face layout vLLM loads could not be written: {exc}") from None
         shutil.copyfile(TRITON_MODEL, version / "model.py")
+        shutil.copyfile(TRITON_IO, version / TRITON_IO.name)
         report = serving_report(prepared, options, entry, prepared.seconds + time.perf_counter() - started)
         report.update(compute_dtype_cpu=arguments["dtype"], compute_dtype_gpu=arguments["dtype"],
                       vllm=arguments, hf_model_type=hf["model_type"])

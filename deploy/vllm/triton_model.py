@@ -28,14 +28,13 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from triton_io import FINAL, TritonMetrics, as_text, read_input, response  # noqa: E402  (copied beside this file)
+
 HF_FOLDER, SERVING = "hf", "serving.json"
-BATCH_BUCKETS = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64]
-SECONDS_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
-RATE_BUCKETS = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500]
 # vLLM's finish reasons → the workbench engine's ("abort": the request was cancelled)
 FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
@@ -57,41 +56,6 @@ def _prepare_process_start() -> None:
     os.environ.setdefault("PYTHONUTF8", "1")
     if locale.getpreferredencoding(False).lower().replace("-", "") != "utf8":
         locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
-
-
-class TritonMetrics:
-    """The workbench engine's metric families, with what vLLM's outputs and scheduler statistics tell."""
-
-    def __init__(self, labels: dict[str, str]):
-        H, G, C = pb_utils.MetricFamily.HISTOGRAM, pb_utils.MetricFamily.GAUGE, pb_utils.MetricFamily.COUNTER
-
-        def family(name: str, description: str, kind):
-            return pb_utils.MetricFamily(name=name, description=description, kind=kind)
-
-        # The families must outlive their metrics: both are kept on self.
-        self.families = [
-            family("workbench_time_to_first_token_seconds", "From a request's arrival to its first token", H),
-            family("workbench_decode_batch_size", "Sequences served by each decode step", H),
-            family("workbench_tokens_per_second", "Decode rate of each finished request, tokens per second", H),
-            family("workbench_generated_tokens_total", "Tokens generated", C),
-            family("workbench_active_sequences", "Sequences in the engine's slots", G),
-            family("workbench_requests_total", "Requests answered, by finish reason", C)]
-        ttft, batch, rate, tokens, active, self.requests = self.families
-        self.labels = labels
-        self.by_reason: dict[str, object] = {}
-        self.ttft = ttft.Metric(labels=labels, buckets=SECONDS_BUCKETS)
-        self.batch = batch.Metric(labels=labels, buckets=BATCH_BUCKETS)
-        self.rate = rate.Metric(labels=labels, buckets=RATE_BUCKETS)
-        self.tokens = tokens.Metric(labels=labels)
-        self.sequences = active.Metric(labels=labels)
-
-    def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
-        if reason not in self.by_reason:
-            self.by_reason[reason] = self.requests.Metric(labels={**self.labels, "finish_reason": reason})
-        self.by_reason[reason].increment(1)
-        self.tokens.increment(completion_tokens)
-        if completion_tokens > 1 and decode_seconds > 0:
-            self.rate.observe((completion_tokens - 1) / decode_seconds)
 
 
 def _scheduler_logger(metrics: TritonMetrics):
@@ -117,27 +81,6 @@ def _scheduler_logger(metrics: TritonMetrics):
     return SchedulerFigures
 
 
-def _input(request, name: str, default):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return default
-    values = tensor.as_numpy().reshape(-1)
-    return values.tolist() if name == "stop" else (values[0] if values.size else default)
-
-
-def _text(value) -> str:
-    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def _response(text: str, token_ids: list[int], final: tuple[str, int, int] | None = None):
-    tensors = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object)),
-               pb_utils.Tensor("token_ids", np.array(token_ids, dtype=np.int32))]
-    if final is not None:
-        reason, prompt_tokens, completion_tokens = final
-        tensors += [pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=object)),
-                    pb_utils.Tensor("prompt_tokens", np.array([prompt_tokens], dtype=np.int32)),
-                    pb_utils.Tensor("completion_tokens", np.array([completion_tokens], dtype=np.int32))]
-    return pb_utils.InferenceResponse(output_tensors=tensors)
 
 
 def _error(message: str):
@@ -187,24 +130,24 @@ class TritonPythonModel:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        stream = bool(_input(request, "stream", False))
+        stream = bool(read_input(request, "stream", False))
         if stream and not self.decoupled:
             raise ValueError("streaming needs the model exported as decoupled; ask without stream")
-        prompt = self.tokenizer.encode(_text(_input(request, "text_input", b""))).ids
+        prompt = self.tokenizer.encode(as_text(read_input(request, "text_input", b""))).ids
         if not prompt:
             raise ValueError("the prompt is empty: vLLM needs at least one token to continue")
         # The model's window holds prompt and answer: a longer prompt keeps its end, the answer stops at the window.
         prompt = prompt[-(self.max_model_len - 1):]
-        max_tokens = int(_input(request, "max_tokens", 64))
+        max_tokens = int(read_input(request, "max_tokens", 64))
         if max_tokens < 1:
             raise ValueError(f"max_tokens {max_tokens}: ask for at least 1")
-        seed = int(_input(request, "seed", -1))
-        top_k = int(_input(request, "top_k", 0))
+        seed = int(read_input(request, "seed", -1))
+        top_k = int(read_input(request, "top_k", 0))
         params = SamplingParams(
-            temperature=float(_input(request, "temperature", 0.0)), top_k=max(top_k, 0),
-            top_p=float(_input(request, "top_p", 1.0)), seed=seed if seed >= 0 else None,
+            temperature=float(read_input(request, "temperature", 0.0)), top_k=max(top_k, 0),
+            top_p=float(read_input(request, "top_p", 1.0)), seed=seed if seed >= 0 else None,
             max_tokens=min(max_tokens, self.max_model_len - len(prompt)),
-            stop=[s for s in (_text(v) for v in _input(request, "stop", [])) if s] or None,
+            stop=[s for s in (as_text(v) for v in read_input(request, "stop", [])) if s] or None,
             skip_special_tokens=False, spaces_between_special_tokens=False,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
         return prompt, params
@@ -228,14 +171,14 @@ class TritonPythonModel:
                 completion += len(ids)
                 if output.finished:
                     reason = FINISH_REASONS.get(delta.finish_reason or "stop", str(delta.finish_reason))
-                    sender.send(_response(delta.text, ids, (reason, len(prompt), completion)), flags=FINAL)
+                    sender.send(response(delta.text, ids, (reason, len(prompt), completion)), flags=FINAL)
                     break
                 if ids or delta.text:
-                    sender.send(_response(delta.text, ids))
+                    sender.send(response(delta.text, ids))
             else:
                 reason = "cancelled"  # the stream ended without a finished output: vLLM aborted it
             if reason == "cancelled":
-                sender.send(_response("", [], (reason, len(prompt), completion)), flags=FINAL)
+                sender.send(response("", [], (reason, len(prompt), completion)), flags=FINAL)
         except Exception as exc:  # noqa: BLE001 - one request's failure is told to its client, not the others'
             pb_utils.Logger.log_warn(f"request {request_id} failed: {type(exc).__name__}: {exc}")
             try:
