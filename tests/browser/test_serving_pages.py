@@ -37,6 +37,32 @@ def _expected_failures(page):
     page.problems.messages[:] = [m for m in page.problems.messages if not FAILED_LOAD.search(m)]
 
 
+def test_the_deploy_page_offers_vllm_only_for_a_checkpoint_it_can_serve(signed_in_page, parts, sent, tmp_path):
+    """Choosing a checkpoint swaps the engine field: vLLM disabled with the reason for a head size its CPU attention
+    has no kernel for, offered for one it has; a deployment made on vLLM lists its engine."""
+    page = signed_in_page
+    checkpoint, server = parts
+    head16 = serving.imported(page.user, serving.checkpoint_folder(
+        tmp_path / "data" / "head16", model=serving.SMALL_MODEL.replace(name="head16", n_heads=8)))
+    page.goto(f"/deploy/?checkpoint={checkpoint.pk}")
+    engine = page.get_by_label("Engine")
+    expect(engine.locator('option[value="vllm"]')).to_be_enabled()
+    page.get_by_label("Checkpoint", exact=True).select_option(str(head16.pk))
+    expect(page.get_by_label("Model name")).to_have_value("head16-step-7")
+    expect(engine.locator('option[value="vllm"]')).to_be_disabled()
+    expect(engine).to_have_value("workbench")
+    expect(page.get_by_test_id("engine-hint")).to_contain_text("vllm cannot: head_dim 16")
+    check_page(page, "deploy-engines", phone=True)
+    page.get_by_label("Checkpoint", exact=True).select_option(str(checkpoint.pk))
+    expect(engine.locator('option[value="vllm"]')).to_be_enabled()
+    engine.select_option("vllm")
+    page.get_by_role("button", name="Deploy").click()
+    expect(page.get_by_text("small-step-7) is queued")).to_be_visible()
+    deployment = models.Deployment.objects.get()
+    assert deployment.engine == "vllm" and sent == [("workbench.deployments.deploy", deployment.pk)]
+    expect(page.get_by_test_id(f"deployment-engine-{deployment.pk}")).to_have_text("vllm")
+
+
 def test_the_deploy_page_refuses_beside_the_field_then_deploys_and_shows_the_status(signed_in_page, parts, sent):
     page = signed_in_page
     checkpoint, server = parts

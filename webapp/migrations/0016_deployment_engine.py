@@ -13,6 +13,6 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='deployment',
             name='engine',
-            field=models.CharField(choices=[('workbench', "Workbench engine (this project's, any model)"), ('vllm', 'vLLM')], default='workbench', help_text="What serves it in Triton: the workbench engine, or vLLM from the checkpoint's Hugging Face layout", max_length=16),
+            field=models.CharField(choices=[('workbench', 'Workbench engine'), ('vllm', 'vLLM')], default='workbench', help_text="What serves it in Triton: the workbench engine, or vLLM from the checkpoint's Hugging Face layout", max_length=16),
         ),
     ]

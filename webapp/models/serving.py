@@ -59,7 +59,7 @@ class Deployment(Owned):
         INT8 = "int8", "int8 weight-only"
 
     class Engine(models.TextChoices):
-        WORKBENCH = "workbench", "Workbench engine (this project's, any model)"
+        WORKBENCH = "workbench", "Workbench engine"
         VLLM = "vllm", "vLLM"
 
     checkpoint = models.ForeignKey(Checkpoint, on_delete=models.PROTECT, related_name="deployments")
