@@ -15,19 +15,17 @@ over its own folder.
 import json
 import logging
 import shutil
-import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
-from django.conf import settings
 from django.utils import timezone
 
 from trainer.contract.manifest import read_manifest
 from webapp.models import CheckpointConversion
 from webapp.services import conversions
 from webapp.services.tasks import TaskName, enqueue
+from workers.deploy_commands import REFUSED, CommandStopped, run_deploy_command
 
 log = logging.getLogger(__name__)
 Kind = CheckpointConversion.Kind
@@ -45,46 +43,25 @@ def conversion_command(conversion: CheckpointConversion) -> list[str]:
     return command if conversion.kind == Kind.IMPORT_HF else [*command, "--overwrite"]
 
 
-def _lines(text: str) -> list[str]:
-    return [line.strip() for line in (text or "").splitlines() if line.strip()]
-
-
 def _run(conversion: CheckpointConversion) -> dict:
     """The process's JSON report; ConversionFailed with its refusal, its failure's last line, or a time out."""
-    started = time.monotonic()
-    with open(Path(conversion.target).parent / f".{Path(conversion.target).name}.stderr", "w+") as err:
-        process = subprocess.Popen(conversion_command(conversion), stdout=subprocess.PIPE, stderr=err, text=True,
-                                   cwd=settings.BASE_DIR)
-        try:
-            while True:
-                try:
-                    out, _ = process.communicate(timeout=PROGRESS_EVERY_S)
-                    break
-                except subprocess.TimeoutExpired:  # no output is lost: communicate is called again
-                    elapsed = time.monotonic() - started
-                    if elapsed > TIMEOUT_S:
-                        raise ConversionFailed(f"{conversion.kind} ran over {TIMEOUT_S:.0f} s and was stopped")
-                    err.seek(0)
-                    said = _lines(err.read())
-                    if not conversions.conversion_progress(
-                            conversion, f"{said[-1] if said else 'started'} ({elapsed:.0f} s so far)"):
-                        raise ConversionFailed("superseded")  # another delivery claimed it
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.communicate()
-            err.seek(0)
-            errors = _lines(err.read())
-        Path(err.name).unlink(missing_ok=True)
-    last = errors[-1].removeprefix("error: ") if errors else ""
-    if process.returncode == 2:
-        raise ConversionFailed(f"{conversion.kind} refused: {last}")
-    if process.returncode != 0:
-        raise ConversionFailed(f"{conversion.kind} failed (exit status {process.returncode}): "
-                               f"{last or 'it printed nothing'}")
+    def progress(elapsed: float, said: str) -> bool:
+        return conversions.conversion_progress(conversion, f"{said or 'started'} ({elapsed:.0f} s so far)")
+
     try:
-        return json.loads(_lines(out)[-1])
-    except (IndexError, ValueError):
+        ended = run_deploy_command(conversion_command(conversion), TIMEOUT_S, PROGRESS_EVERY_S, progress)
+    except CommandStopped as stopped:
+        if stopped.timed_out:
+            raise ConversionFailed(f"{conversion.kind} ran over {TIMEOUT_S:.0f} s and was stopped") from None
+        raise ConversionFailed("superseded") from None  # another delivery claimed it
+    if ended.status == REFUSED:
+        raise ConversionFailed(f"{conversion.kind} refused: {ended.last_error}")
+    if ended.status != 0:
+        raise ConversionFailed(f"{conversion.kind} failed (exit status {ended.status}): "
+                               f"{ended.last_error or 'it printed nothing'}")
+    try:
+        return json.loads(ended.report_line)
+    except ValueError:
         return {}
 
 

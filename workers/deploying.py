@@ -23,13 +23,11 @@ going stops at its next step and unloads what it loaded.
 """
 import json
 import logging
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -37,6 +35,7 @@ from deploy.client import GenerateParams, TritonClient, TritonError, TritonUnava
 from webapp.finite import finite
 from webapp.models import Deployment
 from webapp.services.deployments import deployment_access_problem
+from workers.deploy_commands import REFUSED, CommandStopped, run_deploy_command
 
 log = logging.getLogger(__name__)
 Status = Deployment.Status
@@ -114,49 +113,34 @@ def export_command(deployment: Deployment) -> list[str]:
     command = [sys.executable, "-m", "deploy", "export", "--checkpoint", deployment.checkpoint.path,
                "--repository", deployment.server.model_repository, "--name", deployment.model_name,
                "--reduction", deployment.reduction, "--tensor-parallel", str(deployment.tensor_parallel),
-               "--instances", str(deployment.instances), "--kind", deployment.server.instance_kind]
+               "--instances", str(deployment.instances), "--kind", deployment.server.instance_kind,
+               "--engine", deployment.engine]
     return command if deployment.streaming else [*command, "--no-stream"]
-
-
-def _last_line(text: str) -> str:
-    lines = [line for line in (text or "").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else ""
 
 
 def _export(deployment: Deployment, since) -> dict:
     """The exporter's report; DeployFailed with its refusal (exit 2), its crash, or its time out."""
-    started = time.monotonic()
-    process = subprocess.Popen(export_command(deployment), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, cwd=settings.BASE_DIR)
+    def progress(elapsed: float, _said: str) -> bool:
+        _write(deployment, since, status_message=_exporting(deployment, elapsed))
+        return True
+
     try:
-        while True:
-            try:
-                out, err = process.communicate(timeout=PROGRESS_EVERY_S)
-                break
-            except subprocess.TimeoutExpired:  # no output is lost: communicate is called again
-                elapsed = time.monotonic() - started
-                if elapsed > EXPORT_TIMEOUT_S:
-                    raise DeployFailed(f"the export ran over {EXPORT_TIMEOUT_S:.0f} s and was stopped: deploy a "
-                                       f"smaller reduction or model, or on a faster machine") from None
-                _write(deployment, since, status_message=_exporting(deployment, elapsed))
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
-    if process.returncode == 2:
-        refusal = _last_line(err).removeprefix("error: ")
-        raise DeployFailed(f"the export was refused: {refusal}")
-    if process.returncode != 0:
-        raise DeployFailed(f"the export failed (exit status {process.returncode}); its last words:\n"
-                           f"{(err or '').strip()[-2000:]}")
+        ended = run_deploy_command(export_command(deployment), EXPORT_TIMEOUT_S, PROGRESS_EVERY_S, progress)
+    except CommandStopped:
+        raise DeployFailed(f"the export ran over {EXPORT_TIMEOUT_S:.0f} s and was stopped: deploy a smaller "
+                           f"reduction or model, or on a faster machine") from None
+    if ended.status == REFUSED:
+        raise DeployFailed(f"the export was refused: {ended.last_error}")
+    if ended.status != 0:
+        raise DeployFailed(f"the export failed (exit status {ended.status}); its last words:\n{ended.stderr_tail}")
     try:
-        report = finite(json.loads(_last_line(out)))  # a perplexity may be infinite; jsonb holds no infinity
+        report = finite(json.loads(ended.report_line))  # a perplexity may be infinite; jsonb holds no infinity
         smoke = report["smoke"]
         smoke = {**smoke, "prompt": str(smoke["prompt"]), "max_tokens": int(smoke["max_tokens"]),
                  "token_ids": [int(t) for t in smoke["token_ids"]]}
     except (ValueError, KeyError, TypeError) as exc:  # the smoke check needs these; nothing else is read
         raise DeployFailed(f"the exporter's report could not be read ({type(exc).__name__}: {exc}): "
-                           f"{_last_line(out)[:500]!r}") from None
+                           f"{ended.report_line[:500]!r}") from None
     return {**report, "smoke": smoke}
 
 
