@@ -24,7 +24,8 @@ from ..selectors.lineage import conversions_visible_to
 from ..services.conversions import models_root
 from ..services.deployments import MAX_TENSOR_PARALLEL, checkpoint_engines
 
-IN_PROGRESS = (Deployment.Status.PENDING, Deployment.Status.EXPORTING, Deployment.Status.LOADING)
+IN_PROGRESS = (Deployment.Status.PENDING, Deployment.Status.EXPORTING, Deployment.Status.LOADING,
+               Deployment.Status.RELOADING)
 LISTED = 100
 UNDEPLOY_POLLS = 60  # two minutes at one poll every 2 s
 

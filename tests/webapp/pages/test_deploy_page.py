@@ -143,6 +143,9 @@ def test_it_polls_the_status_while_a_deployment_is_on_its_way_and_stops_when_non
     rows = client.get("/deploy/deployments/").content.decode()
     assert 'hx-trigger="every 2s"' not in rows
     assert f'data-testid="deployment-status-{moving.pk}">ready<' in rows
+    moving.status = Status.RELOADING  # its server came back without it: the reconcile pass loads it again
+    moving.save()
+    assert 'hx-trigger="every 2s"' in client.get("/deploy/deployments/").content.decode()
 
 
 def test_it_undeploys_through_the_service_and_watches_until_unloaded(client, alice, bob, trained, nowhere, sent,
