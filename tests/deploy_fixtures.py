@@ -23,6 +23,18 @@ from trainer.contract import DatasetSpec, ModelSpec, OptimizerSpec, ParallelPlan
 from trainer.contract.manifest import step_dir
 from trainer.contract.presets import demo_text, local_cpu_cluster
 
+def greedy_of(checkpoint: Path):
+    """The trainer's own greedy continuation of a prompt by ``checkpoint``: what a served model must answer."""
+    from trainer.generate import generate, load_model_from_checkpoint
+
+    model, tokenizer = load_model_from_checkpoint(checkpoint)
+
+    def greedy(prompt: str, n: int) -> list[int]:
+        ids = tokenizer.encode(prompt)
+        return generate(model, ids, n, temperature=0)[len(ids):]
+    return greedy
+
+
 TEXT_BYTES = 300_000  # ~145k training and ~7.6k validation tokens of a 512-token BPE
 SHAKESPEARE_MODEL = ModelSpec(name="shakespeare-small", n_layers=2, d_model=128, n_heads=4, seq_len=64,
                               vocab_size=512)

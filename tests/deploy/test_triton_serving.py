@@ -14,8 +14,8 @@ import pytest
 from deploy.client import GenerateParams, ModelNotReady, TritonClient, TritonUnavailable
 from deploy.export import ExportOptions, export
 from tests.deploy.test_export_families import family_checkpoint
+from tests.deploy_fixtures import greedy_of
 from tests.trainer.launch import free_port
-from trainer.generate import generate, load_model_from_checkpoint
 
 PROMPTS = ["ROMEO:", "\n", "First Citizen:\nWe are"]
 MODELS = {"par": dict(), "par-tp2": dict(tensor_parallel=2), "par-unary": dict(streaming=False)}
@@ -44,23 +44,14 @@ def served(triton, parallel_checkpoint, family_checkpoint_folder):
     client.close()
 
 
-def _greedy_of(checkpoint):
-    model, tokenizer = load_model_from_checkpoint(checkpoint)
-
-    def greedy(prompt: str, n: int) -> list[int]:
-        ids = tokenizer.encode(prompt)
-        return generate(model, ids, n, temperature=0)[len(ids):]
-    return greedy
-
-
 @pytest.fixture(scope="module")
 def reference(parallel_checkpoint):
-    return _greedy_of(parallel_checkpoint)
+    return greedy_of(parallel_checkpoint)
 
 
 @pytest.fixture(scope="module")
 def family_reference(family_checkpoint_folder):
-    return _greedy_of(family_checkpoint_folder)
+    return greedy_of(family_checkpoint_folder)
 
 
 def _metric(text: str, name: str, model: str, **labels) -> float:

@@ -26,8 +26,8 @@ from deploy.export import ExportOptions
 from deploy.prepare import ExportError
 from deploy.vllm import entry, rules, support
 from tests.deploy.test_export_families import family_checkpoint
+from tests.deploy_fixtures import greedy_of
 from trainer.contract.presets import MODELS
-from trainer.generate import generate, load_model_from_checkpoint
 
 # head_dim 64 (vLLM's CPU attention has no kernel for the presets' 16); the Llama's rotary scaling starts at its
 # original context of 32 positions, which the answers below pass; its window is long enough that a request the client
@@ -68,12 +68,7 @@ def served(triton, llama):
 @pytest.fixture(scope="module")
 def reference(llama):
     """The trainer's greedy tokens of the checkpoint."""
-    model, tokenizer = load_model_from_checkpoint(llama)
-
-    def greedy(prompt: str, n: int) -> list[int]:
-        ids = tokenizer.encode(prompt)
-        return generate(model, ids, n, temperature=0)[len(ids):]
-    return greedy
+    return greedy_of(llama)
 
 
 def _metric(text: str, name: str, model: str, **labels) -> float:

@@ -70,6 +70,7 @@ def _trained(run: models.Run) -> int:
     return sum(1 for _, record in read_jsonl(Path(run.run_dir) / METRICS) if "loss" in record)
 
 
+@pytest.mark.once  # a broker and a worker restarted around a real run: once, on the first database
 def test_a_run_trained_across_a_broker_restart_completes_with_every_step_ingested(own_redis, own_worker,
                                                                                  tiny_run_parts):
     worker, log = own_worker

@@ -97,6 +97,7 @@ def _until_unloaded(client, name: str, seconds: float = 60) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.once  # the real Triton and worker: once, on the first database
 @pytest.mark.slow
 def test_a_ready_deployment_whose_model_the_server_lost_is_loaded_again_from_its_entry_and_answers(
         owner, server, triton, exported, served_checkpoint, reconcile, sent):

@@ -48,6 +48,7 @@ def _finished(job_id: int, seconds: float) -> models.TuneJob:
     pytest.fail(f"tune job {job_id} still {job.status} after {seconds} s")
 
 
+@pytest.mark.once  # trial processes measured: once, on the first database
 def test_it_measures_the_best_plans_and_reports_progress(tune_client):
     client, dataset = tune_client
     request = {"model": TINY, "cluster": ONE_CPU, "global_batch": 4, "trials": {"dataset": dataset.id, "steps": 6}}
