@@ -28,6 +28,7 @@ from trainer.bench.ring import print_ring_rows, ring_vs_one
 from trainer.bench.zero import print_zero_rows, zero_step_times
 from trainer.contract import DatasetSpec
 from trainer.data import prepare_dataset
+from trainer.planner.estimate.step_model import BUBBLE, BUBBLE_ZERO
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,7 +89,8 @@ def _print_bubble(out: Path, dataset: DatasetSpec, args) -> None:
         print(f"   {r['schedule']:15s} {r['m']:2d}  {r['v']}   {r['theory']:.3f}    {meas:>13}            "
               f"{corr:>13} ({r['corrected_mean']:.3f})   {against:>8}   one-process host overhead "
               f"{r['host_overhead_one_process']:.3f}")
-    print("   theory: b/(1+b) of the step, b = (p−1)/(v·m), or (p−1)/(3·v·m) for the zero-bubble schedules\n")
+    print(f"   theory: b/(1+b) of the step, b = {BUBBLE.expr.text()}, or {BUBBLE_ZERO.expr.text()} for the "
+          f"zero-bubble schedules\n")
 
 
 def _print_activations() -> None:

@@ -95,6 +95,9 @@ def memory_view(answer: dict) -> dict:
             "stage_total": figure("total", "total", stage["total"]),
             "capacity": figure("capacity", f"memory per {rank['one']}", memory["capacity"]),
             "used": f"{100 * total / capacity:.2f} %" if capacity else "–",
+            # the range the GPU's overheads give (none on the cpu preset, which has no caching allocator)
+            "band": ({end: amount(memory["band"][end], "bytes") for end in ("low", "high")}
+                     if memory["band"]["high"] > memory["band"]["low"] else None),
             "capacity_at": _percent(capacity, scale), "fits": memory["fits"], "rank": memory["peak_rank"],
             "stage": stage["stage"], "rule": memory.get("rank_rule", ""),
             "stages": [{"stage": s["stage"], "rank": s["rank"], "total": amount(s["total"]["value"], "bytes"),

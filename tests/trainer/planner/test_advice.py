@@ -5,10 +5,10 @@ from trainer.contract import ParallelPlan, SpecError
 from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
 from trainer.planner.advice import Gemm, advise, gemm_efficiency
 from trainer.planner.advice.figures import refined_step
-from trainer.planner.advice.gpu_tiles import tiles_for
+from trainer.planner.estimate.gpu_kernels import kernels_for
 from trainer.planner.estimate.flops import model_flops_per_token
 
-A100 = tiles_for("A100-SXM-80GB")
+A100 = kernels_for("A100-SXM-80GB")
 GPT2 = MODELS["gpt2-small"]
 DP8 = ParallelPlan(dp=8, micro_batch=8, global_batch=64, precision="bf16")
 TP2 = ParallelPlan(dp=4, tp=2, micro_batch=8, global_batch=64, precision="bf16")
@@ -142,7 +142,7 @@ def test_the_command_line_prints_the_table_with_formula_lines(capsys):
 
 
 def test_the_gemms_of_a_swiglu_moe_block_are_its_gate_up_and_down_at_each_width():
-    from trainer.planner.advice.matmul import layer_gemms
+    from trainer.planner.estimate.gemms import layer_gemms
 
     model = MODELS["qwen1.5-moe-a2.7b"]
     plan = ParallelPlan(tp=2, micro_batch=1, global_batch=8, precision="bf16")

@@ -19,7 +19,8 @@ from trainer.planner.tune.bench_trials import calibration_plans
 from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
 from trainer.contract import ParallelPlan, SpecError
 
-TRUE = EstimateOptions(compute_efficiency=0.42, comm_efficiency=0.6, step_overhead_s=0.03, overhead_bytes=1.5e9,
+# the FLOPs model, the one a calibration fits
+TRUE = EstimateOptions(compute_model="efficiency", compute_efficiency=0.42, comm_efficiency=0.6, step_overhead_s=0.03, overhead_bytes=1.5e9,
                        fragmentation=0.08)
 PLANS = [ParallelPlan(dp=8 // (tp * pp), tp=tp, pp=pp, micro_batch=b, global_batch=64, precision="bf16",
                       sequence_parallel=sp, activation_checkpointing=ck)

@@ -29,6 +29,7 @@ from trainer.contract.schedules import Schedule
 from trainer.planner.estimate import estimate, inference_estimate
 from trainer.planner.estimate.figure import Figure, fig, total, walk
 from trainer.planner.estimate.options import EstimateOptions
+from trainer.planner.estimate.published import published_runs
 from trainer.planner.tune.space import SearchSpace, enumerate_plans
 
 REL_TOL = 1e-9
@@ -151,6 +152,8 @@ def training_estimates():
     for i, (model, clus, batch, n, options, space) in enumerate(_CASES):
         for j, plan in enumerate(_plans(model, clus, batch, n, space, seed=i)):
             out.append(estimate(model, plan, clus, options, token_budget=1e9 if j % 3 == 0 else None))
+    # Megatron's published runs: materialised attention, the tensor-parallel overlap, interleaved pipelines
+    out += [estimate(r.model, r.plan, r.cluster, r.options) for r in published_runs()]
     return out
 
 

@@ -4,6 +4,7 @@ import pytest
 from trainer.planner.estimate import estimate
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate.core import Planner, ring_all_reduce_s, ring_gather_s
+from trainer.planner.estimate.numbers import IN_MICROBATCH
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract.presets import MODELS, cluster
 from trainer.contract import ParallelPlan
@@ -46,7 +47,8 @@ def test_it_adds_the_pipeline_bubble_as_p_minus_1_over_m_and_v():
     base = dict(dp=8, tp=8, pp=2, micro_batch=1, global_batch=64, precision="bf16")
     one = p.evaluate(ParallelPlan(**base, pipeline_schedule="1f1b")).time
     inter = p.evaluate(ParallelPlan(**base, pipeline_schedule="interleaved", virtual_stages=4)).time
-    work = one["compute"] + one["tensor_parallel"]
+    work = sum(one[k] for k in IN_MICROBATCH if k in one)   # compute, tensor parallel, gradient accumulation
+    assert "gradient_accumulation" in one
     assert one["pipeline_bubble"] == pytest.approx(work * 1 / 8)
     assert inter["pipeline_bubble"] == pytest.approx(work * 1 / (4 * 8))
 
@@ -63,8 +65,10 @@ def test_it_moves_one_and_a_half_times_the_all_reduce_volume_under_zero3_with_on
 
 
 def test_it_estimates_gpt3_175b_mfu_in_the_published_range():
+    # Korthikanti et al. 2022 measured 51.4 % MFU for GPT-3 175B with sequence parallel and selective recompute on
+    # A100s; the kernel model, with flash attention, predicts more (docs/formulas.md, Against published runs)
     est = estimate(GPT3, MEGATRON_PLAN, cluster("A100-SXM-80GB", 128))
-    assert 0.35 < est.time["mfu"].value < 0.55  # Narayanan 2021: 44–52 % of peak on A100
+    assert 0.45 < est.time["mfu"].value < 0.62
     assert est.fits
 
 
@@ -84,7 +88,8 @@ def test_it_agrees_with_the_tuners_fast_path():
 
 def test_it_paces_a_pipeline_by_its_last_stage_which_holds_the_head():
     m, c = MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 1)
-    opts = EstimateOptions(efficiency_half_work=0.0)  # efficiency = compute_efficiency exactly
+    # the FLOPs model, efficiency = compute_efficiency exactly
+    opts = EstimateOptions(compute_model="efficiency", efficiency_half_work=0.0)
     p = Planner(m, c, opts)
     flat = p.evaluate(ParallelPlan(dp=8, micro_batch=1, global_batch=64, precision="bf16")).time["compute"]
     piped = p.evaluate(ParallelPlan(dp=2, pp=4, micro_batch=1, global_batch=64, precision="bf16")).time["compute"]

@@ -11,6 +11,7 @@ from trainer.contract.stages import stage_layer_counts
 from trainer.planner.estimate import estimate
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate.core import Planner
+from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import count, embedding_tensors, final_tensors, rank_params
 from trainer.planner.estimate.render import render_estimate
 from trainer.planner.schedule import schedule_orders, simulate, stage_weights
@@ -70,7 +71,8 @@ def test_each_stage_saves_the_activations_of_its_own_layers():
 
 def test_the_slowest_stage_sets_the_pace():
     even = ParallelPlan(pp=2, micro_batch=1, global_batch=8)
-    planner = Planner(MODELS["tiny-llama"], cluster("H100-SXM", 1, gpus_per_node=2))
+    planner = Planner(MODELS["tiny-llama"], cluster("H100-SXM", 1, gpus_per_node=2),
+                      EstimateOptions(compute_model="efficiency"))  # compute in proportion to FLOPs
     F_b, F_h = planner.block_flops["none"], planner.head_flops_per_token
     base = planner.evaluate(even).time
     # (3, 1): the first rank's three layers outweigh the last's one layer and head only when 3/4·F_b > F_b/4 + F_h

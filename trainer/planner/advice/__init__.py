@@ -6,7 +6,7 @@ after, the reason and its formula. Standard library only (docs/advice.md).
 """
 from trainer.planner.advice.advise import Advice, advise
 from trainer.planner.advice.figures import Figures
-from trainer.planner.advice.matmul import Gemm, gemm_efficiency, shape_efficiency
+from trainer.planner.estimate.gemms import Gemm, gemm_efficiency, shape_efficiency
 from trainer.planner.advice.suggestions import Suggestion
 
 __all__ = ["advise", "Advice", "Figures", "Suggestion", "Gemm", "gemm_efficiency", "shape_efficiency"]

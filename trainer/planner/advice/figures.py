@@ -2,14 +2,16 @@
 and tokens/s.
 
 The planner (``estimate.core.Planner``) gives them; the advice then refines the compute term by the matmul shapes
-(``matmul.shape_efficiency``) relative to the model it was asked about:
+(``gemms.shape_efficiency``) relative to the model it was asked about:
 
     compute' = compute · E_shape(asked) / E_shape(variant)
-    bubble'  = bubble · (compute' + tp + all-to-all) / (compute + tp + all-to-all)
+    bubble'  = bubble · (work' of a micro-batch) / (work of a micro-batch)   (numbers.IN_MICROBATCH)
     step'    = step − compute − bubble + compute' + bubble'
 
 so the asked-about model's figures are the planner's own, and a variant's differ from the planner's by its shapes
-alone. Without tile figures (the CPU device) E_shape is 1 and every figure is the planner's.
+alone. Without tile figures (the CPU device) E_shape is 1 and every figure is the planner's. Where the planner
+costs compute kernel by kernel (``EstimateOptions.compute_model`` "kernels" on a GPU with measured rates) its figures
+already follow the shapes and are taken as they are.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
-from trainer.planner.advice.gpu_tiles import tiles_for
-from trainer.planner.advice.matmul import shape_efficiency
+from trainer.planner.estimate.gpu_kernels import kernels_for
+from trainer.planner.estimate.numbers import IN_MICROBATCH
+from trainer.planner.estimate.gemms import shape_efficiency
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.options import EstimateOptions
@@ -33,7 +36,8 @@ class Figures:
     plan: ParallelPlan
     step_time_s: float
     planner_step_time_s: float        # before the shape refinement
-    peak_memory_bytes: float
+    peak_memory_bytes: float          # as expected
+    peak_high_bytes: float            # at the most: what "fits" is decided by
     capacity_bytes: float
     mfu: float
     tokens_per_s: float
@@ -43,7 +47,7 @@ class Figures:
 
     @property
     def fits(self) -> bool:
-        return self.peak_memory_bytes <= self.capacity_bytes
+        return self.peak_high_bytes <= self.capacity_bytes
 
     @property
     def memory_left_bytes(self) -> float:
@@ -52,6 +56,7 @@ class Figures:
     def to_dict(self) -> dict[str, Any]:
         return {"step_time_s": self.step_time_s, "planner_step_time_s": self.planner_step_time_s,
                 "peak_memory_bytes": self.peak_memory_bytes, "peak_memory_gb": self.peak_memory_bytes / GB,
+                "peak_high_bytes": self.peak_high_bytes,
                 "capacity_bytes": self.capacity_bytes, "fits": self.fits, "mfu": self.mfu,
                 "tokens_per_s": self.tokens_per_s, "shape_efficiency": self.shape_efficiency,
                 "parameters": self.parameters, "model_flops_per_token": self.model_flops_per_token,
@@ -61,7 +66,7 @@ class Figures:
 def refined_step(parts: dict[str, float], step: float, compute_scale: float) -> float:
     """The step time with its compute term scaled by ``compute_scale`` and the pipeline bubble following it."""
     compute = parts.get("compute", 0.0)
-    inside = compute + parts.get("tensor_parallel", 0.0) + parts.get("expert_all_to_all", 0.0)
+    inside = sum(parts.get(k, 0.0) for k in IN_MICROBATCH)
     new_compute = compute * compute_scale
     bubble = parts.get("pipeline_bubble", 0.0)
     new_bubble = bubble * (inside - compute + new_compute) / inside if inside > 0 else bubble
@@ -74,7 +79,7 @@ class Assessor:
     def __init__(self, model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec,
                  options: EstimateOptions | None = None):
         self.cluster, self.options = cluster, options or EstimateOptions()
-        self.tiles = tiles_for(cluster.gpu.name)
+        self.tiles = kernels_for(cluster.gpu.name)
         self.reference_efficiency = shape_efficiency(model, plan, self.tiles).value
         self._planners: dict[ModelSpec, Planner] = {}
 
@@ -88,8 +93,11 @@ class Assessor:
         planner = self.planner(model)
         numbers = planner.evaluate(plan)
         efficiency = shape_efficiency(model, plan, self.tiles).value
-        step = refined_step(numbers.time, numbers.step_s, self.reference_efficiency / efficiency)
+        # the planner's kernel-by-kernel compute already follows the shapes: refine only its FLOPs model
+        scale = 1.0 if planner.clock else self.reference_efficiency / efficiency
+        step = refined_step(numbers.time, numbers.step_s, scale)
         tokens = plan.global_batch * model.seq_len
-        return Figures(model, plan, step, numbers.step_s, numbers.peak_bytes, numbers.capacity_bytes,
+        return Figures(model, plan, step, numbers.step_s, numbers.peak_bytes, numbers.peak_band.high,
+                       numbers.capacity_bytes,
                        F.mfu(numbers.model_flops_per_step, step, self.cluster.gpu.peak_tflops, plan.world_size),
                        tokens / step, efficiency, count(model).total, planner.model_flops_per_token)

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
 from trainer.planner.advice import shapes as S
 from trainer.planner.advice.figures import GB, Assessor, Figures
-from trainer.planner.advice.matmul import shape_efficiency
+from trainer.planner.estimate.gemms import shape_efficiency
 from trainer.planner.advice.plans import plan_for, plan_problems
 from trainer.planner.estimate.flops import model_flops_per_token
 from trainer.planner.estimate.options import EstimateOptions

@@ -52,6 +52,8 @@ from statistics import median
 from typing import Any, Sequence
 
 from trainer.planner.estimate.core import Planner, PlanNumbers
+from trainer.planner.estimate.memory import bubble_fraction, fixed_overheads
+from trainer.planner.estimate.numbers import IN_MICROBATCH
 from trainer.planner.estimate.explain import validate_inputs
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
@@ -186,7 +188,8 @@ def non_negative_least_squares(rows: Sequence[Sequence[float]], y: Sequence[floa
 
 def ideal_options(base: EstimateOptions) -> EstimateOptions:
     """``base`` at ideal efficiency and without overheads: the planner's raw compute and communication split."""
-    return base.replace(compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0, dp_overlap=0.0,
+    return base.replace(compute_model="efficiency", compute_efficiency=1.0, comm_efficiency=1.0, step_overhead_s=0.0,
+                        dp_overlap=0.0,
                         overhead_bytes=0.0, fragmentation=0.0, collective_latency_s=0.0, tp_call_s=0.0,
                         dp_call_s=0.0, pp_call_s=0.0, layer_overhead_s=0.0, microbatch_overhead_s=0.0,
                         expert_overhead_s=0.0)
@@ -235,7 +238,8 @@ class TimeFit:
     def options(self, base: EstimateOptions) -> EstimateOptions:
         """The EstimateOptions under which the planner predicts what this fit does."""
         seconds = {option: self.coefficient(term) for term, option in _SECONDS_OPTION.items()}
-        return base.replace(compute_efficiency=1 / self.compute, comm_efficiency=1 / self.communication,
+        return base.replace(compute_model="efficiency", compute_efficiency=1 / self.compute,
+                            comm_efficiency=1 / self.communication,
                             efficiency_half_work=self.compute_shape / self.compute, dp_overlap=0.0, **seconds)
 
     def to_dict(self) -> dict[str, float]:
@@ -279,7 +283,7 @@ def _features(numbers: PlanNumbers) -> TimeFeatures:
     """C and N take the bubble's share of what it stretches; K from ``collective_feature``."""
     t = numbers.time
     compute = sum(t.get(k, 0.0) for k in _COMPUTE)
-    in_stage = compute + t.get("tensor_parallel", 0.0) + t.get("expert_all_to_all", 0.0)
+    in_stage = sum(t.get(k, 0.0) for k in IN_MICROBATCH)
     bubble = t.get("pipeline_bubble", 0.0)
     compute_share = bubble * compute / in_stage if in_stage else 0.0
     comm = sum(t.get(k, 0.0) for k in _COMM) + bubble - compute_share
@@ -288,12 +292,10 @@ def _features(numbers: PlanNumbers) -> TimeFeatures:
 
 def collective_feature(numbers: PlanNumbers) -> float:
     """K: the latency hops of a step (comm.collective_counts) as step time counts them — the tp and all-to-all ones
-    run inside each micro-batch's work, which the pipeline bubble stretches by (p−1)/(v·m); pipeline messages and
-    dp collectives once. Step time = … + α·K."""
+    run inside each micro-batch's work, which the pipeline bubble stretches by its fraction (``bubble_fraction``:
+    the schedule's); pipeline messages and dp collectives once. Step time = … + α·K."""
     plan, calls = numbers.plan, numbers.latency_hops
-    stretch = 1.0
-    if plan.pp > 1:
-        stretch += (plan.pp - 1) / (plan.model_chunks * plan.grad_accum)
+    stretch = 1.0 + bubble_fraction(plan)
     return (calls.get("tp", 0.0) + calls.get("ep", 0.0)) * stretch + calls.get("pp", 0.0) + calls.get("dp", 0.0)
 
 
@@ -484,8 +486,10 @@ def _calibrate_cluster(key: str, runs: list[MeasuredRun], base: EstimateOptions,
     my = [r.memory_bytes for r in mem_runs]
     chosen = terms if terms is not None else choose_terms(tf, ty, base)
     time_fit = fit_time(tf, ty, chosen, base)
-    memory_fit = _fit_memory_peak(mf, my) if mf else MemoryFit(base.overhead_for(runs[0].cluster.gpu.name),
-                                                               1 + base.fragmentation)
+    # without measured peaks, the base's overheads as expected (of a distributed run on the runs' GPU)
+    memory_fit = _fit_memory_peak(mf, my) if mf else MemoryFit(
+        sum(band.expected for band in fixed_overheads(runs[0].cluster.gpu.name != "cpu", True,
+                                                      base.overhead_bytes).values()), 1 + base.fragmentation)
     options = time_fit.options(base).replace(overhead_bytes=memory_fit.overhead_bytes,
                                              fragmentation=memory_fit.dynamic - 1)
 

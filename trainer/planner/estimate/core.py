@@ -11,13 +11,17 @@ from typing import Mapping
 
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
+from trainer.planner.estimate import step_model as S
 from trainer.planner.estimate.comm import (collective_counts, fits_in_node, rank_of, ring_all_reduce_s, ring_attention,
                                            ring_gather_s)
-from trainer.planner.estimate.numbers import PlanNumbers, PlanSummary, StageMemory, StageStatic, StepTime
+from trainer.planner.estimate.gpu_kernels import kernels_for
+from trainer.planner.estimate.kernel_time import KernelClock, LayerWork, Work, head_work, layer_work
+from trainer.planner.estimate.numbers import (IN_MICROBATCH, PlanNumbers, PlanSummary, StageMemory, StageStatic,
+                                               StepTime)
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import Layout, count, layout, rank_expert_params, rank_params, stage_layers
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
-from trainer.contract.schedules import V_SCHEDULES
+from trainer.contract.schedules import V_SCHEDULES, ZERO_BUBBLE
 
 GB = 1e9
 
@@ -35,7 +39,6 @@ class Planner:
         self.model_flops_per_token = F.model_flops_per_token(model)
         self.peak_flops = cluster.gpu.peak_tflops * 1e12
         self.capacity_bytes = cluster.gpu.memory_gb * GB
-        self.overhead_bytes = self.options.overhead_for(cluster.gpu.name)
         self.recompute_flops = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
         # Hardware FLOPs per token split by where they run: the blocks (each stage its share of the layers) and
         # the V·h head (on the last stage only), so that the slowest stage sets a pipeline's pace.
@@ -46,11 +49,26 @@ class Planner:
         self._moe_layer = M.LayerShape.of(model, moe=True) if model.is_moe else None
         self._static: dict[tuple, StageStatic] = {}
         self._layouts: dict[tuple, Layout] = {}
-        self._paces: dict[tuple, tuple[int, int, list[int]]] = {}
+        self._paces: dict[tuple, tuple[int, int, list[int], int]] = {}
         self._memory_ranks: dict[tuple, tuple[int, ...]] = {}
         self._settings: dict[tuple, M.ActivationSettings] = {}
         self._bandwidths: dict[tuple[int, int, int, int], Mapping[str, float]] = {}
         self._on_cpu = cluster.gpu.name == "cpu"
+        # the allocator's fragmentation of the dynamic part, expected and at the most: the CPU has no caching
+        # allocator, so its high end is the expected one
+        o = self.options
+        high = o.fragmentation_high if o.fragmentation_high is not None else (
+            o.fragmentation if self._on_cpu else M.FRAGMENTATION_HIGH)
+        self.fragmentation = (o.fragmentation, high)
+        # the fixed overheads of a single-rank plan and of a distributed one, named and summed
+        self._fixed = {distributed: M.fixed_overheads(not self._on_cpu, distributed, o.overhead_bytes)
+                       for distributed in (False, True)}
+        self._fixed_sum = {d: sum(named.values(), M.Band.exact(0.0)) for d, named in self._fixed.items()}
+        kernels = kernels_for(cluster.gpu.name) if self.options.compute_model == "kernels" else None
+        # the kernel-by-kernel compute of a GPU whose rates are known; None: peak · efficiency
+        self.clock = KernelClock(kernels, self.peak_flops, cluster.gpu.memory_bandwidth_gbs * GB) if kernels else None
+        self._layer_work: dict[tuple, LayerWork] = {}
+        self._head_work: dict[tuple, Work] = {}
         # scaled_dot_product_attention has no fused CPU kernel with dropout: it falls back to the math path
         self._attention = "sdpa_math" if (self.options.attention == "fused" and self._on_cpu and model.dropout > 0) \
             else self.options.attention
@@ -87,7 +105,8 @@ class Planner:
             hit = M.ActivationSettings(
                 micro_batch=plan.micro_batch, tp=plan.tp, sequence_parallel=plan.sequence_parallel,
                 checkpointing=checkpointing, bytes_per_element=e, attention=self._attention,
-                small_terms=o.small_terms, mask_bytes=self.mask_bytes(e), sp_gathered=o.sp_gathered,
+                small_terms=o.small_terms, mask_bytes=self.mask_bytes(e),
+                sp_gathered=o.sp_gathered and plan.engine != "megatron",  # Megatron keeps the 1/t shards
                 autocast=self.autocast(plan), stat_bytes=self.stat_bytes(plan, e), repeat_kv=o.repeat_kv,
                 loss_bytes=o.loss_bytes, rmsnorm_composite=self._on_cpu)
             self._settings[key] = hit
@@ -122,10 +141,10 @@ class Planner:
         counts, v_shape = self.layout(plan)
         return stage_layers(self.model, plan.pp, plan.model_chunks, stage, counts, v_shape)
 
-    def pace(self, plan: ParallelPlan) -> tuple[int, int, list[int]]:
+    def pace(self, plan: ParallelPlan) -> tuple[int, int, list[int], int]:
         """The pipeline rank that sets the pace, the slowest by its FLOPs (its blocks and, where it holds the last
-        stage, the head), as (rank, whether it holds the head, its layers). With equal stages that is the rank of
-        the head; an uneven layout may make another one slower."""
+        stage, the head), as (rank, whether it holds the head, its layers, how many of them have experts). With
+        equal stages that is the rank of the head; an uneven layout may make another one slower."""
         key = (self._layout_key(plan), plan.activation_checkpointing)
         hit = self._paces.get(key)
         if hit is None:
@@ -137,7 +156,8 @@ class Planner:
                 work = per_layer * len(layers) + (self.head_flops_per_token if head else 0.0)
                 if best is None or work > best[0]:
                     best = (work, rank, head, layers)
-            hit = self._paces[key] = best[1:]
+            _, rank, head, layers = best
+            hit = self._paces[key] = (rank, head, layers, sum(1 for i in layers if self.model.is_moe_layer(i)))
         return hit
 
     def memory_ranks(self, plan: ParallelPlan, every: bool = False) -> tuple[int, ...]:
@@ -165,13 +185,13 @@ class Planner:
         return hit
 
     def stage_memory(self, plan: ParallelPlan, stage: int) -> StageMemory:
-        m, o = self.model, self.options
+        m = self.model
         pp, tp, dp = plan.pp, plan.tp, plan.dp * plan.cp  # FSDP2 shards over dp·cp
         v = plan.model_chunks
         last = M.holds_last_stage(plan, stage)
         counts, v_shape = self.layout(plan)
         params = rank_params(m, tp, pp, v, stage, plan.ep, last=last, counts=counts, v_shape=v_shape)
-        experts = rank_expert_params(m, pp, v, stage, plan.ep, counts, v_shape) if plan.engine == "deepspeed" else 0
+        experts = rank_expert_params(m, pp, v, stage, plan.ep, counts, v_shape) if plan.engine != "native" else 0
         sharded = rank_params(m, tp, pp, v, stage, plan.ep, dp, last=last, counts=counts, v_shape=v_shape) \
             if (plan.zero_stage >= 3 and plan.engine == "native") else M.deepspeed_shard(params, dp, experts, plan.ep)
         states = M.model_states(params, sharded, dp, plan.zero_stage, plan.precision, plan.engine,
@@ -198,8 +218,16 @@ class Planner:
         flight = M.in_flight(plan, stage)
         buffers = self._buffers(plan, settings, last, params, layers)
         dynamic = flight * sum(acts.values()) + sum(buffers.values())
-        overhead = self.overhead_bytes + o.fragmentation * dynamic
-        return StageMemory(stage, params, sharded, states, acts, flight, layers, buffers, overhead)
+        return StageMemory(stage, params, sharded, states, acts, flight, layers, buffers,
+                           self.overheads(plan, dynamic))
+
+    def overheads(self, plan: ParallelPlan, dynamic: float) -> dict[str, M.Band]:
+        """What a rank's GPU holds besides the plan's tensors, named, each a range: the fixed overheads and the
+        allocator's fragmentation of the ``dynamic`` bytes (activations in flight and transient buffers)."""
+        named = dict(self._fixed[plan.world_size > 1])
+        if dynamic and any(self.fragmentation):
+            named["fragmentation"] = M.fragmentation_band(dynamic, *self.fragmentation)
+        return named
 
     def _buffers(self, plan: ParallelPlan, settings: M.ActivationSettings, last: bool, params: int,
                  layers: int) -> dict[str, float]:
@@ -237,6 +265,39 @@ class Planner:
         return out
 
     # ---- time ---------------------------------------------------------------------------------------------
+    def layer_work(self, plan: ParallelPlan, moe: bool) -> LayerWork:
+        """One block's kernels for one micro-batch on one rank (``kernel_time``); under context parallel a rank's
+        s/cp positions, whose attention reaches all s keys. Cached by what it depends on."""
+        key = (plan.micro_batch, plan.tp, plan.cp, plan.sequence_parallel, plan.activation_checkpointing,
+               plan.precision, moe)
+        hit = self._layer_work.get(key)
+        if hit is None:
+            hit = self._layer_work[key] = layer_work(self.share(plan.cp), plan, self.clock,
+                                                     self._attention == "fused", moe, attention_scale=plan.cp)
+        return hit
+
+    def head_work(self, plan: ParallelPlan) -> Work:
+        key = (plan.micro_batch, plan.tp, plan.cp, plan.sequence_parallel, plan.precision)
+        hit = self._head_work.get(key)
+        if hit is None:
+            hit = self._head_work[key] = head_work(self.share(plan.cp), plan, self.clock, self.options.loss_bytes)
+        return hit
+
+    def accumulation_bytes(self, plan: ParallelPlan) -> float:
+        """Bytes per parameter a micro-batch's backward streams to fold its weight gradients into the step's, on
+        average over the step's micro-batches: ``options.grad_accumulation_bytes`` when given, else the engine's
+        own. Under autocast each 16-bit weight gradient is cast to the fp32 gradient's dtype (read e, write G);
+        every micro-batch after the first adds into the gradient (read two, write one)."""
+        if self.options.grad_accumulation_bytes is not None:
+            return self.options.grad_accumulation_bytes
+        if plan.engine == "megatron":
+            return 0.0  # its gradient-accumulation fusion: the weight-gradient GEMM adds into the fp32 main gradient
+        g = M.state_bytes_per_param(plan.precision, plan.engine, plan.zero_stage).gradients
+        e = M.activation_bytes_per_element(plan.precision)
+        cast = e + g if self.autocast(plan) else 0
+        m = plan.grad_accum
+        return cast + 3 * g * (m - 1) / m
+
     def bandwidths(self, plan: ParallelPlan) -> Mapping[str, float]:
         """Bytes/s of the tp, pp, dp and ep groups: intra-node when a group fits in a node, × comm_efficiency.
         Cached by degrees, which many plans share."""
@@ -257,7 +318,8 @@ class Planner:
         return gbs * GB * self.options.comm_efficiency
 
     def step_time(self, plan: ParallelPlan, params_first: int, sharded_first: int) -> StepTime:
-        """Seconds of one step by named part; ``params_first`` and ``sharded_first`` are the first stage's
+        """Seconds of one step by named part, each a term of ``step_model`` called with this plan's numbers (kept
+        in ``StepTime.terms`` for the figures); ``params_first`` and ``sharded_first`` are the first stage's
         parameters before and after data-parallel sharding (what its gradients and gathers move; under an uneven
         layout the largest stage's, which the others wait for)."""
         m, o = self.model, self.options
@@ -266,76 +328,105 @@ class Planner:
         mb = plan.grad_accum
         ckpt = plan.activation_checkpointing
         e = M.activation_bytes_per_element(plan.precision)
+        h = m.d_model
         T = m.seq_len // cp * b  # positions a rank holds of its micro-batch
         tokens = plan.global_batch * m.seq_len
         hw_flops = (self.model_flops_per_token + self.recompute_flops[ckpt]) * tokens
-        work = T * m.d_model / tp
-        eff = o.compute_efficiency * work / (work + o.efficiency_half_work)
-        # the slowest stage sets the pace: with equal stages the last (blocks/p + head); with pp = 1 this is
-        # hw_flops / (dp·t)
-        _, head, held = self.pace(plan)
+        # the slowest stage sets the pace: with equal stages the last (blocks/p + head)
+        _, head, held, moe_here = self.pace(plan)
         layers = len(held)
-        slowest_stage = self.block_flops[ckpt] * layers / m.n_layers + (self.head_flops_per_token if head else 0.0)
-        compute = tokens / dp * slowest_stage / tp / (self.peak_flops * eff)
+        passes = 1.5 if ckpt == "full" else 1.0
+        used: dict[str, tuple] = {}   # each part's term and the numbers it took, and its parts'
+        t: dict[str, float] = {}
+
+        def call(name: str, term: S.Term, *args: float) -> float:
+            used[name] = (term, args)
+            return term.function(*args)
+
+        def add(name: str, term: S.Term, *args: float) -> None:   # a part of the step
+            used[name] = (term, args)
+            t[name] = term.function(*args)
+
+        pace = (plan.global_batch, m.seq_len, dp, self.block_flops[ckpt], layers, m.n_layers, int(head),
+                self.head_flops_per_token, tp, self.peak_flops)
+        if self.clock:
+            kernels = (mb, layers, moe_here, self.layer_work(plan, False).seconds,
+                       self.layer_work(plan, True).seconds if m.is_moe else 0.0, int(head),
+                       self.head_work(plan).seconds if head else 0.0)
+            add("compute", S.COMPUTE_KERNELS, *kernels)
+            eff = call("efficiency", S.KERNEL_EFFICIENCY, *pace, t["compute"])
+        else:
+            eff = call("efficiency", S.EFFICIENCY, o.compute_efficiency, T, h, tp, o.efficiency_half_work)
+            add("compute", S.COMPUTE_FLOPS, *pace, eff)
 
         bw = self.bandwidths(plan)
-        moe_here = sum(1 for i in held if m.is_moe_layer(i))
         n_moe = moe_here if plan.ep > 1 else 0
-        grad_bytes = params_first * M.state_bytes_per_param(plan.precision, plan.engine).gradients
-        collectives = collective_counts(plan, m.n_layers, n_moe, grad_bytes, params_first, stage_layers=layers)
+        grad_bytes = M.state_bytes_per_param(plan.precision, plan.engine).gradients
+        collectives = collective_counts(plan, m.n_layers, n_moe, params_first * grad_bytes, params_first,
+                                        stage_layers=layers)
         hops, calls = collectives.hops, collectives.calls
-        alpha = o.collective_latency_s
-        t: dict[str, float] = {"compute": compute}
+        call_options = {"tp": o.tp_call_s, "dp": o.dp_call_s, "pp": o.pp_call_s}
+
+        def latency(group: str) -> float:
+            return call(f"latency_{group}", S.LATENCY, o.collective_latency_s, hops.get(group, 0.0),
+                        call_options.get(group, 0.0), calls.get(group, 0.0))
+
         if o.layer_overhead_s or o.microbatch_overhead_s:
             # host dispatch a micro-batch pays whatever its size: per layer (forward and backward; a full
             # recompute runs the forward again, half as much again) and per micro-batch outside the layers
-            passes = 1.5 if ckpt == "full" else 1.0
-            t["host_overhead"] = mb * (layers * passes * o.layer_overhead_s + o.microbatch_overhead_s)
+            add("host_overhead", S.HOST_OVERHEAD, mb, layers, passes, o.layer_overhead_s, o.microbatch_overhead_s)
         if o.expert_overhead_s and moe_here:
-            # an MoE layer runs the experts a rank holds one by one, each its own small-GEMM calls and autograd
-            # nodes: a host cost per expert, per MoE layer and micro-batch (a full recompute: half again)
-            passes = 1.5 if ckpt == "full" else 1.0
-            t["expert_overhead"] = mb * moe_here * passes * (m.n_experts // plan.ep) * o.expert_overhead_s
+            add("expert_overhead", S.EXPERT_OVERHEAD, mb, moe_here, passes, m.n_experts // plan.ep,
+                o.expert_overhead_s)
         if tp > 1:
-            n_ar = 6 if ckpt == "full" else 4
-            t["tensor_parallel"] = (mb * layers * n_ar * ring_all_reduce_s(T * m.d_model * e, tp, bw["tp"])
-                                    + alpha * hops["tp"] + o.tp_call_s * calls["tp"])
+            args = (mb, layers, 6 if ckpt == "full" else 4, tp, T, h, e, bw["tp"], latency("tp"))
+            if o.tp_overlap and self.clock:
+                add("tensor_parallel", S.TENSOR_PARALLEL_OVERLAP, *args,
+                    self.layer_work(plan, m.is_moe).weight_grad_s)
+            else:
+                add("tensor_parallel", S.TENSOR_PARALLEL, *args)
         if cp > 1:
             # the K/V ring of every layer, each hop hidden behind a block's attention where it is shorter
-            ring = ring_attention(T, m.d_model, m.kv_heads * m.head_dim, tp, cp, e, bw["cp"], self.peak_flops * eff,
+            ring = ring_attention(T, h, m.kv_heads * m.head_dim, tp, cp, e, bw["cp"], self.peak_flops * eff,
                                   ckpt == "full")
-            t["context_parallel"] = mb * layers * ring.exposed_s + alpha * hops["cp"]
+            add("context_parallel", S.CONTEXT_PARALLEL, mb, layers, ring.exposed_s, latency("cp"))
         if n_moe:
-            routed = T * m.top_k * M.routed_capacity_factor(m) * m.d_model * e
-            t["expert_all_to_all"] = (mb * n_moe * 4 * (plan.ep - 1) / plan.ep * routed / bw["ep"]
-                                      + alpha * hops["ep"])
-        per_microbatch_work = sum(t.values())
+            add("expert_all_to_all", S.EXPERT_ALL_TO_ALL, mb, n_moe, plan.ep, T, m.top_k,
+                M.routed_capacity_factor(m), h, e, bw["ep"], latency("ep"))
+        if self.clock:
+            accumulation = self.accumulation_bytes(plan)
+            if accumulation:
+                add("gradient_accumulation", S.GRADIENT_ACCUMULATION, mb, params_first, accumulation,
+                    self.clock.hbm)
         if pp > 1:
             v = plan.model_chunks
-            t["pipeline_bubble"] = per_microbatch_work * M.bubble_fraction(plan)
-            r = tp if plan.sequence_parallel else 1
-            t["pipeline_p2p"] = (mb * v * 2 * (T * m.d_model * e / r) / bw["pp"] + alpha * hops["pp"]
-                                 + o.pp_call_s * calls["pp"])
+            work = sum(t[k] for k in IN_MICROBATCH if k in t)
+            bubble = call("bubble", S.bubble_term(plan.pipeline_schedule in ZERO_BUBBLE), pp, v, mb)
+            add("pipeline_bubble", S.PIPELINE_BUBBLE, work, bubble)
+            add("pipeline_p2p", S.PIPELINE_P2P, mb, v, T, h, e, tp if plan.sequence_parallel else 1, bw["pp"],
+                latency("pp"))
         if dp > 1:
+            args = (o.dp_overlap, dp, params_first, grad_bytes, bw["dp"], latency("dp"))
             if plan.zero_stage >= 3:
                 # per micro-batch: all-gather weights (in e bytes) for forward and for backward; one reduce-scatter
                 # of the gradients per step
-                gathers = 2 * mb * ring_gather_s(params_first * e, dp, bw["dp"])
-                dp_s = gathers + ring_gather_s(grad_bytes, dp, bw["dp"])
+                add("data_parallel", S.DATA_PARALLEL_ZERO3, *args, mb, e)
             else:
-                dp_s = ring_all_reduce_s(grad_bytes, dp, bw["dp"])
-            t["data_parallel"] = (dp_s + alpha * hops["dp"] + o.dp_call_s * calls["dp"]) * (1 - o.dp_overlap)
+                add("data_parallel", S.DATA_PARALLEL, *args)
         if plan.offload_optimizer or plan.offload_params:
-            pcie = o.pcie_bandwidth_gbs * GB
-            moved = 2 * 2 * sharded_first if plan.offload_optimizer else 0  # 16-bit grads down, weights up
+            args = (sharded_first, o.pcie_bandwidth_gbs * GB)
+            if plan.offload_optimizer:
+                args += (o.host_memory_bandwidth_gbs * GB,)
             if plan.offload_params:
-                moved += 2 * mb * 2 * sharded_first
-            # and the optimizer step runs on the host: Adam reads and writes ~16 bytes per parameter
-            cpu_step = 16 * sharded_first / (o.host_memory_bandwidth_gbs * GB) if plan.offload_optimizer else 0.0
-            t["offload"] = moved / pcie + cpu_step
+                args += (mb,)
+            add("offload", S.offload_term(plan.offload_optimizer, plan.offload_params), *args)
+        if self.clock and not plan.offload_optimizer:   # offloaded, the host's step is part of "offload"
+            add("optimizer", S.OPTIMIZER, sharded_first,
+                M.optimizer_bytes_per_param(plan.precision, plan.engine, plan.zero_stage), self.clock.hbm)
         if o.step_overhead_s:
-            t["step_overhead"] = o.step_overhead_s
-        return StepTime(t, sum(t.values()), self.model_flops_per_token * tokens, hw_flops, eff, bw, collectives)
+            add("step_overhead", S.STEP_OVERHEAD, o.step_overhead_s)
+        return StepTime(t, sum(t.values()), self.model_flops_per_token * tokens, hw_flops, eff, bw, collectives,
+                        used)
 
     # ---- the tuner's fast path -----------------------------------------------------------------------------
     def _stage_static(self, plan: ParallelPlan, stage: int, plan_key: tuple) -> StageStatic:
@@ -352,14 +443,15 @@ class Planner:
 
     def quick(self, plan: ParallelPlan) -> PlanSummary:
         """What ``evaluate`` gives, without the named parts: the peak over the first and last stages."""
-        frag = self.options.fragmentation
         counts, _ = self.layout(plan)
         plan_key = (plan.tp, plan.pp, plan.dp, plan.cp, plan.micro_batch, plan.sequence_parallel, plan.ep, plan.engine,
                     plan.zero_stage, plan.activation_checkpointing, plan.precision, plan.offload_optimizer,
                     plan.offload_params, plan.virtual_stages if (self._moe_layer or counts) else 1,
                     plan.pipeline_schedule in V_SCHEDULES, counts)  # a V puts the head on the first rank
         piped = plan.pp > 1
-        peak, peak_stage, first, states, flight = -1.0, 0, None, 0.0, 0.0
+        peak, peak_stage, first, states, flight, high = -1.0, 0, None, 0.0, 0.0, 0.0
+        fixed = self._fixed_sum[plan.world_size > 1]
+        frag, frag_high = self.fragmentation
         for stage in self.memory_ranks(plan):
             static = self._stage_static(plan, stage, plan_key)
             if first is None or (counts and static.params > first.params):
@@ -368,11 +460,12 @@ class Planner:
             if piped:  # without a pipeline one micro-batch is in flight
                 acts *= M.in_flight(plan, stage)
             dynamic = acts + static.buffer_bytes
-            total = static.state_bytes + dynamic + self.overhead_bytes + frag * dynamic
+            total = static.state_bytes + dynamic + fixed.expected + frag * dynamic
             if total > peak:
                 peak, peak_stage, states, flight = total, stage, static.state_bytes, acts
+            high = max(high, static.state_bytes + dynamic + fixed.high + frag_high * dynamic)
         step = self.step_time(plan, first.params, first.params_sharded)
-        return PlanSummary(step.seconds, peak, peak_stage, step.model_flops, states, flight)
+        return PlanSummary(step.seconds, peak, peak_stage, step.model_flops, states, flight, high)
 
     # ---- both ---------------------------------------------------------------------------------------------
     def evaluate(self, plan: ParallelPlan) -> PlanNumbers:

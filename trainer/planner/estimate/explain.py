@@ -15,7 +15,9 @@ from trainer.planner.estimate import memory as M
 from trainer.planner.estimate import params as P
 from trainer.planner.estimate.comm import RING_GRAD_BYTES, ring_attention
 from trainer.planner.estimate.core import GB, Planner, PlanNumbers, StageMemory, rank_of
+from trainer.planner.estimate.numbers import IN_MICROBATCH
 from trainer.planner.estimate.figure import Figure, fig, symbolic, total
+from trainer.planner.estimate.kernel_time import Work
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError, check_plan
 
@@ -84,36 +86,6 @@ BUFFER_FORMULAS = {
     "pipeline_p2p": "2·T·h·e / r  (send + receive)",
     "all_to_all": "2·T·k·c·h·e",
 }
-LATENCY_NOTE = ("  (α–β ring model: all-reduce 2·(n−1) steps, all-gather/reduce-scatter/all-to-all n−1, a pipeline "
-                "message 1; docs/formulas.md, Communication cost model; call_s: each call's fixed host cost)")
-CALL_OPTIONS = {"tp": "tp_call_s", "dp": "dp_call_s", "pp": "pp_call_s"}
-TIME_FORMULAS = {
-    "compute": "B·s/dp · (F_blocks/p + F_head) / t / (peak_flops · efficiency)  (the last pipeline stage, with the "
-               "head, is the slowest; = hardware_flops_per_step / (dp·t) / (peak_flops · efficiency) at p = 1)",
-    "tensor_parallel": "m · layers_per_stage · n_allreduce · 2·(t−1)/t · T·h·e / bandwidth_bytes_per_s + latency_s  "
-                       "(ring all-reduces; n_allreduce = 4 a layer, 6 with full recompute)",
-    "context_parallel": "m · layers_per_stage · ring_exposed_s + latency_s  (the K/V ring of each attention, what "
-                        "of its hops the blocks' attention does not hide; docs/formulas.md, Context parallel)",
-    "expert_all_to_all": "m · moe_layers · 4 · (ep − 1)/ep · T·k·c·h·e / bandwidth_bytes_per_s + latency_s  "
-                         "(dispatch and combine, forward and backward)",
-    "pipeline_p2p": "m · v · 2 · (T·h·e / r) / bandwidth_bytes_per_s + latency_s  (an activation forward and its "
-                    "gradient back, per micro-batch and model chunk)",
-    "data_parallel": "(1 − overlap) · (2·(d − 1)/d · P_rank·grad_bytes / bandwidth_bytes_per_s + latency_s)  "
-                     "(ring all-reduce of the gradients)",
-    "data_parallel_zero3": "(1 − overlap) · (2·m·(d − 1)/d · P_rank·e / bandwidth_bytes_per_s "
-                           "+ (d − 1)/d · P_rank·grad_bytes / bandwidth_bytes_per_s + latency_s)  (all-gathers of the "
-                           "weights for forward and backward of each micro-batch, one reduce-scatter of the gradients)",
-    "step_overhead": "step_overhead_s  (options.step_overhead_s)",
-    "host_overhead": "m · (layers_per_stage · passes · layer_overhead_s + microbatch_overhead_s)  (host dispatch "
-                     "per layer and per micro-batch, whatever their size; passes = 1.5 with full recompute)",
-    "expert_overhead": "m · moe_layers_per_stage · passes · experts_per_rank · expert_overhead_s  (host dispatch "
-                       "of each expert a rank holds, one after another in every MoE layer: its small GEMMs on "
-                       "T·k·c/E capacity rows, forward and backward; experts_per_rank = E/ep)",
-}
-
-
-# a micro-batch's work, in the order step_time adds it: what a pipeline's bubble stretches
-IN_STAGE = ("compute", "host_overhead", "expert_overhead", "tensor_parallel", "context_parallel", "expert_all_to_all")
 
 
 def _outer_sum(expr: str) -> bool:
@@ -384,13 +356,24 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
         else:
             buffers[name] = symbolic(value, "bytes", BUFFER_FORMULAS.get(name, name), buffer_symbols)
     buffers = total("bytes", buffers)
-    overhead = fig(st.overhead, "bytes", "overhead_bytes + fragmentation · (activations + buffers)",
-                   overhead_bytes=planner.overhead_bytes, fragmentation=planner.options.fragmentation,
-                   activations=activations.value, buffers=buffers.value)
+    overhead = total("bytes", {name: _overhead_figure(name, band, planner, activations.value + buffers.value)
+                               for name, band in st.overheads.items()})
     parts = {**states, "activations": activations, "buffers": buffers, "overhead": overhead}
     return {"stage": st.stage, "rank": rank_of(plan, st.stage), "layers": _runs(held), **parts,
             "activations_per_microbatch": per_mb_total,
-            "total": total("bytes", parts), "host_bytes": st.states["host"]}
+            "total": total("bytes", parts), "host_bytes": st.states["host"],
+            "band": st.band.to_dict()}
+
+
+def _overhead_figure(name: str, band: M.Band, planner: Planner, dynamic: float) -> Figure:
+    """One named overhead as expected, with its range in the formula's note."""
+    if name == "fragmentation":
+        expected, high = planner.fragmentation
+        return fig(band.expected, "bytes", "fragmentation · dynamic  (the most: fragmentation_high · dynamic; "
+                   "dynamic = activations + buffers)", fragmentation=expected, fragmentation_high=high,
+                   dynamic=dynamic)
+    return fig(band.expected, "bytes", f"expected  ({band.low / M.GIB:.2f} to {band.high / M.GIB:.2f} GiB)",
+               expected=band.expected)
 
 
 def _runs(layers: list[int]) -> list[list[int]]:
@@ -402,21 +385,6 @@ def _runs(layers: list[int]) -> list[list[int]]:
         else:
             out.append([i, i])
     return out
-
-
-def _offload_formula(plan: ParallelPlan) -> str:
-    moved = []
-    if plan.offload_optimizer:
-        moved.append("2·2·P_shard")        # 16-bit gradients down, weights up
-    if plan.offload_params:
-        moved.append("2·m·2·P_shard")      # weights up for the forward and the backward of each micro-batch
-    pcie = (f"({' + '.join(moved)})" if len(moved) > 1 else moved[0]) + " / pcie_bandwidth_bytes_per_s"
-    if plan.offload_optimizer:
-        return pcie + " + 16·P_shard / host_memory_bandwidth_bytes_per_s  (16-bit gradients down and weights up " \
-                      "over PCIe" + (", weights up for forward and backward of each micro-batch" if
-                                     plan.offload_params else "") + "; Adam on the host reads and writes ~16 bytes " \
-                                                                    "a parameter)"
-    return pcie + "  (weights up for the forward and the backward of each micro-batch)"
 
 
 def _ring_figure(planner: Planner, plan: ParallelPlan, T: int, e: int, numbers: PlanNumbers) -> Figure:
@@ -437,72 +405,71 @@ def _ring_figure(planner: Planner, plan: ParallelPlan, T: int, e: int, numbers: 
                S_grad=2 * T * kv / plan.tp * RING_GRAD_BYTES, bw=bw, a=a)
 
 
+def _work(work: Work, what: str) -> Figure:
+    return fig(work.seconds, "s", f"gemm + attention + elementwise  ({what}: GEMMs, the attention core, the kernels "
+               "that stream activations)", gemm=work.gemm, attention=work.attention, elementwise=work.elementwise)
+
+
+def _kernel_figures(planner: Planner, plan: ParallelPlan) -> dict[str, Figure]:
+    """A micro-batch's layer kinds and head, kernel by kernel (``kernel_time``)."""
+    out: dict[str, Figure] = {}
+    for name, moe in (("dense_layer_s", False), ("moe_layer_s", True)):
+        if moe and not planner.model.is_moe:
+            continue
+        w = planner.layer_work(plan, moe)
+        out[name] = total("s", {"forward": _work(w.forward, "forward"), "backward": _work(w.backward, "backward"),
+                                "recompute": _work(w.recompute, f"recompute ({plan.activation_checkpointing})")})
+    if planner.pace(plan)[1]:   # the pacing rank holds the head
+        out["head_s"] = _work(planner.head_work(plan), "output norm, head and loss")
+    return out
+
+
+def _term_figure(used: dict[str, tuple], name: str, unit: str, shown: dict[str, Any] | None = None) -> Figure:
+    """A figure of the step-time term ``name`` took: its value, its formula and its numbers (``shown`` puts figures
+    in place of some)."""
+    term, args = used[name]
+    values = term.values(args)
+    return symbolic(term.function(*args), unit, term.formula,
+                    {**values, **{k: v for k, v in (shown or {}).items() if k in values}})
+
+
+# which collective group a part's bandwidth and latency are those of
+GROUPS = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep",
+          "context_parallel": "cp"}
+
+
 def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
-    plan, m, o = numbers.plan, planner.model, planner.options
-    moved = max(numbers.stages, key=lambda st: st.params) if planner.layout(plan)[0] else numbers.stages[0]
-    pace_rank, pace_head, held = planner.pace(plan)
-    layers = len(held)
-    e = M.activation_bytes_per_element(plan.precision)
-    time = numbers.time
-    symbols: dict[str, Any] = dict(
-        # dp and d count the dp·cp ranks that share the batch's tokens and average the gradients; T a rank's positions
-        B=plan.global_batch, s=m.seq_len, dp=plan.dp * plan.cp, d=plan.dp * plan.cp, p=plan.pp, t=plan.tp, ep=plan.ep,
-        m=plan.grad_accum, v=plan.model_chunks, T=m.seq_len // plan.cp * plan.micro_batch, h=m.d_model, e=e,
-        r=plan.tp if plan.sequence_parallel else 1, layers_per_stage=layers,
-        n_allreduce=6 if plan.activation_checkpointing == "full" else 4,
-        moe_layers=sum(1 for i in held if m.is_moe_layer(i)) if m.is_moe and plan.ep > 1 else 0,
-        k=m.top_k, c=M.routed_capacity_factor(m), overlap=o.dp_overlap, P_rank=moved.params,
-        P_shard=moved.params_sharded,
-        grad_bytes=M.state_bytes_per_param(plan.precision, plan.engine).gradients,
-        pcie_bandwidth_bytes_per_s=o.pcie_bandwidth_gbs * GB,
-        host_memory_bandwidth_bytes_per_s=o.host_memory_bandwidth_gbs * GB, step_overhead_s=o.step_overhead_s,
-        passes=1.5 if plan.activation_checkpointing == "full" else 1.0, layer_overhead_s=o.layer_overhead_s,
-        microbatch_overhead_s=o.microbatch_overhead_s, expert_overhead_s=o.expert_overhead_s,
-        moe_layers_per_stage=sum(1 for i in held if m.is_moe_layer(i)), experts_per_rank=m.n_experts // plan.ep,
-        F_blocks=planner.block_flops[plan.activation_checkpointing], F_head=planner.head_flops_per_token,
-        peak_flops=planner.peak_flops, **{n: time[n] for n in IN_STAGE if n in time})
-    symbols["efficiency"] = fig(numbers.efficiency, "fraction", "compute_efficiency · w / (w + w_half)  "
-                                "(w = b·s·h/t)", compute_efficiency=o.compute_efficiency,
-                                w_half=o.efficiency_half_work, w=symbols["T"] * m.d_model / plan.tp)
+    plan, m = numbers.plan, planner.model
+    time, used = numbers.time, numbers.step_time.terms
+    # numbers that are figures of their own: the compute's efficiency, the kernels, the ring, the bubble, latencies
+    shown: dict[str, Any] = {"efficiency": _term_figure(used, "efficiency", "fraction")}
+    if planner.clock:
+        shown.update(_kernel_figures(planner, plan))
     if "context_parallel" in time:
-        symbols["ring_exposed_s"] = _ring_figure(planner, plan, symbols["T"], e, numbers)
-    formulas = dict(TIME_FORMULAS)
-    if planner.layout(plan)[0]:
-        symbols.update(L=m.n_layers, pace_rank=pace_rank, head_on_pace_rank=int(pace_head))
-        formulas["compute"] = (f"B·s/dp · (F_blocks·layers_per_stage/L{' + F_head' if pace_head else ''}) / t / "
-                               f"(peak_flops · efficiency)  (an uneven layout: the slowest pipeline rank, "
-                               f"{pace_rank}, sets the pace{', with the head' if pace_head else ''})")
-    if plan.zero_stage >= 3:
-        formulas["data_parallel"] = TIME_FORMULAS["data_parallel_zero3"]
-    before = [n for n in IN_STAGE if n in time]
-    formulas["pipeline_bubble"] = (f"({' + '.join(before)})" if len(before) > 1 else before[0]) + (
-        " · (p − 1)/(3·v·m)  (the third of a micro-batch's work that is neither forward nor input backward "
-        "nor weight backward of another, idle in the fill and drain)" if plan.pipeline_schedule in ZERO_BUBBLE
-        else " · (p − 1)/(v·m)  (the work of a micro-batch, idle in the fill and drain)")
-    if "offload" in time:
-        formulas["offload"] = _offload_formula(plan)
-    groups = {"tensor_parallel": "tp", "pipeline_p2p": "pp", "data_parallel": "dp", "expert_all_to_all": "ep",
-              "context_parallel": "cp"}
+        e = M.activation_bytes_per_element(plan.precision)
+        shown["ring_exposed_s"] = _ring_figure(planner, plan, m.seq_len // plan.cp * plan.micro_batch, e, numbers)
+    if "pipeline_bubble" in time:
+        shown["bubble"] = _term_figure(used, "bubble", "fraction")
+        work = {k: time[k] for k in IN_MICROBATCH if k in time}
+        shown["microbatch_work_s"] = fig(sum(work.values()), "s", " + ".join(work) + "  (a micro-batch's work: what "
+                                         "the bubble stretches)", **work)
     terms = {}
     for name, value in time.items():
-        own = dict(symbols)
-        key = groups.get(name)
+        own = dict(shown)
         extra: dict[str, Any] = {}
-        if key:
-            hops = numbers.latency_hops.get(key, 0.0)
-            calls = numbers.collectives.get(key, 0.0)
-            call_s = getattr(o, CALL_OPTIONS[key]) if key in CALL_OPTIONS else 0.0
-            own.update(bandwidth_bytes_per_s=numbers.bandwidths[key],
-                       latency_s=fig(o.collective_latency_s * hops + call_s * calls, "s",
-                                     "alpha_s · hops + call_s · calls" + LATENCY_NOTE,
-                                     alpha_s=o.collective_latency_s, hops=hops, call_s=call_s, calls=calls))
-            extra = dict(bandwidth_bytes_per_s=numbers.bandwidths[key], micro_batches=plan.grad_accum,
+        group = GROUPS.get(name)
+        if group:
+            own["latency_s"] = _term_figure(used, f"latency_{group}", "s")
+            extra = dict(micro_batches=plan.grad_accum, collectives=numbers.collectives.get(group, 0.0),
+                         latency_hops=numbers.latency_hops.get(group, 0.0),
                          bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else inter-node; "
-                                        "× comm_efficiency",
-                         collectives=numbers.collectives.get(key, 0.0), latency_hops=hops, latency_s=own["latency_s"])
+                                        "× comm_efficiency")
         if name == "compute":
-            extra = dict(hardware_flops_per_step=numbers.hardware_flops_per_step, gpus=plan.world_size)
-        terms[name] = symbolic(value, "s", formulas.get(name, name), own, **extra)
+            pace_rank = planner.pace(plan)[0]
+            extra = dict(hardware_flops_per_step=numbers.hardware_flops_per_step, gpus=plan.world_size,
+                         pace_rank=pace_rank)
+        terms[name] = _term_figure(used, name, "s", own)
+        terms[name].terms.update(extra)
     step = total("s", terms)
     tokens = plan.global_batch * m.seq_len
     gpus, peak, peak_tflops = plan.world_size, planner.peak_flops, planner.cluster.gpu.peak_tflops
@@ -555,15 +522,17 @@ def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options
                     **{f"stage_{st['stage']}": st["total"].value for st in stages}),
         "peak_stage": peak["stage"], "peak_rank": peak["rank"],
         "capacity": fig(capacity, "bytes", "memory_gb · 1e9  (gpu.memory_gb)", memory_gb=cluster.gpu.memory_gb),
-        "fits": peak["total"].value <= capacity,
+        "band": numbers.peak_band.to_dict(),
+        "fits": numbers.fits,
         "rank_rule": "rank = ((stage·dp + d)·cp + c)·tp + j; the figures are for d = 0, c = 0, j = 0 (the largest "
                      "shards)",
     }
     time = _time(planner, numbers)
     warnings = []
     if not memory["fits"]:
-        warnings.append(f"needs {_gb(peak['total'].value)} on rank {peak['rank']} (pipeline stage {peak['stage']}) "
-                        f"but the {cluster.gpu.name} has {_gb(capacity)}")
+        high = numbers.peak_band.high
+        warnings.append(f"needs {_gb(peak['total'].value)} on rank {peak['rank']} (pipeline stage {peak['stage']}), "
+                        f"{_gb(high)} at the most, but the {cluster.gpu.name} has {_gb(capacity)}")
     if plan.pp > 1 and plan.grad_accum < plan.pp:
         warnings.append(f"only m={plan.grad_accum} micro-batches for pp={plan.pp} stages: the bubble dominates")
     budget = _budget(cluster, plan, model, time["step"].value, token_budget) if token_budget else {}

@@ -39,6 +39,7 @@ from functools import lru_cache
 
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.contract.schedules import V_SCHEDULES, ZERO_BUBBLE
+from trainer.planner.estimate.step_model import bubble_term
 
 LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32 (in the input's dtype on the CPU)
 # Under autocast the fp32 LayerNorm output is cast to 16 bits once per consuming matmul: q, k, v and the MLP's up.
@@ -65,9 +66,16 @@ class StateBytes:
 DEEPSPEED_16BIT = StateBytes(2, 2, 12)   # 16-bit weights and gradients; fp32 master, momentum, variance
 DEEPSPEED_FP32_ZERO = StateBytes(4, 4, 12)
 FP32_ADAMW = StateBytes(4, 4, 8)         # fp32 weights and gradients; AdamW exp_avg, exp_avg_sq
+# Megatron-LM (its distributed-optimizer guide): 16-bit weights; bf16 training accumulates gradients in an fp32
+# main-gradient buffer and keeps an fp32 master, momentum and variance (2 + 4 + 12 = 18); fp16 keeps 16-bit gradients
+# and the optimizer an fp32 copy of them besides (2 + 2 + 16 = 20). The distributed optimizer shards the optimizer
+# part over data parallel: 6 + 12/d and 4 + 16/d.
+MEGATRON = {"bf16": StateBytes(2, 4, 12), "fp16": StateBytes(2, 2, 16), "fp32": FP32_ADAMW}
 
 
 def state_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) -> StateBytes:
+    if engine == "megatron":
+        return MEGATRON[precision]
     if precision != "fp32" and engine == "deepspeed":
         return DEEPSPEED_16BIT
     if engine == "deepspeed" and zero_stage >= 1:
@@ -77,6 +85,13 @@ def state_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) -> S
     return FP32_ADAMW
 
 
+def optimizer_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) -> int:
+    """Bytes an AdamW step streams through memory per parameter it updates: the gradient read three times (the
+    norm for clipping, the step, and zeroing it after), the weights and optimizer states each read and written."""
+    b = state_bytes_per_param(precision, engine, zero_stage)
+    return 3 * b.gradients + 2 * (b.weights + b.optimizer)
+
+
 def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, precision: str, engine: str,
                  offload_optimizer: bool = False, offload_params: bool = False, expert_params: int = 0,
                  ep: int = 1) -> dict[str, int]:
@@ -84,8 +99,8 @@ def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, pre
 
     ``params`` are the rank's parameters before data-parallel sharding; ``params_sharded`` after ZeRO-3/FSDP sharding
     (the native engine's exact per-tensor chunks; for DeepSpeed pass ``deepspeed_shard``).
-    ``expert_params`` of them are experts: DeepSpeed's ZeRO partitions them over the dp/ep ranks that hold the
-    same experts (its expert-data-parallel group), the rest over all dp ranks.
+    ``expert_params`` of them are experts: DeepSpeed's ZeRO and Megatron's distributed optimizer partition them
+    over the dp/ep ranks that hold the same experts (the expert-data-parallel group), the rest over all dp ranks.
     """
     per = state_bytes_per_param(precision, engine, zero_stage)
     flat_shard = deepspeed_shard(params, dp, expert_params, ep)
@@ -108,6 +123,60 @@ def deepspeed_shard(params: int, dp: int, expert_params: int = 0, ep: int = 1) -
     MoE parameters into their own groups, reduced and partitioned over the expert-data-parallel ranks)."""
     edp = max(1, dp // max(1, ep))
     return -(-(params - expert_params) // dp) + -(-expert_params // edp)
+
+
+# ---- what a GPU holds besides the plan's tensors --------------------------------------------------------------
+GIB = 2 ** 30
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """A figure as a range: the least it can be, what to expect, the most it can be."""
+
+    low: float
+    expected: float
+    high: float
+
+    @classmethod
+    def exact(cls, value: float) -> "Band":
+        return cls(value, value, value)
+
+    def __add__(self, other: "Band") -> "Band":
+        return Band(self.low + other.low, self.expected + other.expected, self.high + other.high)
+
+    def to_dict(self) -> dict[str, float]:
+        return {"low": self.low, "expected": self.expected, "high": self.high}
+
+
+# Sources in docs/formulas.md, Memory besides the tensors. The CUDA context: the kernels PyTorch 2.1 loads on an
+# A100, lazily (0.47 GiB) to eagerly (0.92 GiB). The driver's reserve: an A100 80 GB's 80 GiB (nvidia-smi) against
+# the 79.21 GiB cudaMemGetInfo gives a process. NCCL: 1.5 GiB appeared at the first collective of two ranks, 1 to
+# 2 GiB as the ranks grow. Fragmentation: the caching allocator lost 15 % of its memory on average across eight
+# LLMs trained with recompute, ZeRO, offload or LoRA on A100 80 GB (GMLake, ASPLOS 2024); the plan's states are
+# allocated once and stay, so only the dynamic part (activations and transient buffers) fragments.
+CUDA_CONTEXT = Band(0.47 * GIB, 0.695 * GIB, 0.92 * GIB)
+DRIVER_RESERVE = Band.exact(0.79 * GIB)
+NCCL = Band(1.0 * GIB, 1.5 * GIB, 2.0 * GIB)
+FRAGMENTATION_HIGH = 0.15
+
+
+def fixed_overheads(on_gpu: bool, distributed: bool, overhead_bytes: float | None) -> dict[str, Band]:
+    """What one GPU holds whatever the batch: the CUDA context, the driver's reserve and, with any collective,
+    NCCL's buffers; or one measured figure (``overhead_bytes``, from calibration) instead. Nothing on the CPU."""
+    if overhead_bytes is not None:
+        return {"overhead": Band.exact(overhead_bytes)} if overhead_bytes else {}
+    if not on_gpu:
+        return {}
+    named = {"cuda_context": CUDA_CONTEXT, "driver_reserve": DRIVER_RESERVE}
+    if distributed:
+        named["nccl"] = NCCL
+    return named
+
+
+def fragmentation_band(dynamic: float, expected: float, high: float) -> Band:
+    """Bytes the allocator loses to fragmentation of the ``dynamic`` part: none at the least, the expected share
+    (calibration fits it), the high share at the most."""
+    return Band(0.0, expected * dynamic, max(expected, high) * dynamic)
 
 
 # ---- activations ----------------------------------------------------------------------------------------------
@@ -453,7 +522,7 @@ def bubble_fraction(plan: ParallelPlan) -> float:
     pp, v, m = plan.pp, plan.model_chunks, plan.grad_accum
     if pp <= 1 or not m:
         return 0.0
-    return (pp - 1) / ((3 if plan.pipeline_schedule in ZERO_BUBBLE else 1) * v * m)
+    return bubble_term(plan.pipeline_schedule in ZERO_BUBBLE)(pp, v, m)
 
 
 def holds_last_stage(plan: ParallelPlan, stage: int) -> bool:

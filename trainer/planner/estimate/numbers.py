@@ -9,7 +9,14 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from trainer.planner.estimate.comm import Collectives
+from trainer.planner.estimate.memory import Band
 from trainer.contract import ParallelPlan
+
+
+# The step-time terms that are a micro-batch's work on its pipeline rank, in the order step time adds them: what the
+# pipeline's bubble stretches (the estimate, its figures, calibration's features and the advice all read this)
+IN_MICROBATCH = ("compute", "host_overhead", "expert_overhead", "tensor_parallel", "context_parallel",
+                 "expert_all_to_all", "gradient_accumulation")
 
 
 @dataclass
@@ -22,7 +29,12 @@ class StageMemory:
     in_flight: float
     layers: int
     buffers: dict[str, float]
-    overhead: float
+    overheads: dict[str, Band]     # what the GPU holds besides the tensors: named, each a range
+
+    @property
+    def overhead(self) -> float:
+        """The overheads as expected."""
+        return sum(band.expected for band in self.overheads.values())
 
     @property
     def activations(self) -> float:
@@ -35,7 +47,14 @@ class StageMemory:
 
     @property
     def total(self) -> float:
-        return self.model_state_bytes + self.activations + sum(self.buffers.values()) + self.overhead
+        """The peak as expected (``band`` gives its range)."""
+        return self.band.expected
+
+    @property
+    def band(self) -> Band:
+        """The peak at the least, as expected, at the most: the tensors plus each overhead's range."""
+        tensors = Band.exact(self.model_state_bytes + self.activations + sum(self.buffers.values()))
+        return sum(self.overheads.values(), tensors)
 
 
 @dataclass(slots=True)
@@ -62,6 +81,7 @@ class StepTime:
     efficiency: float                  # fraction of peak the compute term runs at
     bandwidths: Mapping[str, float]    # bytes/s of the tp, pp, dp and ep groups (shared between plans: read only)
     collectives: Collectives
+    terms: dict[str, tuple]            # each part's step_model term and the numbers it took; their parts' too
 
 
 @dataclass
@@ -75,8 +95,14 @@ class PlanNumbers:
     step_time: StepTime
 
     @property
+    def peak_band(self) -> Band:
+        """The peak's range: of the stage whose high end is highest."""
+        return max((st.band for st in self.stages), key=lambda band: band.high)
+
+    @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
+        """Whether the plan fits however its overheads turn out: the high end of the peak's band."""
+        return self.peak_band.high <= self.capacity_bytes
 
     @property
     def time(self) -> dict[str, float]:
@@ -124,3 +150,4 @@ class PlanSummary:
     model_flops_per_step: float
     peak_state_bytes: float          # the peak stage's model states
     peak_activation_bytes: float     # and its activations in flight
+    peak_high_bytes: float           # the high end of the peak's band: what "fits" is decided by

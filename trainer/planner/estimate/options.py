@@ -8,6 +8,7 @@ from typing import Any, Literal
 from trainer.contract import SpecError
 
 AttentionKernel = Literal["fused", "math"]
+ComputeModel = Literal["kernels", "efficiency"]
 
 
 @dataclass(frozen=True)
@@ -18,7 +19,11 @@ class EstimateOptions:
         "math" (materialised scores: the 5·a·s/h term of Korthikanti Table 2).
     small_terms: count the tensors Korthikanti leaves out (LayerNorm mean and 1/σ, log-sum-exp, causal mask,
         token/position/target index tensors). Off reproduces docs/formulas.md's table exactly.
-    compute_efficiency: fraction of dense peak a large matmul reaches (Narayanan 2021: 44–52 % on A100).
+    compute_model: "kernels" costs a GPU's compute kernel by kernel from the layer's shapes and the GPU's measured
+        rates (``kernel_time``; GPUs of ``gpu_kernels`` only); "efficiency" divides the hardware FLOPs by peak ·
+        compute_efficiency · w/(w + w½), the model a calibration fits (and the one the CPU device always uses).
+    compute_efficiency: fraction of dense peak a large matmul reaches (Narayanan 2021: 44–52 % on A100), under
+        compute_model "efficiency".
     efficiency_half_work: the GEMM shape at which the achieved efficiency is half of ``compute_efficiency``: a
         layer's matmuls are (b·s tokens) × (h/t or f/t columns), and w = b·s·h/t measures them, so efficiency
         = compute_efficiency · w/(w + w½) — small micro-batches and thin tensor-parallel shards do not fill the
@@ -47,9 +52,23 @@ class EstimateOptions:
         runs with experts.
     The host terms are work of a micro-batch, so a pipeline's bubble stretches them as it stretches compute.
     dp_overlap: fraction of data-parallel gradient communication hidden behind the backward pass.
+    tp_overlap: the all-reduce of a column-parallel layer's input gradient runs while the layer computes its weight
+        gradient (Megatron-LM's asynchronous tensor-parallel all-reduce): the two backward all-reduces of a layer
+        cost only what outlasts its weight-gradient GEMMs. Off by default: the native trainer issues them in
+        order. Needs compute_model "kernels", which knows the weight-gradient time.
+    grad_accumulation_bytes: bytes per parameter each micro-batch's backward streams through HBM to fold its weight
+        gradients into the step's (compute_model "kernels"). None: the engine's own (under autocast the cast of each
+        16-bit weight gradient to fp32, and from the second micro-batch on an add that reads two and writes one).
+        Megatron-LM's engines differ: 10 when every micro-batch's 16-bit gradient is added into an fp32 main-gradient
+        buffer, 0 with its gradient-accumulation fusion (the weight-gradient GEMM accumulates in its epilogue).
     step_overhead_s: fixed seconds per step (optimizer launch, host work, synchronisation).
-    overhead_bytes: CUDA context, allocator reserve and library workspaces per GPU (0 on the CPU "device").
-    fragmentation: extra fraction of the dynamic part (activations + buffers) lost to allocator fragmentation.
+    overhead_bytes: one measured figure for what a GPU holds besides the plan's tensors (calibration fits it). None:
+        the named overheads, each a range (``memory.fixed_overheads``: the CUDA context, the driver's reserve, NCCL's
+        buffers; nothing on the CPU "device").
+    fragmentation: the expected fraction of the dynamic part (activations + buffers) lost to allocator
+        fragmentation; calibration fits it.
+    fragmentation_high: the most of it, which the high end of the memory band counts and "fits" is decided by.
+        None: 15 % on GPUs (``memory.FRAGMENTATION_HIGH``), ``fragmentation`` on the CPU (no caching allocator).
     host_memory_bandwidth_gbs: host memory bandwidth one rank's CPU optimizer step gets (offloaded Adam).
     dropout_mask_bytes: bytes per dropout-mask element; None: 1 on GPUs (Korthikanti), the activation dtype on the
         CPU device (PyTorch's CPU dropout multiplies by a noise tensor of the input's dtype).
@@ -65,6 +84,7 @@ class EstimateOptions:
 
     attention: AttentionKernel = "fused"
     small_terms: bool = True
+    compute_model: ComputeModel = "kernels"
     compute_efficiency: float = 0.5
     efficiency_half_work: float = 2.0 ** 18
     comm_efficiency: float = 0.8
@@ -76,9 +96,12 @@ class EstimateOptions:
     microbatch_overhead_s: float = 0.0
     expert_overhead_s: float = 0.0
     dp_overlap: float = 0.0
+    tp_overlap: bool = False
+    grad_accumulation_bytes: float | None = None
     step_overhead_s: float = 0.0
     overhead_bytes: float | None = None
     fragmentation: float = 0.0
+    fragmentation_high: float | None = None
     pcie_bandwidth_gbs: float = 25.0
     host_memory_bandwidth_gbs: float = 10.0
     repeat_kv: bool = True
@@ -90,6 +113,8 @@ class EstimateOptions:
         p: dict[str, list[str]] = {}
         if self.attention not in ("fused", "math"):
             p["attention"] = [f"attention={self.attention!r} must be 'fused' or 'math'"]
+        if self.compute_model not in ("kernels", "efficiency"):
+            p["compute_model"] = [f"compute_model={self.compute_model!r} must be 'kernels' or 'efficiency'"]
         for name in ("compute_efficiency", "comm_efficiency"):
             if not 0.0 < getattr(self, name) <= 1.0:
                 p[name] = [f"{name}={getattr(self, name)} must be in (0, 1]"]
@@ -100,6 +125,12 @@ class EstimateOptions:
                      "expert_overhead_s"):
             if getattr(self, name) < 0:
                 p[name] = [f"{name}={getattr(self, name)} must not be negative"]
+        if self.grad_accumulation_bytes is not None and self.grad_accumulation_bytes < 0:
+            p["grad_accumulation_bytes"] = [f"grad_accumulation_bytes={self.grad_accumulation_bytes} must not be "
+                                            "negative"]
+        if self.fragmentation_high is not None and self.fragmentation_high < self.fragmentation:
+            p["fragmentation_high"] = [f"fragmentation_high={self.fragmentation_high} must not be below "
+                                       f"fragmentation={self.fragmentation}"]
         if self.overhead_bytes is not None and self.overhead_bytes < 0:
             p["overhead_bytes"] = [f"overhead_bytes={self.overhead_bytes} must not be negative"]
         for name in ("pcie_bandwidth_gbs", "host_memory_bandwidth_gbs"):
@@ -131,8 +162,3 @@ class EstimateOptions:
         if unknown:
             raise SpecError.single("options", f"unknown option(s) {unknown}; known: {sorted(names)}")
         return cls(**data).validate()
-
-    def overhead_for(self, gpu_name: str) -> float:
-        if self.overhead_bytes is not None:
-            return self.overhead_bytes
-        return 0.0 if gpu_name == "cpu" else 1.0e9  # ~1 GB: CUDA context, NCCL and cuBLAS workspaces

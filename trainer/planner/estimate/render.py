@@ -60,6 +60,10 @@ def render_estimate(est, depth: int = 2) -> str:
     out += ["", f"Peak: {human(peak.value, 'bytes')} on rank {est.memory['peak_rank']} "
                 f"(stage {est.memory['peak_stage']}) of {human(est.memory['capacity'].value, 'bytes')}: "
                 f"{'fits' if est.memory['fits'] else 'DOES NOT FIT'}"]
+    band = est.memory["band"]
+    if band["high"] > band["low"]:
+        out.append(f"  from {human(band['low'], 'bytes')} to {human(band['high'], 'bytes')} as the overheads turn "
+                   f"out; it fits only if the high end does")
     rows = figure_rows("step", est.time["step"], 1)
     for name in ("tokens_per_s", "mfu", "hfu"):
         rows += figure_rows(name, est.time[name], 0)

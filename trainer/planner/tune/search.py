@@ -84,7 +84,7 @@ def memory_reason(states: float, activations: float, capacity: float) -> str:
         return "out of memory: model states alone exceed GPU memory"
     if states + activations > capacity:
         return "out of memory: activations exceed what model states leave"
-    return "out of memory: buffers and overhead exceed what is left"
+    return "out of memory: buffers and overheads, at their most, exceed what is left"
 
 
 def pareto_front(candidates: Iterable[Candidate]) -> list[Candidate]:
@@ -128,7 +128,7 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
                 break
             q = planner.quick(plan)
             evaluated += 1
-            if q.peak_bytes > cap:
+            if q.peak_high_bytes > cap:
                 reason = memory_reason(q.peak_state_bytes, q.peak_activation_bytes, cap)
                 rejected[reason] = rejected.get(reason, 0) + 1
                 continue

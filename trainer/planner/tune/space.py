@@ -119,6 +119,8 @@ def _candidate_engines(space: SearchSpace) -> list[EngineChoice]:
                 out += [EngineChoice("deepspeed", zero, offload_optimizer=True),
                         EngineChoice("deepspeed", zero, offload_optimizer=True, offload_params=True),
                         EngineChoice("deepspeed", zero, offload_params=True)]
+    if "megatron" in space.engines:  # planning a Megatron-LM run: with and without its distributed optimizer
+        out += [EngineChoice("megatron", 0), EngineChoice("megatron", 1)]
     return out
 
 

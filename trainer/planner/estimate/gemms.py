@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from trainer.contract import ModelSpec, ParallelPlan
-from trainer.planner.advice.gpu_tiles import GpuTiles
+from trainer.planner.estimate.gpu_kernels import GpuKernels
 from trainer.planner.estimate import memory as M
 
 
@@ -66,7 +66,7 @@ def _padded(size: int, multiple: int) -> int:
     return -(-size // multiple) * multiple
 
 
-def gemm_efficiency(g: Gemm, gpu: GpuTiles, bytes_per_element: int = 2) -> GemmEfficiency:
+def gemm_efficiency(g: Gemm, gpu: GpuKernels, bytes_per_element: int = 2) -> GemmEfficiency:
     """The factors above for one (batched) GEMM on ``gpu`` with elements of ``bytes_per_element`` bytes."""
     if min(g.m, g.n, g.k, g.count) < 1:
         raise ValueError(f"GEMM {g.name!r} needs positive dimensions, got M={g.m} N={g.n} K={g.k} count={g.count}")
@@ -81,7 +81,7 @@ def gemm_efficiency(g: Gemm, gpu: GpuTiles, bytes_per_element: int = 2) -> GemmE
     return GemmEfficiency(tile, k, wave, 1.0 if aligned else gpu.unaligned_efficiency, g.useful, tiles, waves)
 
 
-def _linear(name: str, tokens: int, out: int, inp: int, count: int = 1, useful: float = 1.0) -> list[Gemm]:
+def linear_gemms(name: str, tokens: int, out: int, inp: int, count: int = 1, useful: float = 1.0) -> list[Gemm]:
     """A linear layer's three GEMMs: forward (T, out, in), input gradient (T, in, out), weight gradient
     (in, out, T)."""
     return [Gemm(f"{name}.forward", tokens, out, inp, count, useful),
@@ -94,13 +94,13 @@ def layer_gemms(model: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     experts)."""
     t, T = plan.tp, plan.micro_batch * model.seq_len
     h, kv = model.d_model, model.kv_heads * model.head_dim
-    out = _linear("q", T, h // t, h) + _linear("k", T, kv // t, h) + _linear("v", T, kv // t, h) \
-        + _linear("out", T, h, h // t)
+    out = linear_gemms("q", T, h // t, h) + linear_gemms("k", T, kv // t, h) + linear_gemms("v", T, kv // t, h) \
+        + linear_gemms("out", T, h, h // t)
     if moe:
         E, k, c = model.n_experts, model.top_k, model.capacity_factor
         cap = M.expert_capacity(T, E, k, c)
         useful = M.moe_kept(T, E, k, c) / (E * cap)
-        out += _linear("router", T, E, h) + _mlp("expert", model, cap, model.moe_ffn // t, E, useful)
+        out += linear_gemms("router", T, E, h) + _mlp("expert", model, cap, model.moe_ffn // t, E, useful)
         if model.shared_expert_ffn:
             out += _mlp("shared_expert", model, T, model.shared_expert_ffn // t)
     else:
@@ -111,9 +111,9 @@ def layer_gemms(model: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
 def _mlp(name: str, model: ModelSpec, tokens: int, width: int, count: int = 1, useful: float = 1.0) -> list[Gemm]:
     """An MLP of ``width`` (per tensor-parallel rank): up and down, and SwiGLU's gate beside up."""
     h = model.d_model
-    gate = _linear(f"{name}.gate", tokens, width, h, count, useful) if model.is_gated else []
-    return gate + _linear(f"{name}.up", tokens, width, h, count, useful) \
-        + _linear(f"{name}.down", tokens, h, width, count, useful)
+    gate = linear_gemms(f"{name}.gate", tokens, width, h, count, useful) if model.is_gated else []
+    return gate + linear_gemms(f"{name}.up", tokens, width, h, count, useful) \
+        + linear_gemms(f"{name}.down", tokens, h, width, count, useful)
 
 
 def model_gemms(model: ModelSpec, plan: ParallelPlan) -> list[tuple[Gemm, int]]:
@@ -123,7 +123,7 @@ def model_gemms(model: ModelSpec, plan: ParallelPlan) -> list[tuple[Gemm, int]]:
     if n_moe:
         out += [(g, n_moe) for g in layer_gemms(model, plan, True)]
     T = plan.micro_batch * model.seq_len
-    out += [(g, 1) for g in _linear("head", T, -(-model.vocab_size // plan.tp), model.d_model)]
+    out += [(g, 1) for g in linear_gemms("head", T, -(-model.vocab_size // plan.tp), model.d_model)]
     return out
 
 
@@ -145,7 +145,7 @@ class ShapeEfficiency:
                 for g, _, e in lost[:n] if e.total < 1]
 
 
-def shape_efficiency(model: ModelSpec, plan: ParallelPlan, gpu: GpuTiles | None) -> ShapeEfficiency:
+def shape_efficiency(model: ModelSpec, plan: ParallelPlan, gpu: GpuKernels | None) -> ShapeEfficiency:
     """1 without tile figures (the CPU device, or a GPU given by its figures only)."""
     if gpu is None:
         return ShapeEfficiency(1.0, [])

@@ -1,0 +1,101 @@
+"""The step-time model is written once: each term of a step is one expression in ``step_model``, from which both the
+number and the printed formula come, and no other module restates one."""
+from __future__ import annotations
+
+import ast
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.trainer.planner.test_figure_formulas import evaluate
+from trainer.contract import ParallelPlan
+from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
+from trainer.planner.estimate import estimate, step_model
+from trainer.planner.estimate.core import Planner
+from trainer.planner.estimate.expr import Term, symbols
+from trainer.planner.estimate.options import EstimateOptions
+from trainer.planner.estimate.published import published_runs
+
+ROOT = Path(__file__).resolve().parents[3]
+TERMS = {name: value for name, value in vars(step_model).items() if isinstance(value, Term)}
+PLANS = [
+    (MODELS["gpt3-175b"], cluster("A100-SXM-80GB", 16), ParallelPlan(dp=2, tp=8, pp=8, micro_batch=1, global_batch=64,
+                                                                     precision="bf16", sequence_parallel=True),
+     EstimateOptions(tp_overlap=True)),
+    (MODELS["mixtral-8x7b"], cluster("H100-SXM", 4), ParallelPlan(dp=4, ep=4, tp=2, pp=4, micro_batch=1,
+                                                                  global_batch=32, precision="bf16",
+                                                                  pipeline_schedule="zbv", virtual_stages=2),
+     EstimateOptions()),
+    (MODELS["tiny-llama"], local_cpu_cluster(4), ParallelPlan(dp=2, cp=2, micro_batch=2, global_batch=8,
+                                                              engine="native", zero_stage=3),
+     EstimateOptions(layer_overhead_s=1e-3, step_overhead_s=0.01)),
+    (MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 1), ParallelPlan(dp=8, micro_batch=2, global_batch=64,
+                                                                      precision="bf16", engine="deepspeed",
+                                                                      zero_stage=2, offload_optimizer=True),
+     EstimateOptions(compute_model="efficiency")),
+]
+
+
+def test_every_part_of_a_step_prints_the_formula_of_the_term_that_computed_it():
+    cases = PLANS + [(r.model, r.cluster, r.plan, r.options) for r in published_runs()]
+    seen = set()
+    for model, clu, plan, options in cases:
+        numbers = Planner(model, clu, options).evaluate(plan)
+        step = estimate(model, plan, clu, options).time["step"]
+        assert set(step.terms) == set(numbers.time)
+        for name, figure in step.terms.items():
+            term, args = numbers.step_time.terms[name]
+            assert figure.formula == term.formula and figure.value == term.function(*args), name
+            seen.add(term)
+    # the cases reach most terms; the rest are variants of these (offload with parameters, the other bubble)
+    assert len(seen) >= 14
+
+
+def _squeeze(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _strings(path: Path) -> str:
+    """The string literals a module's code uses (what it could print as a formula), docstrings left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return "\n".join(node.value for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings)
+
+
+def test_no_module_restates_a_step_time_formula(tmp_path):
+    """Whitespace aside, the text of no term appears among the strings of the project's code: a formula printed
+    anywhere is printed from its term (in ``step_model`` the terms are Python, not this text)."""
+    texts = {name: _squeeze(term.expr.text()) for name, term in TERMS.items() if len(term.expr.names()) > 1}
+    sources = [p for folder in ("trainer", "webapp", "workers", "deploy") for p in (ROOT / folder).rglob("*.py")]
+    restated = [(name, str(p.relative_to(ROOT))) for p in sources
+                for strings in [_squeeze(_strings(p))] for name, text in texts.items() if text in strings]
+    assert not restated
+    assert len(texts) >= 20
+    # the check finds a restated formula, and leaves a docstring's alone
+    planted = tmp_path / "planted.py"
+    planted.write_text('"""The bubble is (p − 1)/(v·m)."""\nLABEL = "bubble (p−1) / (v·m) of the step"\n')
+    assert _squeeze(_strings(planted)).count(texts["BUBBLE"]) == 1
+
+
+@pytest.mark.parametrize("name", sorted(TERMS))
+def test_a_terms_printed_formula_evaluates_to_its_value(name):
+    term = TERMS[name]
+    rng = random.Random(name)
+    args = [rng.uniform(1.5, 9.0) for _ in term.params.split()]
+    printed = term.formula
+    assert evaluate(printed, term.values(tuple(args))) == pytest.approx(term.function(*args), rel=1e-12)
+
+
+def test_a_term_must_name_each_of_its_symbols_once():
+    a, b = symbols("a b")
+    with pytest.raises(ValueError, match="must name each symbol"):
+        Term(a * b, "a")
+    with pytest.raises(ValueError, match="must name each symbol"):
+        Term(a * b, "a b a")
+    assert Term(2 * (a - 1) / a * b, "a b").formula == "2 · (a − 1) / a · b"
+    assert Term(a - (b - 1), "a b")(5, 3) == 3 and Term(a - (b - 1), "a b").formula == "a − (b − 1)"
