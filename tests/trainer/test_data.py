@@ -151,7 +151,7 @@ def test_it_prepares_once_when_every_rank_calls_at_the_same_time(text_file, tmp_
     # One process built (its timings are in meta); the three others waited on the lock and read the same meta.
     assert all(r.meta == results[0].meta for r in results)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".lock", "meta.json", "tokenizer.json",
-                                                                    "train.bin", "val.bin"]
+                                                                    "train.bin", "train.idx", "val.bin", "val.idx"]
 
 
 def test_it_picks_the_narrowest_token_dtype():

@@ -16,8 +16,10 @@ The web process imports all of this without loading torch.
 """
 from trainer.contract.rules import check_plan
 from trainer.contract.specjson import SCHEMA_VERSION, SpecError
-from trainer.contract.specs import (ClusterSpec, DatasetSpec, GPUSpec, InitFrom, ModelSpec, OptimizerSpec,
-                                    ParallelPlan, ProfileSpec, RopeScaling, RunSpec, check_run)
+from trainer.contract.specs import (MAIN_SOURCE, BlendSource, ClusterSpec, DatasetSpec, GPUSpec, InitFrom, ModelSpec,
+                                    OptimizerSpec, ParallelPlan, ProfileSpec, RopeScaling, RunSpec, blend_sources,
+                                    check_run)
 
 __all__ = ["SCHEMA_VERSION", "SpecError", "ModelSpec", "RopeScaling", "ParallelPlan", "GPUSpec", "ClusterSpec",
-           "DatasetSpec", "OptimizerSpec", "ProfileSpec", "InitFrom", "RunSpec", "check_plan", "check_run"]
+           "DatasetSpec", "OptimizerSpec", "ProfileSpec", "InitFrom", "RunSpec", "BlendSource", "blend_sources",
+           "MAIN_SOURCE", "check_plan", "check_run"]

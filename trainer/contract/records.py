@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from trainer.contract.runfolder import LAUNCH, read_json, write_json_atomic
 
@@ -75,11 +75,18 @@ RANK_FIGURES = ("step_time_s", "tokens_per_s", "max_allocated_bytes")
 
 @dataclass(frozen=True)
 class EvalMetrics:
+    """An evaluation's row: the validation loss, and for a blend each source's (by name), val_loss then being their
+    mean by weight."""
+
     step: int
     val_loss: float
+    val_loss_by_source: Optional[dict[str, float]] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        row = asdict(self)
+        if self.val_loss_by_source is None:
+            del row["val_loss_by_source"]
+        return row
 
 
 def is_step_row(record: dict[str, Any]) -> bool:

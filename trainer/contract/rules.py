@@ -94,7 +94,9 @@ LIMITS: dict[str, dict[str, tuple[float, str]]] = {
         "eval_every": (1_000_000_000, _RUNS), "log_every": (1_000_000_000, _RUNS),
         "keep_checkpoints": (10_000, "checkpoints kept on disk"), "eval_batches": (1_000_000, "batches per evaluation"),
         "seed": (2 ** 63 - 1, "a 64-bit seed"),
+        "dataset_weight": (1e9, "a blend weight; a source's share is its weight over their sum"),
     },
+    "BlendSource": {"weight": (1e9, "a blend weight; a source's share is its weight over their sum")},
 }
 
 
@@ -188,6 +190,14 @@ def engine_problems(plan: Plan) -> Problems:
         if plan.zero_stage in (1, 2):
             add_problem(p, "zero_stage", f"the native engine shards with FSDP2 (zero_stage=3) or not at all (0); "
                                          f"zero_stage={plan.zero_stage} needs engine='deepspeed'")
+        if plan.offload_optimizer or plan.offload_params:
+            add_problem(p, "offload_optimizer" if plan.offload_optimizer else "offload_params",
+                        "CPU offload needs engine='deepspeed'")
+    elif plan.engine == "megatron":
+        if plan.zero_stage > 1:
+            add_problem(p, "zero_stage", f"Megatron-LM shards the optimizer states over data parallel (its "
+                                         f"distributed optimizer, zero_stage=1) or nothing (0); got "
+                                         f"zero_stage={plan.zero_stage}")
         if plan.offload_optimizer or plan.offload_params:
             add_problem(p, "offload_optimizer" if plan.offload_optimizer else "offload_params",
                         "CPU offload needs engine='deepspeed'")

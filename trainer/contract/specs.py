@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
@@ -20,7 +21,7 @@ from trainer.contract.rules import positive as _positive
 from trainer.contract.schedules import MULTI_CHUNK_SCHEDULES, Schedule
 from trainer.contract.specjson import SCHEMA_VERSION, SpecError, from_dict, to_dict
 
-Engine = Literal["native", "deepspeed"]
+Engine = Literal["native", "deepspeed", "megatron"]
 Checkpointing = Literal["none", "selective", "full"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Positions = Literal["learned", "rope"]
@@ -300,7 +301,10 @@ class ParallelPlan(_Spec):
 
     gradient accumulation = global_batch / (micro_batch × dp); with pp > 1 those micro-batches feed the pipeline.
     ``ep`` experts-parallel degree divides dp: experts are spread over the data-parallel ranks.
-    ``zero_stage``: deepspeed engine 0–3; native engine 0 (DDP) or 3 (FSDP2, fully sharded).
+    ``zero_stage``: deepspeed engine 0–3; native engine 0 (DDP) or 3 (FSDP2, fully sharded); megatron 0, or 1 for
+    its distributed optimizer (optimizer states sharded over data parallel).
+    ``engine``: "native" or "deepspeed" train here; "megatron" describes a run of Megatron-LM for the planner (its
+    memory and its defaults), which the workbench does not launch.
     ``virtual_stages``: model chunks per pipeline rank: v ≥ 2 with the interleaved schedule, any v with
     zb-interleaved, exactly 2 with the V-shaped zbv and dualpipev, 1 otherwise.
     """
@@ -411,12 +415,23 @@ class ClusterSpec(_Spec):
 
 @dataclass(frozen=True)
 class DatasetSpec(_Spec):
-    """A text file or folder of text files; prepared into token ids beside ``prepared_dir``."""
+    """A file or folder of text, JSONL (also .gz, .zst), Parquet or Megatron indexed (.bin + .idx) data; prepared
+    into token ids beside ``prepared_dir``.
+
+    ``text_field``: the JSONL key or Parquet column that holds each document's text.
+    ``max_bad_fraction``: the share of JSONL or Parquet rows that may be unreadable (skipped and reported) before
+    the source is refused.
+    ``tokenizer``: an existing tokenizer (a tokenizer.json, or a folder with one or with GPT-2's vocab.json and
+    merges.txt) instead of training one; needed for Megatron data, whose documents are token ids already.
+    """
 
     path: str
     prepared_dir: str = ""
     tokenizer_vocab: int = 0
     val_fraction: float = 0.05
+    text_field: str = "text"
+    max_bad_fraction: float = 0.01
+    tokenizer: str = ""
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
@@ -427,6 +442,10 @@ class DatasetSpec(_Spec):
             _add(p, "tokenizer_vocab", f"tokenizer_vocab={self.tokenizer_vocab} must be 0 (the model's) or positive")
         if not 0.0 < self.val_fraction < 0.5:
             _add(p, "val_fraction", f"val_fraction={self.val_fraction} must be in (0, 0.5)")
+        if not self.text_field:
+            _add(p, "text_field", "text_field names the JSONL key or Parquet column of the text; it cannot be empty")
+        if not 0.0 <= self.max_bad_fraction < 1.0:
+            _add(p, "max_bad_fraction", f"max_bad_fraction={self.max_bad_fraction} must be in [0, 1)")
         return p
 
 
@@ -498,8 +517,36 @@ class InitFrom(_Spec):
 
 
 @dataclass(frozen=True)
+class BlendSource(_Spec):
+    """One more dataset a run trains on, beside its own, with its weight: the share of the training sequences drawn
+    from it is weight / (the sum of the weights); its validation loss is reported under ``name``."""
+
+    name: str
+    dataset: DatasetSpec
+    weight: float = 1.0
+
+    def problems(self) -> dict[str, list[str]]:
+        p: dict[str, list[str]] = {}
+        within_limits(p, self)
+        if not self.name or len(self.name) > 64:
+            _add(p, "name", f"a blend source needs a name of 1 to 64 characters, got {self.name!r}")
+        if not (self.weight > 0 and math.isfinite(self.weight)):
+            _add(p, "weight", f"weight={self.weight} must be a positive number")
+        for key, messages in self.dataset.problems().items():
+            p[f"dataset.{key}"] = messages
+        return p
+
+
+MAIN_SOURCE = "main"  # the name a blend gives the run's own dataset
+
+
+@dataclass(frozen=True)
 class RunSpec(_Spec):
-    """Everything one training run needs; written once as spec.json in the run folder before launch."""
+    """Everything one training run needs; written once as spec.json in the run folder before launch.
+
+    ``blend``: other datasets trained on beside ``dataset`` (whose weight is ``dataset_weight`` and whose name in
+    the blend is "main"); empty: ``dataset`` alone.
+    """
 
     model: ModelSpec
     plan: ParallelPlan
@@ -517,6 +564,8 @@ class RunSpec(_Spec):
     profile: Optional[ProfileSpec] = None
     name: str = ""
     init_from: Optional[InitFrom] = None
+    blend: tuple[BlendSource, ...] = ()
+    dataset_weight: float = 1.0
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
@@ -535,13 +584,29 @@ class RunSpec(_Spec):
             parts["profile"] = self.profile
         if self.init_from is not None:
             parts["init_from"] = self.init_from
+        for i, source in enumerate(self.blend):
+            parts[f"blend[{i}]"] = source
+        names = [source.name for source in self.blend]
+        if MAIN_SOURCE in names or len(set(names)) < len(names):
+            _add(p, "blend", f"blend sources need names of their own, other than {MAIN_SOURCE!r} (the run's own "
+                             f"dataset): got {names}")
+        if not (self.dataset_weight > 0 and math.isfinite(self.dataset_weight)):
+            _add(p, "dataset_weight", f"dataset_weight={self.dataset_weight} must be a positive number")
         for prefix, part in parts.items():
             for key, messages in part.problems().items():
                 p[f"{prefix}.{key}" if key else prefix] = messages
+        if self.plan.engine == "megatron":
+            _add(p, "plan.engine", "engine='megatron' plans a Megatron-LM run for the planner; the workbench trains "
+                                   "with engine='native' or 'deepspeed'")
         if not any(p.get(k) for k in p if k.startswith(("model", "plan", "cluster"))):
             for key, messages in check_plan(self.model, self.plan, self.cluster).items():
                 p.setdefault(f"plan.{key}" if key else "plan", []).extend(messages)
         return p
+
+
+def blend_sources(spec: RunSpec) -> list[BlendSource]:
+    """Every dataset ``spec`` trains on with its weight: its own first (named "main"), then its blend's."""
+    return [BlendSource(MAIN_SOURCE, spec.dataset, spec.dataset_weight), *spec.blend]
 
 
 def check_run(spec: RunSpec) -> RunSpec:

@@ -34,20 +34,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from trainer.contract.datapath import DataPathError, data_files
+from trainer.data import indexed
+from trainer.data.encode import encode_all, plan_shards, shard_key, work_folder
 from trainer.data.errors import DataError
+from trainer.data.sources import RowReport, kind_of, pieces
 from trainer.data.tokenizer import (BYTE_ALPHABET, MIN_VOCAB, SPECIALS, TOKENIZER, TOKENIZER_CONFIG, load_tokenizer,
-                                    train_tokenizer)
+                                    resolve_tokenizer, train_tokenizer)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: each .bin has Megatron's .idx beside it; sources may be JSONL, Parquet or indexed
 TRAIN, VAL, META, LOCK = "train.bin", "val.bin", "meta.json", ".lock"
-# Text is fed to the tokenizer in pieces of about this many characters: bounded memory, and pieces the
-# tokenizer's own threads can encode in parallel. Pieces end at a line break so that words are not cut.
-_PIECE_CHARS = 1 << 20
+_COPY_IDS = 1 << 24          # ids copied at a time: memory stays bounded whatever the corpus
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,11 @@ def _source_files(path: Path, prepared_dir: Path) -> list[Path]:
     except DataPathError as exc:
         raise DataError(str(exc)) from None
     if path.is_file():
+        if kind_of(path) == "megatron":  # its index too: both are the source
+            try:
+                return found + data_files(path.with_suffix(indexed.IDX))
+            except DataPathError as exc:
+                raise DataError(str(exc)) from None
         return found
     skip = prepared_dir.resolve()
     # a prepared dir placed inside the dataset folder is not data
@@ -105,28 +111,22 @@ def _source_hash(path: Path, files: list[Path]) -> str:
     return h.hexdigest()
 
 
-def _read_text(f: Path) -> str:
-    try:
-        return f.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"{f} is not UTF-8 text ({exc.reason} at byte {exc.start}): convert it or remove it "
-                        f"from the dataset") from None
+def _units(path: Path, files: list[Path]) -> list[tuple[str, Path]]:
+    """The files to read with their names in the dataset, an indexed dataset's .idx left to its .bin; one kind of
+    content only: token ids (indexed) and text are not mixed."""
+    units = [(f.name if path.is_file() else f.relative_to(path).as_posix(), f) for f in files
+             if not (f.suffix == indexed.IDX and f.with_suffix(indexed.BIN).is_file())]
+    indexed_ones = [label for label, f in units if kind_of(f) == "megatron"]
+    if indexed_ones and len(indexed_ones) < len(units):
+        raise DataError(f"dataset {path} mixes Megatron indexed files (token ids: {indexed_ones[0]}) with text "
+                        f"files; prepare them as two datasets")
+    return units
 
 
-def _pieces(text: str) -> Iterator[str]:
-    start = 0
-    while start < len(text):
-        end = min(start + _PIECE_CHARS, len(text))
-        if end < len(text):
-            cut = text.rfind("\n", start, end)
-            end = cut + 1 if cut > start else end
-        yield text[start:end]
-        start = end
-
-
-def _all_pieces(files: list[Path]) -> Iterator[str]:
-    for f in files:
-        yield from _pieces(_read_text(f))
+def _text_pieces(units: list[tuple[str, Path]], text_field: str, report: RowReport) -> Iterator[str]:
+    for label, f in units:
+        for _, piece in pieces(f, label, text_field, report):
+            yield piece
 
 
 # ---------------------------------------------------------------- preparation
@@ -182,11 +182,12 @@ def _source_sha(path: str | Path, files: list[Path], stat: list[list], meta: dic
 
 
 def _reusable(out: Path, meta: dict | None, source_sha: str, vocab: int, val_fraction: float,
-              tokenizer_sha: str | None = None) -> str:
+              tokenizer_sha: str | None = None, text_field: str = "text") -> str:
     """What a previous preparation in ``out`` still serves: 'all', 'tokenizer' (same text and vocabulary, another
     split) or 'nothing'. ``tokenizer_sha``: the given tokenizer's (None: one trained here); a folder whose tokenizer
     is that very file serves it, whether it was given or trained here (a checkpoint of a run on this dataset)."""
-    if not meta or meta.get("format_version") != FORMAT_VERSION or meta.get("source_sha256") != source_sha:
+    if not meta or meta.get("format_version") != FORMAT_VERSION or meta.get("source_sha256") != source_sha \
+            or meta.get("text_field") != text_field:
         return "nothing"
     if tokenizer_sha is None:
         if meta.get("requested_vocab") != vocab or meta.get("tokenizer_source"):
@@ -207,7 +208,7 @@ def _file_sha(path: Path) -> str | None:
 
 def _given_tokenizer(tokenizer: str | os.PathLike, vocab_size: int) -> tuple[Path, str, int]:
     """A tokenizer.json to tokenize with, checked: its path, the sha256 of its bytes, its vocabulary size."""
-    path = Path(tokenizer).expanduser()
+    path = resolve_tokenizer(Path(tokenizer).expanduser())
     tok = load_tokenizer(path)
     if tok.vocab_size > vocab_size:
         raise DataError(f"the tokenizer {path} has {tok.vocab_size} tokens but model.vocab_size={vocab_size}: token "
@@ -215,20 +216,34 @@ def _given_tokenizer(tokenizer: str | os.PathLike, vocab_size: int) -> tuple[Pat
     return path, _file_sha(path), tok.vocab_size
 
 
-def prepare_dataset(spec, vocab_size: int, tokenizer: str | os.PathLike | None = None) -> PreparedData:
+def prepare_dataset(spec, vocab_size: int, tokenizer: str | os.PathLike | None = None, *, workers: int | None = None,
+                    progress: Callable[[int, int], None] | None = None) -> PreparedData:
     """Tokenize ``spec.path`` into train/val token files (see the module docstring); reuse them when up to date.
 
     ``vocab_size`` is the model's embedding size; the tokenizer is trained for ``spec.tokenizer_vocab`` tokens
-    when set, else for ``vocab_size``, and must not have more than ``vocab_size``. ``tokenizer``: a tokenizer.json
-    to use as it is instead (a checkpoint's, for a run that starts from it); ``spec.tokenizer_vocab`` is then
-    not used.
+    when set, else for ``vocab_size``, and must not have more than ``vocab_size``. An existing tokenizer is used as
+    it is instead: ``spec.tokenizer`` (a tokenizer.json, or a folder with one or with GPT-2's vocab.json and
+    merges.txt), else ``tokenizer`` (a checkpoint's, for a run that starts from it); ``spec.tokenizer_vocab`` is
+    then not used. Given both, they must be the same tokenizer.
+
+    ``workers``: processes that encode the shards (default: one a CPU core); ``progress(done, shards)`` is called as
+    shards finish.
     """
+    how = {"workers": workers, "progress": progress}
+    if spec.tokenizer:
+        chosen = _given_tokenizer(spec.tokenizer, vocab_size)
+        if tokenizer is not None and _given_tokenizer(tokenizer, vocab_size)[1] != chosen[1]:
+            raise DataError(f"dataset.tokenizer={spec.tokenizer} is not the tokenizer of the checkpoint the run starts "
+                            f"from ({tokenizer}): its ids would mean other tokens to the model; leave "
+                            f"dataset.tokenizer empty to keep the checkpoint's")
+        return _prepare_with(spec, vocab_size, *chosen, **how)
     if tokenizer is not None:
-        return _prepare_with(spec, vocab_size, *_given_tokenizer(tokenizer, vocab_size))
-    return _prepare_with(spec, vocab_size, None, None, spec.tokenizer_vocab or vocab_size)
+        return _prepare_with(spec, vocab_size, *_given_tokenizer(tokenizer, vocab_size), **how)
+    return _prepare_with(spec, vocab_size, None, None, spec.tokenizer_vocab or vocab_size, **how)
 
 
-def _prepare_with(spec, vocab_size: int, given: Path | None, given_sha: str | None, requested: int) -> PreparedData:
+def _prepare_with(spec, vocab_size: int, given: Path | None, given_sha: str | None, requested: int,
+                  workers: int | None = None, progress: Callable[[int, int], None] | None = None) -> PreparedData:
     if requested < MIN_VOCAB and given is None:
         raise DataError(f"a byte-level BPE vocabulary needs at least {BYTE_ALPHABET} byte tokens + {len(SPECIALS)} "
                         f"special = {MIN_VOCAB} tokens; got {requested}: raise "
@@ -252,7 +267,7 @@ def _prepare_with(spec, vocab_size: int, given: Path | None, given_sha: str | No
         # A read-only folder prepared elsewhere (a shared dataset copy) still serves if it is up to date.
         meta = _read_meta(out)
         if _reusable(out, meta, _source_sha(path, files, stat, meta), requested, spec.val_fraction,
-                     given_sha) == "all":
+                     given_sha, spec.text_field) == "all":
             return _prepared(out, meta, vocab_size)
         raise DataError(f"cannot write in the prepared-data folder {out} ({exc.strerror}): set "
                         f"dataset.prepared_dir to a writable folder") from None
@@ -260,13 +275,14 @@ def _prepare_with(spec, vocab_size: int, given: Path | None, given_sha: str | No
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         meta = _read_meta(out)
         source_sha = _source_sha(path, files, stat, meta)
-        reuse = _reusable(out, meta, source_sha, requested, spec.val_fraction, given_sha)
+        reuse = _reusable(out, meta, source_sha, requested, spec.val_fraction, given_sha, spec.text_field)
         if reuse != "all":
             if given is not None and reuse == "nothing":
                 _copy_tokenizer(given, out)
-            meta = _build(path, files, out, source_sha, stat, requested, spec.val_fraction,
+            meta = _build(spec, path, files, out, source_sha, stat, requested,
                           reuse_tokenizer=reuse == "tokenizer" or given is not None,
-                          given=(given, given_sha) if given is not None else None)
+                          given=(given, given_sha) if given is not None else None, workers=workers,
+                          progress=progress)
         elif meta.get("source_stat") != stat:  # touched but unchanged: remember, so the next call needs no hash
             meta = {**meta, "source_stat": stat}
             _write_json(out / META, meta)
@@ -294,62 +310,88 @@ def _copy_tokenizer(given: Path, out: Path) -> None:
         _publish(tmp, out / name)
 
 
-def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list[list], requested: int,
-           val_fraction: float, reuse_tokenizer: bool, given: tuple[Path, str] | None = None) -> dict[str, Any]:
+def _build(spec, path: Path, files: list[Path], out: Path, source_sha: str, stat: list[list], requested: int,
+           reuse_tokenizer: bool, given: tuple[Path, str] | None = None, workers: int | None = None,
+           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     t0 = time.perf_counter()
     # A meta.json that no longer describes the files must go first: a crash half-way must not leave it vouching
     # for a mix of old and new files.
     (out / META).unlink(missing_ok=True)
-    if not any(_read_text(f).strip() for f in files):
-        raise DataError(f"dataset {path} has no text (only empty or blank files): nothing to train on")
+    units = _units(path, files)
+    token_ids = kind_of(units[0][1]) == "megatron"
+    if token_ids and given is None:
+        raise DataError(f"dataset {path} is a Megatron indexed dataset: its documents are token ids already. Give "
+                        f"the tokenizer they were made with (dataset.tokenizer), so that the model's checkpoints "
+                        f"can read and write text")
     if reuse_tokenizer:
         tok = load_tokenizer(out / TOKENIZER)
     else:
+        # the first pass over the text trains the tokenizer; a source with too many bad rows stops here
+        report = RowReport()
         tmp = _tmp_path(out / TOKENIZER)
-        train_tokenizer(_all_pieces(files), requested).save(str(tmp))
+        train_tokenizer(_text_pieces(units, spec.text_field, report), requested).save(str(tmp))
+        report.check(str(path), spec.max_bad_fraction)
         _publish(tmp, out / TOKENIZER)
         tok = load_tokenizer(out / TOKENIZER)
     t_train = time.perf_counter() - t0
     dtype = _dtype_for(tok.vocab_size)
-    if tok.eos_id is None and len(files) > 1:
-        raise DataError(f"the tokenizer in {out} has no end-of-text token to join the {len(files)} files of {path} "
-                        f"with: give one text file, or a tokenizer whose tokenizer_config.json names its eos_token")
 
     # Stream all ids into one temporary file, then cut it: the split point needs the total count.
     all_tmp = _tmp_path(out / "all.bin")
-    n_bytes = 0
+    report = RowReport()
     try:
         with open(all_tmp, "wb") as f:
-            for i, src in enumerate(files):
-                if i:
-                    np.array([tok.eos_id], dtype=dtype).tofile(f)
-                text = _read_text(src)
-                n_bytes += len(text.encode("utf-8"))
-                pieces = list(_pieces(text))
-                for j in range(0, len(pieces), 8):
-                    for ids in tok.encode_batch(pieces[j:j + 8]):
-                        np.asarray(ids, dtype=dtype).tofile(f)
-        all_ids = np.memmap(all_tmp, dtype=dtype, mode="r")
-        n = len(all_ids)
-        n_val = int(math.ceil(n * val_fraction))
+            if token_ids:
+                lengths, n_bytes, has_text = _copy_indexed(units, f, dtype, tok.vocab_size), 0, True
+                report.rows = len(lengths)
+            else:
+                shards = plan_shards(units)
+                key = shard_key(FORMAT_VERSION, source_sha, _file_sha(out / TOKENIZER), spec.text_field, dtype,
+                                [(s.label, s.part.start, s.part.end) for s in shards])
+                folder = work_folder(out, key)
+                encoded = encode_all(shards, out / TOKENIZER, dtype, spec.text_field, folder, f, tok.eos_id,
+                                     workers or os.cpu_count() or 1, progress)
+                lengths, n_bytes, has_text, report = (encoded.lengths, encoded.n_bytes, encoded.has_text,
+                                                      encoded.report)
+        report.check(str(path), spec.max_bad_fraction)
+        if not has_text:
+            raise DataError(f"dataset {path} has no text (only empty or blank documents): nothing to train on")
+        itemsize = np.dtype(dtype).itemsize
+        n = all_tmp.stat().st_size // itemsize
+        n_val = int(math.ceil(n * spec.val_fraction))
         if n - n_val < 2 or n_val < 2:
             raise DataError(f"dataset {path} gives only {n} tokens: too few for a train/val split at "
-                            f"val_fraction={val_fraction}; add text")
-        for name, part in ((TRAIN, all_ids[:n - n_val]), (VAL, all_ids[n - n_val:])):
+                            f"val_fraction={spec.val_fraction}; add text")
+        train_lengths, val_lengths = _cut_documents(lengths, n - n_val)
+        for name, (start, end), part_lengths in ((TRAIN, (0, n - n_val), train_lengths),
+                                                 (VAL, (n - n_val, n), val_lengths)):
             tmp = _tmp_path(out / name)
-            np.asarray(part).tofile(tmp)
+            with open(all_tmp, "rb") as source, open(tmp, "wb") as f:  # read, not mapped: memory stays flat
+                source.seek(start * itemsize)
+                left = (end - start) * itemsize
+                while left:
+                    block = source.read(min(left, _COPY_IDS * itemsize))
+                    f.write(block)
+                    left -= len(block)
+            index = _tmp_path(out / name)
+            indexed.write_index(index, dtype, part_lengths)
+            _publish(index, (out / name).with_suffix(indexed.IDX))
             _publish(tmp, out / name)
-        del all_ids
     finally:
         all_tmp.unlink(missing_ok=True)
+    shutil.rmtree(out / ".shards", ignore_errors=True)  # the shards were kept for a crash; the files now hold them
 
     meta = {
         "format_version": FORMAT_VERSION,
         "source": str(path.resolve()),
         "source_files": [f.name if path.is_file() else f.relative_to(path).as_posix() for f in files],
+        "source_kinds": sorted({kind_of(f) for _, f in units}),
         "source_sha256": source_sha,
         "source_stat": stat,  # [name, size, mtime_ns] per file: unchanged files need no rehash
         "source_bytes": n_bytes,
+        "text_field": spec.text_field,
+        "documents": len(lengths),
+        "bad_rows": report.to_dict(),
         "requested_vocab": requested,
         "vocab_size": tok.vocab_size,
         "eos_id": tok.eos_id,
@@ -357,7 +399,7 @@ def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list
         "tokens": n,
         "train_tokens": n - n_val,
         "val_tokens": n_val,
-        "val_fraction": val_fraction,
+        "val_fraction": spec.val_fraction,
         "bytes_per_token": n_bytes / n,
         "tokenizer_reused": reuse_tokenizer,
         **({"tokenizer_source": str(given[0].resolve()), "tokenizer_sha256": given[1]} if given else {}),
@@ -366,6 +408,40 @@ def _build(path: Path, files: list[Path], out: Path, source_sha: str, stat: list
     }
     _write_json(out / META, meta)
     return meta
+
+
+def _copy_indexed(units: list[tuple[str, Path]], f, dtype: str, vocab_size: int) -> np.ndarray:
+    """The ids of Megatron indexed datasets, as they are, into ``f``; their documents' lengths. Ids the tokenizer
+    does not have are refused: the data was made with another one."""
+    lengths: list[np.ndarray] = []
+    for label, source in units:
+        data = indexed.read_index(source)
+        ends = np.concatenate([[0], np.cumsum(data.sequence_lengths, dtype=np.int64)])
+        if np.any(data.sequence_offsets != ends[:-1] * data.dtype.itemsize):
+            raise DataError(f"{label}: its sequences are not stored one after another in its .bin; rewrite it with "
+                            f"Megatron-LM's preprocessing")
+        tokens = data.tokens()
+        for start in range(0, len(tokens), _COPY_IDS):
+            chunk = np.asarray(tokens[start:start + _COPY_IDS])
+            if len(chunk) and (chunk.min() < 0 or chunk.max() >= vocab_size):
+                raise DataError(f"{label} holds token id {int(chunk.max())}, but the tokenizer has {vocab_size} "
+                                f"tokens: give the tokenizer the dataset was made with (dataset.tokenizer)")
+            chunk.astype(dtype).tofile(f)
+        lengths.append(ends[data.document_indices[1:]] - ends[data.document_indices[:-1]])
+    return np.concatenate(lengths)
+
+
+def _cut_documents(lengths: np.ndarray, cut: int) -> tuple[np.ndarray, np.ndarray]:
+    """The documents' lengths on either side of id ``cut``: the document it falls in is split in two."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    inside = int(np.searchsorted(ends, cut, side="right"))  # documents that end at or before the cut
+    taken = int(ends[inside - 1]) if inside else 0
+    if taken == cut:
+        return lengths[:inside], lengths[inside:]
+    val = lengths[inside:].copy()
+    val[0] -= cut - taken  # the cut falls inside document ``inside``
+    return np.append(lengths[:inside], cut - taken), val
 
 
 def load_tokens(path: str | os.PathLike, dtype: str | None = None) -> np.memmap:

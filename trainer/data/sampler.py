@@ -65,6 +65,52 @@ class BatchSampler:
         return self.global_batch * self.seq_len
 
 
+_BLEND_STREAM = 0xB1E4D  # keeps a blend's draws apart from a single dataset's with the same seed
+
+
+class BlendSampler(BatchSampler):
+    """Random windows from several token streams by weight, for one data-parallel rank, a pure function of
+    (seed, step) like ``BatchSampler``, so that a resumed run draws what a straight run drew.
+
+    The first n sequences of the run hold ⌊w_k·n⌋ of each source k but the last, which holds the rest (w_k the
+    weights over their sum): over any prefix every source is within a sequence or two of its share, as Megatron-LM's
+    blended dataset keeps it. A step's counts are the differences at its two ends; the sources' places in the step
+    are shuffled, and each source's windows drawn without repeats, from generators seeded by (seed, step).
+    """
+
+    def __init__(self, sources: list[np.ndarray], weights: list[float], seq_len: int, micro_batch: int,
+                 grad_accum: int = 1, dp_rank: int = 0, dp_size: int = 1, seed: int = 0):
+        super().__init__(sources[0], seq_len, micro_batch, grad_accum, dp_rank, dp_size, seed)
+        total = float(sum(weights))
+        self.sources, self.shares = sources, [w / total for w in weights]
+        self.n_offsets_of = [_n_windows(t, seq_len, self.global_batch, f"blend source {i}")
+                             for i, t in enumerate(sources)]
+
+    def counts_before(self, n: int) -> np.ndarray:
+        """Sequences of each source among the run's first ``n``."""
+        head = [math.floor(share * n + 1e-9) for share in self.shares[:-1]]
+        return np.asarray(head + [n - sum(head)], dtype=np.int64)
+
+    def step_sources(self, step: int) -> np.ndarray:
+        """The source of each of the step's sequences, in global order."""
+        counts = self.counts_before((step + 1) * self.global_batch) - self.counts_before(step * self.global_batch)
+        order = np.repeat(np.arange(len(self.sources)), np.maximum(counts, 0))[:self.global_batch]
+        return np.random.default_rng([self.seed, step, _BLEND_STREAM]).permutation(order)
+
+    def micro_batches(self, step: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        sources = self.step_sources(step)
+        windows = np.empty((self.global_batch, self.seq_len + 1), dtype=np.int64)
+        for k, tokens in enumerate(self.sources):
+            where = np.flatnonzero(sources == k)
+            if len(where):
+                offsets = np.random.default_rng([self.seed, step, _BLEND_STREAM, k]).choice(
+                    self.n_offsets_of[k], size=len(where), replace=False)
+                windows[where] = np.asarray(tokens[offsets[:, None] + np.arange(self.seq_len + 1)[None, :]])
+        mine = windows[self.dp_rank * self.per_rank:(self.dp_rank + 1) * self.per_rank]
+        return [(mine[i * self.micro_batch:(i + 1) * self.micro_batch, :-1],
+                 mine[i * self.micro_batch:(i + 1) * self.micro_batch, 1:]) for i in range(self.grad_accum)]
+
+
 _EVAL_STREAM = 0x5EED_E7A1  # keeps evaluation offsets apart from training steps drawn with the same seed
 
 

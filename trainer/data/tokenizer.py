@@ -4,8 +4,10 @@ Deployment reads a checkpoint's tokenizer through ``load_tokenizer`` alone, with
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Iterator
 
@@ -53,6 +55,38 @@ def load_tokenizer(path: str | os.PathLike) -> TextTokenizer:
     if not path.is_file():
         raise DataError(f"no tokenizer at {path}: prepare the dataset first (python -m trainer.data prepare ...)")
     return TextTokenizer(Tokenizer.from_file(str(path)), _configured_eos(path.parent / TOKENIZER_CONFIG))
+
+
+# GPT-2's own files: what a tokenizer from before tokenizer.json comes as
+GPT2_VOCAB, GPT2_MERGES = "vocab.json", "merges.txt"
+CONVERTED = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llm-workbench" / "tokenizers"
+
+
+def resolve_tokenizer(path: Path) -> Path:
+    """The tokenizer.json an existing tokenizer is read from: the file itself, the one in a folder, or, for a
+    folder of GPT-2's vocab.json and merges.txt, a tokenizer.json made from them once (kept by their content under
+    ``CONVERTED``, with the folder's tokenizer_config.json beside it)."""
+    if path.is_file():
+        return path
+    if (path / TOKENIZER).is_file():
+        return path / TOKENIZER
+    vocab, merges = path / GPT2_VOCAB, path / GPT2_MERGES
+    if not (vocab.is_file() and merges.is_file()):
+        raise DataError(f"no tokenizer at {path}: give a tokenizer.json, or a folder with one or with GPT-2's "
+                        f"{GPT2_VOCAB} and {GPT2_MERGES}")
+    digest = hashlib.sha256(vocab.read_bytes() + b"\0" + merges.read_bytes()).hexdigest()[:16]
+    target = CONVERTED / digest / TOKENIZER
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tok = ByteLevelBPETokenizer(str(vocab), str(merges), add_prefix_space=False)
+        # GPT-2's end-of-text is in its vocabulary; as a special token it is never split
+        tok.add_special_tokens([t for t in (EOS,) if tok.token_to_id(t) is not None])
+        tmp = target.with_name(f".{TOKENIZER}.{os.getpid()}")
+        tok.save(str(tmp))
+        if (path / TOKENIZER_CONFIG).is_file():
+            shutil.copyfile(path / TOKENIZER_CONFIG, target.parent / TOKENIZER_CONFIG)
+        os.replace(tmp, target)
+    return target
 
 
 def _configured_eos(config: Path) -> str:

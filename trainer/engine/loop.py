@@ -14,9 +14,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.contract import RunSpec
+from trainer.contract import RunSpec, blend_sources
 from trainer.contract.records import Event, EvalMetrics
 from trainer.data import BatchSampler, load_tokens, prepare_dataset, validation_batches
+from trainer.data.sampler import BlendSampler
 from trainer.engine.base import Engine
 from trainer.engine.checkpointer import Checkpointer, init_tokenizer, start_from
 from trainer.engine.native import NativeEngine
@@ -60,11 +61,19 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
            stop: StopRequest) -> str:
     plan = spec.plan
     data = prepare_dataset(spec.dataset, spec.model.vocab_size, tokenizer=init_tokenizer(spec))
-    train_tokens, val_tokens = load_tokens(data.train_path), load_tokens(data.val_path)
+    # a blend's other datasets are tokenized as the run's own is, so that an id means one token in all of them
+    prepared = [data] + [prepare_dataset(source.dataset, spec.model.vocab_size, tokenizer=data.tokenizer_path)
+                         for source in spec.blend]
     engine.build()
     engine.announce(files)
-    sampler = BatchSampler(train_tokens, spec.model.seq_len, plan.micro_batch, plan.grad_accum,
-                           dp_rank=engine.dp_rank, dp_size=plan.dp, seed=spec.seed)
+    shape = (spec.model.seq_len, plan.micro_batch, plan.grad_accum)
+    if spec.blend:
+        sampler = BlendSampler([load_tokens(d.train_path) for d in prepared],
+                               [source.weight for source in blend_sources(spec)], *shape, dp_rank=engine.dp_rank,
+                               dp_size=plan.dp, seed=spec.seed)
+    else:
+        sampler = BatchSampler(load_tokens(data.train_path), *shape, dp_rank=engine.dp_rank, dp_size=plan.dp,
+                               seed=spec.seed)
     start = start_from(engine, run_dir, resume, spec, files)
     started, layout = engine.describe()
     files.event(Event.STARTED, step=start.step, world_size=engine.world_size,
@@ -75,7 +84,8 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     profiler = StepProfiler(spec.profile, run_dir, engine.rank, first_step=start.step)
     profile = ProfileReport(profiler, files, engine.world_size,
                             engine.pipeline_schedule_record() if profiler.enabled else None)
-    val = validation_batches(spec, val_tokens) if spec.eval_every else []
+    val = {source.name: validation_batches(spec, load_tokens(d.val_path))
+           for source, d in zip(blend_sources(spec), prepared)} if spec.eval_every else {}
     recorder = StepRecorder(spec, engine, files)
     checkpointer = Checkpointer(spec, engine, run_dir, files, data.tokenizer_path, start)
     step, tokens_seen, outcome = start.step, start.tokens_seen, "finished"
@@ -91,7 +101,7 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
         recorder.record(result, step=step, tokens_seen=tokens_seen, lr=lr, step_time=step_time)
         profile.after_step()
         if spec.eval_every and step % spec.eval_every == 0:
-            _evaluate(engine, files, step, val)
+            _evaluate(engine, files, step, val, spec)
         stopping = stop.agreed(engine.device) or step == stop_at
         checkpointer.after_step(step, tokens_seen, stopping)
         if stopping:
@@ -107,10 +117,18 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     return outcome
 
 
-def _evaluate(engine: Engine, files: RunFiles, step: int, batches) -> None:
-    val_loss = engine.evaluate(batches)
-    files.metric(EvalMetrics(step=step, val_loss=val_loss))
-    files.log(f"step {step} val_loss {val_loss:.4f}")
+def _evaluate(engine: Engine, files: RunFiles, step: int, batches: dict[str, list], spec: RunSpec) -> None:
+    """The validation loss of each source (one without a blend); a blend's val_loss is their mean by weight."""
+    losses = {name: engine.evaluate(b) for name, b in batches.items()}
+    if not spec.blend:
+        (val_loss,) = losses.values()
+        files.metric(EvalMetrics(step=step, val_loss=val_loss))
+    else:
+        weights = {source.name: source.weight for source in blend_sources(spec)}
+        val_loss = sum(weights[n] * loss for n, loss in losses.items()) / sum(weights.values())
+        files.metric(EvalMetrics(step=step, val_loss=val_loss, val_loss_by_source=losses))
+    files.log(f"step {step} val_loss {val_loss:.4f}" + "".join(f" {n} {v:.4f}" for n, v in losses.items()
+                                                              if spec.blend))
 
 
 def _synchronize(device: torch.device) -> None:

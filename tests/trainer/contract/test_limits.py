@@ -4,16 +4,17 @@ import typing
 
 import pytest
 
-from trainer.contract import (ClusterSpec, DatasetSpec, GPUSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec,
-                              RunSpec, SpecError, check_plan, presets)
+from trainer.contract import (BlendSource, ClusterSpec, DatasetSpec, GPUSpec, ModelSpec, OptimizerSpec, ParallelPlan,
+                              ProfileSpec, RunSpec, SpecError, check_plan, presets)
 from trainer.contract.rules import LIMITS, pipeline_problems
 
 SPECS = {cls.__name__: cls for cls in (ModelSpec, ParallelPlan, GPUSpec, ClusterSpec, DatasetSpec, OptimizerSpec,
-                                       ProfileSpec, RunSpec)}
+                                       ProfileSpec, RunSpec, BlendSource)}
 _RUN = RunSpec(model=presets.MODELS["tiny"], plan=ParallelPlan(), cluster=presets.local_cpu_cluster(1),
                dataset=DatasetSpec(path="data.txt"), output_dir="/runs/1", profile=ProfileSpec())
 VALID = {"ModelSpec": _RUN.model, "ParallelPlan": _RUN.plan, "GPUSpec": _RUN.cluster.gpu, "ClusterSpec": _RUN.cluster,
-         "DatasetSpec": _RUN.dataset, "OptimizerSpec": _RUN.optimizer, "ProfileSpec": _RUN.profile, "RunSpec": _RUN}
+         "DatasetSpec": _RUN.dataset, "OptimizerSpec": _RUN.optimizer, "ProfileSpec": _RUN.profile, "RunSpec": _RUN,
+         "BlendSource": BlendSource("other", _RUN.dataset)}
 
 
 def _numbers(cls) -> list[str]:
@@ -23,8 +24,9 @@ def _numbers(cls) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_every_number_of_every_spec_has_a_limit_or_a_bound_of_its_own(name):
-    # bounded elsewhere: dropout in [0, 1), top_k ≤ 2, zero_stage in 0..3, val_fraction in (0, 0.5), betas in [0, 1)
-    bounded_by_their_own_rule = {"dropout", "top_k", "zero_stage", "val_fraction", "beta1", "beta2"}
+    # bounded elsewhere: dropout in [0, 1), top_k ≤ 2, zero_stage in 0..3, val_fraction in (0, 0.5), betas and
+    # max_bad_fraction in [0, 1)
+    bounded_by_their_own_rule = {"dropout", "top_k", "zero_stage", "val_fraction", "beta1", "beta2", "max_bad_fraction"}
     missing = set(_numbers(SPECS[name])) - set(LIMITS.get(name, {})) - bounded_by_their_own_rule
     assert not missing, f"{name}: no limit for {sorted(missing)}"
 
