@@ -3,7 +3,8 @@
     #!/bin/bash
     #SBATCH --job-name=wb-run<id>-a<n>    the run and the attempt: a launch repeated after a crash looks it up
     #SBATCH --nodes=… --ntasks-per-node=1 --cpus-per-task=… [--gres=gpu:…]   from the plan and the cluster
-    #SBATCH --signal=B:USR1@<seconds>     with a time limit: the script asks the trainer to checkpoint and stop
+    #SBATCH --signal=B:USR1@<seconds>     with a limit of ten minutes or more: the script asks the trainer to
+                                          checkpoint and stop (its own timer does so on any limit)
     #SBATCH --partition=<partition>       a Slurm name, checked again here
     #SBATCH --account=<account>           a Slurm name
     #SBATCH --qos=<qos>                   a Slurm name
@@ -89,6 +90,12 @@ def time_limit_s(value: str) -> int:
     return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+# Slurm's signal comes at the controller's periodic check, up to a minute before it is due: on a shorter limit that
+# minute is much of the attempt (it can come while the trainer is still starting), so the script's own timer alone
+# asks for the stop there.
+SLURM_SIGNAL_MIN_LIMIT_S = 600
+
+
 def signal_before_limit_s(time_limit: str, wanted_s: int) -> int:
     """How long before the limit the checkpoint signal comes: as the cluster asks, leaving at least a tenth of the
     limit (and 10 s) to train."""
@@ -132,11 +139,13 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         raise UnsafeScriptValue(path_problem)
     timer = []
     if settings.time_limit and time_limit_s(settings.time_limit):  # 0 is Slurm's "no limit"
-        before = signal_before_limit_s(settings.time_limit, settings.stop_before_limit_s)
-        lines.append(f"#SBATCH --signal=B:USR1@{before}")
-        # Slurm sends its signal at its next periodic check (tens of seconds late), and slurmrestd cannot ask for it
-        # to reach the batch shell at all: the script keeps its own time as well.
-        timer = [f"( sleep {time_limit_s(settings.time_limit) - before} && kill -USR1 $$ ) &", "timer=$!"]
+        limit, before = time_limit_s(settings.time_limit), signal_before_limit_s(settings.time_limit,
+                                                                                   settings.stop_before_limit_s)
+        if limit >= SLURM_SIGNAL_MIN_LIMIT_S:
+            lines.append(f"#SBATCH --signal=B:USR1@{before}")
+        # Slurm sends its signal at its periodic check, up to a minute early, and slurmrestd cannot ask for it to
+        # reach the batch shell at all: the script keeps its own time as well.
+        timer = [f"( sleep {limit - before} && kill -USR1 $$ ) &", "timer=$!"]
     args = ["--spec", str(run_dir / SPEC), *(["--resume"] if request.resume else [])]
     words = trainer_command(args, nproc_per_node=per_node, nodes=nodes, endpoint=ENDPOINT_FROM_ENV, srun=True,
                             python="python" if settings.container_image else python)
