@@ -41,7 +41,9 @@ def test_the_client_measures_triton_and_v1_beside_the_floor_and_the_table_agrees
         assert row["streams"] == "2" and row["requests"] == "4" and row["errors"] == "0", row
         ttft, itl, rate = (float(row[k]) for k in ("time to first token (ms)", "inter-token latency (ms)",
                                                     "tokens/s"))
-        assert ttft > 0 and itl > 0 and rate > 0, row
+        # a client starved of the two cores may read a tiny model's few tokens in one go, so the mean gap between
+        # them can round to 0.00 ms; it must still be there and not negative
+        assert ttft > 0 and itl >= 0 and rate > 0, row
         # what the client counted: about the tokens asked (a stop token may end a request early; re-tokenizing the
         # text may split a token in two)
         assert 1 <= float(row["tokens/request"]) <= 1.5 * NEW_TOKENS, row
@@ -49,7 +51,8 @@ def test_the_client_measures_triton_and_v1_beside_the_floor_and_the_table_agrees
         assert row["× fewest streams"] == "1.00"
     # aiperf's own export is where the figures came from
     export = tmp_path / "work" / "aiperf" / "workbench-Triton-HTTP-2" / "profile_export_aiperf.json"
-    assert json.loads(export.read_text())["request_count"]["avg"] == 4
+    exported = json.loads(export.read_text())
+    assert exported["request_count"]["avg"] == 4 and exported["inter_token_latency"]["avg"] >= 0
     written = {r["path"]: r for r in json.loads(results.read_text())}
     assert written["workbench · /v1"]["requests"] == 4 and written[FLOOR]["errors"] == 0
 

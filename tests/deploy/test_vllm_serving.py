@@ -30,9 +30,10 @@ from tests.deploy_fixtures import greedy_of
 from trainer.contract.presets import MODELS
 
 # head_dim 64 (vLLM's CPU attention has no kernel for the presets' 16); the Llama's rotary scaling starts at its
-# original context of 32 positions, which the answers below pass; its window is long enough that a request the client
-# leaves is still running when the disconnect arrives on a busy machine
-LLAMA = dict(d_model=128, n_heads=2, n_kv_heads=1, seq_len=1024)
+# original context of 32 positions, which the answers below pass; its window of 8,192 positions, some seconds of
+# decoding, is long enough that a request the client leaves is still running when the disconnect arrives on a busy
+# machine (a window of 1,024 the tiny model decoded to its end first, under load)
+LLAMA = dict(d_model=128, n_heads=2, n_kv_heads=1, seq_len=8192)
 GPT = dict(d_model=128, n_heads=2, seq_len=256)
 PROMPTS = ["ROMEO:", "First Citizen:\nWe are"]
 NAME = "vllm-llama"
@@ -139,8 +140,8 @@ def test_it_ends_at_a_stop_string_and_leaves_it_out(served):
         assert (answer.text, answer.finish_reason) == (whole[:whole.index(stop)], "stop"), protocol
 
 
-def test_it_stops_the_sequence_of_a_client_that_disconnects(served):
-    client, _ = served
+def _abandon_a_stream(client) -> tuple[dict[str, float], int, float]:
+    """Read three tokens of a long stream and leave; how vLLM's request ended, what was read, what was decoded."""
     before = client.metrics()
     stream = client.stream(NAME, GenerateParams("ROMEO:", max_tokens=10_000), "grpc")
     received = 0
@@ -149,20 +150,27 @@ def test_it_stops_the_sequence_of_a_client_that_disconnects(served):
         if received >= 3:
             break
     stream.close()
-    deadline, cancelled = time.monotonic() + 10, 0.0
-    while time.monotonic() < deadline and not cancelled:
-        after = client.metrics()
-        cancelled = _metric(after, "workbench_requests_total", NAME, finish_reason="cancelled") - \
-            _metric(before, "workbench_requests_total", NAME, finish_reason="cancelled")
+
+    def ended(text):
+        return {reason: _metric(text, "workbench_requests_total", NAME, finish_reason=reason)
+                - _metric(before, "workbench_requests_total", NAME, finish_reason=reason)
+                for reason in ("cancelled", "length", "stop")}
+    deadline, after = time.monotonic() + 10, client.metrics()
+    while time.monotonic() < deadline and not any(ended(after).values()):
         time.sleep(0.05)
-    ended = {reason: _metric(after, "workbench_requests_total", NAME, finish_reason=reason)
-             - _metric(before, "workbench_requests_total", NAME, finish_reason=reason)
-             for reason in ("cancelled", "length", "stop")}
-    assert cancelled == 1, f"vLLM's request was aborted, not finished: {ended}, {received} received"
+        after = client.metrics()
     generated = _metric(after, "workbench_generated_tokens_total", NAME) - \
         _metric(before, "workbench_generated_tokens_total", NAME)
-    # the window lets the request run to 1,000 tokens; those decoded while the disconnect travels are counted too
-    assert generated < 200, f"{generated:.0f} tokens generated for a client that left after {received}"
+    return ended(after), received, generated
+
+
+def test_it_stops_the_sequence_of_a_client_that_disconnects(served):
+    client, _ = served
+    ended, received, generated = _abandon_a_stream(client)
+    assert ended["cancelled"] == 1, f"vLLM's request was not aborted: {ended}, {received} received"
+    # aborted well short of its window of ~8,190 tokens: those decoded while the disconnect travels (about a
+    # thousand a second; 2,667 seen on a loaded machine) are counted too
+    assert generated < 0.6 * 8192, f"{generated:.0f} tokens generated for a client that left after {received}"
 
 
 def test_it_reports_the_workbench_engines_metrics(served):

@@ -21,6 +21,7 @@ from deploy.triton import free_ports, group_members, process_table
 from tests.scripts.test_supervisor import running
 from tests.webapp import serving
 from tests.worker_fixtures import worker_database_url
+from webapp.api.serving_serializers import MAX_TOKENS
 from webapp.models import Deployment, TritonServer
 
 Status = Deployment.Status
@@ -84,8 +85,10 @@ def test_a_tritonserver_killed_mid_stream_comes_back_with_its_deployments_and_no
         worker, webserver = _child(run, "celery"), _child(run, "runserver")
 
         connection = http.client.HTTPConnection("127.0.0.1", web, timeout=120)
+        # far more tokens than the few milliseconds each takes could produce before the kill, however late this
+        # process reads the first event on a loaded machine (64 tokens were sometimes all sent by then)
         connection.request("POST", f"/api/deployments/{deployment.pk}/generate/",
-                           json.dumps({"prompt": report["smoke"]["prompt"], "max_tokens": 64, "stream": True}),
+                           json.dumps({"prompt": report["smoke"]["prompt"], "max_tokens": MAX_TOKENS, "stream": True}),
                            {"Authorization": f"Token {token}", "Content-Type": "application/json"})
         response = connection.getresponse()
         assert response.status == 200

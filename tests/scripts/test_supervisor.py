@@ -87,7 +87,9 @@ def test_a_killed_child_is_started_again_alone_and_a_stop_signal_stops_them_all(
     with running("--banner", "all started",
                  "--child", "a sleeper (log: -)", "-", "sleep", "600",
                  "--child", "a cat", "-", "sh", "-c", "exec tail -f /dev/null") as run:
-        first = run.until(lambda: len(run.children()) == 2 and run.children(), 10, "both children did not start")
+        # by their commands: the cat is "sh" until it has exec'd tail
+        first = run.until(lambda: {"sleep", "tail"} <= set(run.children()) and run.children(), 10,
+                          "both children did not start")
         assert run.until(lambda: "all started" in run.lines, 5, "no banner")
         os.kill(first["sleep"], signal.SIGKILL)
         again = run.until(lambda: run.children().get("sleep") not in (None, first["sleep"]) and run.children(), 10,

@@ -130,8 +130,14 @@ def test_a_new_launcher_finds_the_job_a_crashed_one_submitted_by_its_name(rest, 
 
 
 def test_cancel_ends_a_running_job_and_minds_no_job_that_is_over_or_unknown(rest, tmp_path):
-    _, job = _submit(rest, tmp_path / "run", "sleep 300")
+    started = tmp_path / "run" / "script-started"
+    _, job = _submit(rest, tmp_path / "run", f"touch {started}", "sleep 300")
     rest.wait_for_job(int(job.job_id), states=("RUNNING",))
+    # RUNNING comes before the batch script reaches its sleep; cancelled earlier it ends otherwise than by SIGTERM
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert started.exists(), "the batch script did not start within 30 s"
     launcher = SlurmRestLauncher(rest.rest_url)
 
     asked = time.monotonic()
