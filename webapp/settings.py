@@ -197,6 +197,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # Every operation documents the error answers it can give (400, 401, 403, 404, 409, …) with their bodies.
+    # Conversions and dataset preparations share one set of states: one enum, named for what they are
+    "ENUM_NAME_OVERRIDES": {"JobStatusEnum": "webapp.models.preparations.DatasetPreparation.Status"},
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums",
                              "webapp.api.schema.document_errors"],
 }

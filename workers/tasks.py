@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from webapp.services.tasks import TaskName
 
-from . import calibrating, converting, deploying, ingesting, launching, runs, tuning
+from . import calibrating, converting, deploying, evaluating, ingesting, launching, preparing, runs, tuning
 
 
 @shared_task(name=TaskName.HEALTH.value)
@@ -81,3 +81,15 @@ def import_hf(conversion_id: int) -> str:
 def export_hf(conversion_id: int) -> str:
     """Export a checkpoint to the Hugging Face layout (python -m deploy export-hf, as a process)."""
     return converting.conversion_run(conversion_id)
+
+
+@shared_task(name=TaskName.DATASET_PREPARE.value)
+def prepare_dataset(preparation_id: int) -> str:
+    """Prepare a dataset ahead of its runs (python -m trainer.data prepare, as a process)."""
+    return preparing.preparation_run(preparation_id)
+
+
+@shared_task(name=TaskName.EVALUATION_RUN.value)
+def evaluate(evaluation_id: int) -> str:
+    """Score a checkpoint on an evaluation set (python -m trainer.evaluate, as a process)."""
+    return evaluating.evaluation_run(evaluation_id)

@@ -1,7 +1,7 @@
 """The run page and the compare page in the browser: charts drawn from really ingested metrics, the x axis and log
 scale switched, a dragged zoom, the log tail, the status following the run to its end without a reload, what the
-page says of a CPU run without a pipeline and of a run resumed after a cancel, and two runs overlaid with what
-differs between them."""
+page says of a CPU run without a pipeline and of a run resumed after a cancel, a blended run's validation loss on
+each of its sources, and two runs overlaid with what differs between them."""
 from pathlib import Path
 
 from playwright.sync_api import expect
@@ -153,3 +153,20 @@ def test_the_compare_page_overlays_two_runs_and_lists_what_differs(signed_in_pag
     page.get_by_role("button", name="Compare").click()
     expect(page.get_by_test_id("differences")).to_contain_text("Choose at least two runs")
     expect(chart).to_have_attribute("data-series", "1")
+
+
+def test_a_blended_runs_page_charts_each_sources_validation_loss(signed_in_page, settings, tmp_path):
+    page = signed_in_page
+    (plan, _), dataset = _plans(page.user, settings, tmp_path)
+    web = models.Dataset.objects.create(owner=page.user, name="web", path=dataset.path)
+    run = _running(new_run(page.user, plan, dataset, name="blended", steps=40, eval_every=10,
+                           blend=[{"dataset": web.pk, "weight": 1.0, "name": "web"}]))
+    append_metrics(run, [step_record(s, 5.0 - s / 20) for s in range(1, 31)] +
+                   [eval_record(s, 4.5 - s / 20, {"main": 4.8 - s / 20, "web": 4.2 - s / 20}) for s in (10, 20, 30)])
+
+    page.goto(f"/runs/{run.pk}/")
+    by_source = page.get_by_test_id("chart-val_by_source")
+    expect(by_source).to_have_attribute("data-points", "6")
+    summary = page.locator("#chart-val_by_source-summary")
+    expect(summary).to_contain_text("main: 3 points from step 10 to 30, lowest 3.3, highest 4.3")
+    expect(summary).to_contain_text("web: 3 points from step 10 to 30, lowest 2.7, highest 3.7, last 2.7")

@@ -1,11 +1,13 @@
-"""The New-run wizard in a browser: the estimate follows the plan as it is typed, the tuner fills the plan and a
-preset fills the model."""
+"""The New-run wizard in a browser: the estimate follows the plan as it is typed, the tuner fills the plan, a preset
+fills the model, and a blend of two datasets is launched."""
 import re
 
 from playwright.sync_api import expect
 
 from tests.browser.conftest import LAPTOP, PHONE, check_page
 from tests.browser.wrapping import broken_words
+from webapp import models
+from webapp.services.demo import demo_ready
 
 
 def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_page):
@@ -60,3 +62,17 @@ def test_the_estimate_follows_tp_and_a_tuned_plan_fills_the_fields(signed_in_pag
     expect(page.locator("#id_model-n_layers")).to_have_value("12")
     expect(page.locator("#id_model-vocab_size")).to_have_value("50257")
     expect(memory).not_to_have_text(tuned_memory)
+
+
+def test_a_blend_launched_from_the_wizard_opens_on_a_page_that_charts_each_source(signed_in_page, settings, tmp_path):
+    page = signed_in_page
+    settings.WORKBENCH = {**settings.WORKBENCH, "RUNS_ROOT": tmp_path / "runs"}
+    _, dataset = demo_ready(page.user)
+    models.Dataset.objects.create(owner=page.user, name="web", path=dataset.path)
+    page.goto("/runs/new/")
+    page.get_by_label("Blend with").select_option(label="web")
+    page.get_by_label("Its weight").fill("0.5")
+    page.get_by_test_id("launch").click()
+    expect(page.get_by_test_id("chart-val_by_source")).to_be_visible()
+    run = models.Run.objects.get()
+    assert [(s["name"], s["weight"]) for s in run.spec["blend"]] == [("web", 0.5)] and run.eval_every > 0

@@ -28,8 +28,8 @@ def step_record(step: int, loss: float, tokens_per_step: int = 1024, step_time: 
                        ranks=ranks or {}, **fields).to_dict()
 
 
-def eval_record(step: int, val_loss: float) -> dict:
-    return EvalMetrics(step=step, val_loss=val_loss).to_dict()
+def eval_record(step: int, val_loss: float, by_source: dict[str, float] | None = None) -> dict:
+    return EvalMetrics(step=step, val_loss=val_loss, val_loss_by_source=by_source).to_dict()
 
 
 def new_run(owner, plan, dataset, name: str = "r", **fields):

@@ -14,6 +14,7 @@ from rest_framework.test import APIClient
 from tests.worker_fixtures import reconcile_until
 from tests.xdist_groups import run_temp_root
 from trainer.contract import ParallelPlan, presets
+from trainer.data.prepare import TRAIN, VAL, load_tokens
 from webapp import models
 from webapp.services import conversions
 from workers import converting
@@ -112,7 +113,7 @@ def _until(model, pk: int, done, seconds: float):
 
 @pytest.mark.once  # the real worker, a run and the real Triton: once, on the first database
 @pytest.mark.django_db(transaction=True)
-def test_a_run_started_from_an_imported_llama_trains_checkpoints_and_deploys(broker, folders, triton, tmp_path):
+def test_a_run_started_from_an_imported_llama_keeps_its_tokenizer_trains_checkpoints_and_deploys(broker, folders, triton, tmp_path):
     user = User.objects.create_user("fine-tuner")
     api = APIClient()
     api.credentials(HTTP_AUTHORIZATION=f"Token {Token.objects.create(user=user).key}")
@@ -143,6 +144,12 @@ def test_a_run_started_from_an_imported_llama_trains_checkpoints_and_deploys(bro
     assert trained.manifest["tokenizer"].endswith("tokenizer.json")  # the import's, copied beside the data
     assert json.loads(Path(trained.manifest["tokenizer"]).read_text()) == json.loads(
         (Path(imported.path) / "tokenizer.json").read_text())
+    # the ids the run trained on are the import's tokenizer's own encoding of the text, train then validation
+    from tokenizers import Tokenizer
+    prepared = Path(trained.manifest["tokenizer"]).parent
+    ids = [int(i) for name in (TRAIN, VAL) for i in load_tokens(prepared / name)]
+    assert ids == Tokenizer.from_file(str(Path(imported.path) / "tokenizer.json")).encode(
+        (tmp_path / "data" / "text.txt").read_text()).ids
     lineage = api.get(f"/api/checkpoints/{trained.pk}/").json()["lineage"]
     assert [link["checkpoint"] for link in lineage] == [trained.pk, imported.pk]
 

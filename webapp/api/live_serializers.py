@@ -8,7 +8,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
 from .. import models
-from ..models.series import SERIES_BY_NAME
+from ..models.series import SERIES_BY_NAME, SOURCE_SERIES_PREFIX
 from ..selectors.run_estimates import FIGURE_KEYS, UNITS
 from ..selectors.run_logs import MAX_CHUNK_BYTES
 from ..selectors.run_updates import MAX_WAIT_S
@@ -17,6 +17,7 @@ from ..selectors.series import MAX_STEP, X_UNITS
 MAX_POINTS = 5000
 X_LIMIT = float(2**63)  # tokens seen are 64-bit integers; no x of any unit is larger
 MAX_COMPARED = 10
+MAX_SERIES = 40  # the charted series and, for a blend, its sources
 MAX_ID = 2**63 - 1
 
 
@@ -43,13 +44,33 @@ def comma_parameter(name: str, items: dict, description: str, required: bool = F
                             required=required, style="form", explode=False, description=description)
 
 
-NAMES_PARAMETER = comma_parameter("names", {"type": "string", "enum": sorted(SERIES_BY_NAME)},
-                                  "series to chart, comma-separated (default: loss)")
+SOURCE_SERIES_PATTERN = rf"^{SOURCE_SERIES_PREFIX}[^,]{{1,64}}$"
+NAMES_PARAMETER = comma_parameter(
+    "names", {"oneOf": [{"type": "string", "enum": sorted(SERIES_BY_NAME)},
+                        {"type": "string", "pattern": SOURCE_SERIES_PATTERN}]},
+    f"series to chart, comma-separated (default: loss); a blended run's validation loss on one of its sources is "
+    f"{SOURCE_SERIES_PREFIX}<source> (main: the run's own dataset)")
+
+
+class SeriesName(serializers.CharField):
+    """A series' name: one of the charted series, or a blend source's validation loss."""
+
+    default_error_messages = {"unknown": "{value!r} is not a series: give one of {names}, or "
+                                         f"{SOURCE_SERIES_PREFIX}<source>"}
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=len(SOURCE_SERIES_PREFIX) + 64, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if value not in SERIES_BY_NAME and not (value.startswith(SOURCE_SERIES_PREFIX)
+                                                and len(value) > len(SOURCE_SERIES_PREFIX)):
+            self.fail("unknown", value=value, names=", ".join(sorted(SERIES_BY_NAME)))
+        return value
 
 
 class SeriesQuery(serializers.Serializer):
-    names = CommaSeparated(serializers.ChoiceField(choices=sorted(SERIES_BY_NAME)), most=len(SERIES_BY_NAME),
-                           required=False)
+    names = CommaSeparated(SeriesName(), most=MAX_SERIES, required=False)
     x = serializers.ChoiceField(choices=X_UNITS, default="step",
                                 help_text="the x axis: step, tokens (tokens seen) or time (seconds since the first "
                                           "step began)")

@@ -9,17 +9,18 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from trainer.contract import presets
-from trainer.contract import (ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec, SpecError,
-                              check_plan)
+from trainer.contract import (MAIN_SOURCE, ClusterSpec, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec,
+                              SpecError, check_plan)
 
 from .. import models, services
 from ..models.clusterfields import ENV_SETUP_LINE_LENGTH, ENV_SETUP_LINES
 from ..models.configs import sharing_problem
 from ..selectors.lineage import checkpoint_lineage, run_started_from
 from ..selectors.plans import plans_with_parts
+from ..services.runs import SOURCE_NAME
 from ..spec_errors import spec_field_errors
 from .fields import (StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField,
-                     StrictPrimaryKeyRelatedField, UsablePlanField, VisibleRelatedField)
+                     StrictPrimaryKeyRelatedField, StrictSerializer, UsablePlanField, VisibleRelatedField)
 from .specfields import api_field, spec_field
 
 
@@ -153,12 +154,12 @@ class ParallelismPlanSerializer(OwnedSerializer):
 class DatasetSerializer(OwnedSerializer):
     class Meta:
         model = models.Dataset
-        fields = ["id", "name", "description", "path", "tokenizer_vocab", "val_fraction", "shared", "owner",
-                  "created_at", "updated_at"]
+        fields = ["id", "name", "description", "path", "tokenizer_vocab", "val_fraction", "text_field",
+                  "max_bad_fraction", "tokenizer", "shared", "owner", "created_at", "updated_at"]
         read_only_fields = ["created_at", "updated_at"]
 
     def validate(self, attrs):
-        fields = ("path", "tokenizer_vocab", "val_fraction")
+        fields = ("path", "tokenizer_vocab", "val_fraction", "text_field", "max_bad_fraction", "tokenizer")
         current = {f: getattr(self.instance, f) for f in fields} if self.instance else {}
         owner = self.instance.owner if self.instance else self.context["request"].user
         try:
@@ -186,6 +187,27 @@ class DatasetUploadSerializer(serializers.Serializer):
         return value
 
 
+MAX_BLEND_SOURCES = 16
+
+
+class BlendItemSerializer(StrictSerializer):
+    dataset = VisibleRelatedField(queryset=models.Dataset.objects.all(), help_text="A dataset visible to you")
+    weight = StrictFloatField(default=1.0, min_value=1e-9, max_value=1e9,
+                              help_text="Its share of the sequences is its weight over the sum of the weights")
+    name = serializers.RegexField(rf"^{SOURCE_NAME.pattern}$", required=False,
+                                  help_text="Its name in the blend and its validation series (default: from the "
+                                            "dataset's name); letters, digits, '.', '_' and '-'")
+
+    def to_representation(self, instance):  # stored as {"dataset": id, "weight": …, "name": …}
+        return {"dataset": instance.get("dataset"), "weight": instance.get("weight"), "name": instance.get("name")}
+
+
+def blend_item(item: dict) -> dict:
+    """A checked blend item as the run stores it: the dataset's id, and a name (from the dataset's if not given)."""
+    name = item.get("name") or services.default_source_name(item["dataset"])
+    return {"dataset": item["dataset"].pk, "weight": item["weight"], "name": name}
+
+
 class RunSerializer(OwnedSerializer):
     unique_names = False  # runs are told apart by id; repeating a name is normal
     model_config = serializers.PrimaryKeyRelatedField(read_only=True)
@@ -207,11 +229,16 @@ class RunSerializer(OwnedSerializer):
                   "with its own plan and a fresh optimizer; its model must be the plan's model config")
     started_from = serializers.SerializerMethodField(
         help_text="Lineage in words: 'started from checkpoint …', or empty for fresh weights")
+    blend = BlendItemSerializer(many=True, required=False, max_length=MAX_BLEND_SOURCES,
+                                help_text="Other datasets to train on beside `dataset`, each with its weight (the "
+                                          "run's own has `dataset_weight`); each one's validation loss is a series "
+                                          "of its own, `val_loss:<name>` (the run's own: `val_loss:main`)")
 
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
-                  "eval_every", "optimizer", "profile", "init_from", "keep_tokenizer", "started_from", "spec",
+                  "eval_every", "blend", "dataset_weight", "optimizer", "profile", "init_from", "keep_tokenizer",
+                  "started_from", "spec",
                   "launch", "shared", "owner", "status", "attempts",
                   "max_restarts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
                   "queued_at", "started_at", "finished_at", "batch_script"]
@@ -223,6 +250,7 @@ class RunSerializer(OwnedSerializer):
                             "Steps between checkpoints, and one at the end; 0: none. Not given: the run's steps, so "
                             "that the run leaves one checkpoint, at its end, to generate from, export and deploy")},
                         "eval_every": {"max_value": 10_000_000},
+                        "dataset_weight": {"min_value": 1e-9, "max_value": 1e9},
                         "max_restarts": {"min_value": 0, "max_value": 100}}
 
     def get_started_from(self, run) -> str:
@@ -236,6 +264,12 @@ class RunSerializer(OwnedSerializer):
     def validate(self, attrs):
         attrs.setdefault("optimizer", OptimizerSpec().to_dict())
         attrs.setdefault("checkpoint_every", attrs.get("steps", models.Run._meta.get_field("steps").default))
+        if "blend" in attrs:
+            attrs["blend"] = [blend_item(item) for item in attrs["blend"]]
+            names = [item["name"] for item in attrs["blend"]]
+            if len(set(names)) < len(names) or MAIN_SOURCE in names:
+                raise serializers.ValidationError({"blend": [f"each source needs a name of its own, other than "
+                                                             f"{MAIN_SOURCE!r} (the run's own dataset): got {names}"]})
         return attrs
 
     def create(self, validated_data):

@@ -1,7 +1,7 @@
 from django.urls import include, path
 from rest_framework.routers import DefaultRouter
 
-from . import advice, conversions, live, planner, serving, timeline, views
+from . import advice, conversions, evaluations, live, planner, serving, timeline, views
 
 router = DefaultRouter()
 router.register("model-configs", views.ModelConfigViewSet)
@@ -13,6 +13,8 @@ router.register("metrics", views.MetricViewSet)
 router.register("checkpoints", views.CheckpointViewSet)
 router.register("profiles", views.ProfileViewSet)
 router.register("conversions", conversions.ConversionViewSet)
+router.register("evaluation-sets", evaluations.EvaluationSetViewSet)
+router.register("evaluations", evaluations.EvaluationViewSet)
 router.register("tune-jobs", planner.TuneJobViewSet)
 router.register("triton-servers", serving.TritonServerViewSet)
 router.register("deployments", serving.DeploymentViewSet)

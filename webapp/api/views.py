@@ -17,6 +17,7 @@ from .conversions import CheckpointConversionActions
 from .live import RunLiveData
 from .fields import StrictCharField
 from .parsers import RequestTooLarge
+from .preparations import DatasetPreparationActions
 from .permissions import IsOwnerOrStaffToChange, IsStaffOrReadOnly
 from .serving_serializers import CheckpointRegisterSerializer
 from .serializers import (CheckpointSerializer, ClusterSerializer, DatasetSerializer, DatasetUploadSerializer,
@@ -50,8 +51,9 @@ class ParallelismPlanViewSet(OwnedViewSet):
     filterset_fields = ["model_config", "cluster", "shared"]
 
 
-class DatasetViewSet(OwnedViewSet):
-    """Datasets: a text file or folder under one of your data roots, registered by path, or a file uploaded."""
+class DatasetViewSet(DatasetPreparationActions, OwnedViewSet):
+    """Datasets: a text, JSONL, Parquet or Megatron file or folder under one of your data roots, registered by path, or
+    a file uploaded; each prepared ahead of its runs when asked."""
 
     queryset = models.Dataset.objects.all()
     serializer_class = DatasetSerializer

@@ -174,9 +174,18 @@ def sharing_problem(plan_name: str, shared: bool, model_config: ModelConfig) -> 
 class Dataset(Owned):
     name = models.CharField(max_length=120)
     description = models.TextField(blank=True)
-    path = models.CharField(max_length=500, help_text="A text file or a folder of text files under a data root")
+    path = models.CharField(max_length=500, help_text="A text, JSONL (.gz, .zst), Parquet or Megatron .bin file, or a "
+                                                      "folder of them, under a data root")
     tokenizer_vocab = models.PositiveIntegerField(default=0, help_text="0: the model's vocabulary size")
     val_fraction = models.FloatField(default=0.05)
+    text_field = models.CharField(max_length=120, default="text",
+                                  help_text="The JSONL key or Parquet column that holds each document's text")
+    max_bad_fraction = models.FloatField(default=0.01, help_text="The share of JSONL or Parquet rows that may be "
+                                                                  "unreadable (skipped and reported) before the "
+                                                                  "source is refused")
+    tokenizer = models.CharField(max_length=500, blank=True, default="",
+                                 help_text="An existing tokenizer under a data root (a tokenizer.json, or a folder "
+                                           "with one or with GPT-2's vocab.json and merges.txt); empty: train one")
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -186,7 +195,9 @@ class Dataset(Owned):
         return self.name
 
     def dataset_spec(self) -> DatasetSpec:
-        return DatasetSpec(path=self.path, tokenizer_vocab=self.tokenizer_vocab, val_fraction=self.val_fraction)
+        return DatasetSpec(path=self.path, tokenizer_vocab=self.tokenizer_vocab, val_fraction=self.val_fraction,
+                           text_field=self.text_field, max_bad_fraction=self.max_bad_fraction,
+                           tokenizer=self.tokenizer)
 
     def clean(self):
         try:
@@ -195,6 +206,9 @@ class Dataset(Owned):
             raise ValidationError(spec_field_errors(exc, lambda path: path or NON_FIELD_ERRORS)) from None
         if self.owner_id:
             self.check_path()
+            problem = self.tokenizer and data_roots_for(self.owner).problem(self.tokenizer)
+            if problem:
+                raise ValidationError({"tokenizer": [problem]})
 
     def check_path(self, path: str | None = None) -> None:
         """ValidationError on ``path`` unless its owner may read it (trainer.contract.datapath's rules, with the

@@ -51,6 +51,12 @@ class Run(Owned):
     seed = models.PositiveIntegerField(default=1234)
     checkpoint_every = models.PositiveIntegerField(default=0)
     eval_every = models.PositiveIntegerField(default=0)
+    # A blend: other datasets trained on beside ``dataset``, each drawn by its weight against ``dataset_weight``
+    # (trainer.contract.BlendSource); each one's validation loss is charted under its name.
+    blend = models.JSONField(default=list, blank=True,
+                             help_text='Other datasets trained on beside the run\'s own: [{"dataset": id, "weight": w, '
+                                       '"name": "…"}]; empty: the run\'s dataset alone')
+    dataset_weight = models.FloatField(default=1.0, help_text="The run's own dataset's weight in its blend")
     optimizer = models.JSONField(default=dict, blank=True, help_text="trainer.contract.OptimizerSpec as JSON")
     profile = models.JSONField(null=True, blank=True, help_text="trainer.contract.ProfileSpec as JSON, or empty")
     # Checked and stored when the run is created; every attempt launches with it, so editing the plan, model,

@@ -45,6 +45,8 @@ class Series(models.IntegerChoices):
 EVAL_SERIES = (Series.VAL_LOSS,)
 TRAIN_SERIES = tuple(s for s in Series if s not in EVAL_SERIES)
 SERIES_BY_NAME = {s.label: s for s in Series}
+# A blended run's validation loss of one source, asked for as "val_loss:<source name>" (SourceValLoss)
+SOURCE_SERIES_PREFIX = "val_loss:"
 
 
 class SeriesStep(models.Model):
@@ -86,3 +88,14 @@ class SeriesBucket(models.Model):
     max_step = models.PositiveIntegerField()
     max_tokens = models.BigIntegerField(null=True)
     max_wall = models.FloatField(null=True)
+
+
+class SourceValLoss(models.Model):
+    """A blended run's validation loss on one of its sources at one evaluation. Evaluations are few (one every
+    ``eval_every`` steps), so a chart reads these rows as they are, without rollups."""
+
+    pk = models.CompositePrimaryKey("run_id", "source", "step")
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="+", db_index=False)  # the key leads with it
+    source = models.CharField(max_length=64, help_text="The source's name in the blend (main: the run's dataset)")
+    step = models.PositiveIntegerField()
+    val_loss = models.FloatField()

@@ -16,7 +16,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path, reverse
 from django.views.decorators.http import require_POST
 
+from trainer.contract import MAIN_SOURCE
+
 from ..models import Run, RunStatus, SeriesStep
+from ..models.series import SOURCE_SERIES_PREFIX
+from ..selectors.jobs import checkpoints_with_scores
 from ..selectors.run_logs import log_files
 from ..selectors.runs import runs_with_parts
 from ..selectors.timeline import timeline_missing
@@ -122,8 +126,9 @@ def _history(request, run: Run) -> dict:
     # newest first by when each happened: the trainer's events are read in from the run folder a reconcile pass
     # after they happened, so their ids say when they were read, behind the workbench's own events of the meantime
     events = list(run.history.order_by("-time", "-id")[:EVENTS_SHOWN + 1])
-    checkpoints = [{"checkpoint": c, "size": _bytes(c.size_bytes), "tokens": f"{c.tokens_seen:,}"}
-                   for c in run.checkpoints.order_by("-step")]
+    checkpoints = [{"checkpoint": c, "size": _bytes(c.size_bytes), "tokens": f"{c.tokens_seen:,}",
+                    "scores": [(e.eval_set.name, *e.headline) for e in c.done_evaluations if e.headline]}
+                   for c in checkpoints_with_scores(run)]
     return {"run": run, "events": events[:EVENTS_SHOWN], "more_events": len(events) > EVENTS_SHOWN,
             "attempts": list(run.attempt_records.order_by("-number")), "checkpoints": checkpoints}
 
@@ -200,8 +205,15 @@ def _on_cpus(run: Run) -> bool:
 
 
 def _charts(run: Run) -> list[tuple]:
-    """CHARTS, each with what it says while it has nothing to draw ("": that nothing is drawn yet)."""
-    return [(*chart, NO_CPU_MEMORY if chart[0] == "memory" and _on_cpus(run) else "") for chart in CHARTS]
+    """CHARTS, each with what it says while it has nothing to draw ("": that nothing is drawn yet); a blended run's
+    validation loss on each of its sources beside the loss."""
+    charts = [(*chart, NO_CPU_MEMORY if chart[0] == "memory" and _on_cpus(run) else "") for chart in CHARTS]
+    sources = [source.get("name") for source in (run.spec or {}).get("blend", []) if isinstance(source, dict)]
+    if sources:
+        names = [f"{SOURCE_SERIES_PREFIX}{name}" for name in [MAIN_SOURCE, *sources]]
+        empty = "" if run.eval_every else "This run does not evaluate (eval_every is 0): nothing will be drawn here."
+        charts.insert(1, ("val_by_source", "Validation loss by source", names, "", empty))
+    return charts
 
 
 def _log_choices(run: Run) -> list[str]:

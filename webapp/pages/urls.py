@@ -2,7 +2,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from ..api.auth import throttle_logins
-from . import compare, dashboard, deploy, first_signin, playground, run_detail, wizard
+from . import compare, dashboard, datasets, deploy, first_signin, playground, run_detail, wizard
 
 app_name = "pages"
 urlpatterns = [
@@ -13,6 +13,7 @@ urlpatterns = [
     *wizard.urlpatterns,
     *run_detail.urlpatterns,
     *compare.urlpatterns,
+    *datasets.urlpatterns,
     *deploy.urlpatterns,
     *playground.urlpatterns,
     *first_signin.urlpatterns,

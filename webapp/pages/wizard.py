@@ -57,7 +57,7 @@ def _estimate(request, wizard: Wizard, parts: Parts) -> dict | None:
 def _run_fields(wizard: Wizard) -> dict:
     data = wizard.run.cleaned_data
     return {"name": data["name"], "steps": data["steps"], "checkpoint_every": data["checkpoint_every"],
-            "eval_every": data["eval_every"], "profile": wizard.run.profile_dict()}
+            "eval_every": data["eval_every"], "profile": wizard.run.profile_dict(), "blend": wizard.run.blend()}
 
 
 def _unsaved_run(user, wizard: Wizard, parts: Parts) -> Run:

@@ -19,6 +19,7 @@ from trainer.contract.presets import MODELS
 
 from ..models import Cluster, Dataset, ModelConfig
 from ..selectors.owned import visible_with_owners
+from ..services import default_source_name
 from ..services.demo import demo_ready
 from .wizard_figures import CURRENCY
 
@@ -224,6 +225,13 @@ class RunForm(_Described):
                                      help_text="where the run trains")
     dataset = forms.ModelChoiceField(queryset=Dataset.objects.none(), empty_label=None, label="Dataset",
                                      help_text="the text it trains on")
+    blend_with = forms.ModelChoiceField(queryset=Dataset.objects.none(), required=False, label="Blend with",
+                                        empty_label="nothing: the dataset alone",
+                                        help_text="another dataset to train on beside it; each one's validation "
+                                                  "loss is charted on its own")
+    blend_weight = forms.FloatField(required=False, min_value=1e-9, max_value=1e9, label="Its weight",
+                                    help_text="its share of the sequences against the dataset's weight of 1 "
+                                              "(empty: 1, half each)")
     name = forms.CharField(max_length=120, label="Run name")
     steps = forms.IntegerField(label="Steps", help_text="optimizer steps to train")
     checkpoint_every = forms.IntegerField(label="Checkpoint every", help_text="steps between checkpoints, and one "
@@ -241,6 +249,7 @@ class RunForm(_Described):
     def __init__(self, *args, user, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = visible_with_owners(Dataset.objects.all(), user)
+        self.fields["blend_with"].queryset = self.fields["dataset"].queryset
         clusters = list(Cluster.objects.all())
         sizes = {}
         for cluster in clusters:
@@ -250,6 +259,15 @@ class RunForm(_Described):
                 pass
         field = self.fields["cluster"]
         field.widget = OptionAttrsSelect(choices=field.choices, option_attrs=sizes, attrs=field.widget.attrs)
+
+    def blend(self) -> list[dict]:
+        """The run's blend: the other dataset, if one was chosen, under its dataset's name."""
+        other = self.cleaned_data.get("blend_with")
+        if other is None:
+            return []
+        weight = self.cleaned_data.get("blend_weight")
+        return [{"dataset": other.pk, "weight": 1.0 if weight is None else weight,
+                 "name": default_source_name(other)}]
 
     def profile_dict(self) -> dict | None:
         data = self.cleaned_data

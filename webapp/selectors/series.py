@@ -17,8 +17,8 @@ from functools import reduce
 
 from django.db.models import Max, Min, Q
 
-from ..models import Run, SeriesBucket, SeriesStep
-from ..models.series import SERIES_BY_NAME
+from ..models import Run, SeriesBucket, SeriesStep, SourceValLoss
+from ..models.series import SERIES_BY_NAME, SOURCE_SERIES_PREFIX
 from ..models.series_blocks import cover, level_for, width
 
 X_UNITS = ("step", "tokens", "time")
@@ -108,9 +108,12 @@ def series_in_frame(run: Run, names: list[str], axis: Axis, frame: Frame) -> dic
     # its two extremes), or 4 × `points` step rows (a row holds every series): a query reads a few thousand rows
     # a series whatever the range.
     level = level_for(first, last, max_blocks=frame.points, max_steps=4 * frame.points)
-    candidates = _read(run, names, axis.unit, cover(first, last, level))
+    charted = [name for name in names if not name.startswith(SOURCE_SERIES_PREFIX)]
+    candidates = _read(run, charted, axis.unit, cover(first, last, level))
     origin = axis.origin if axis.unit == "time" else 0
-    served = {name: _downsample(*candidates[name], frame, origin, raw=level == 0) for name in names}
+    served = {name: _downsample(*candidates[name], frame, origin, raw=level == 0) for name in charted}
+    by_source = _read_sources(run, [n for n in names if n not in served], axis.unit, first, last)
+    served |= {name: _downsample(*by_source[name], frame, origin, raw=True) for name in by_source}
     return _answer(axis.unit, frame, width(level), served)
 
 
@@ -153,6 +156,22 @@ def _read(run: Run, names: list[str], unit: str,
             points[name] += [(low, low_step, low_x), (high, high_step, high_x)]
             counts[name] += count
     return {name: (points[name], counts[name]) for name in names}
+
+
+def _read_sources(run: Run, names: list[str], unit: str, first: int,
+                  last: int) -> dict[str, tuple[list[Candidate], int]]:
+    """Like ``_read``, for blend sources' validation losses ("val_loss:<source>"): every evaluation in the steps,
+    placed on the x axis by its step's row."""
+    sources = {name.removeprefix(SOURCE_SERIES_PREFIX): name for name in names}
+    rows = list(SourceValLoss.objects.filter(run=run, source__in=list(sources), step__range=(first, last))
+                .values_list("source", "step", "val_loss"))
+    x_of = None if unit == "step" else dict(
+        SeriesStep.objects.filter(run=run, step__in={step for _, step, _ in rows})
+        .values_list("step", X_COLUMNS[unit][0]))
+    points: dict[str, list[Candidate]] = {name: [] for name in names}
+    for source, step, value in rows:
+        points[sources[source]].append((value, step, step if x_of is None else x_of.get(step)))
+    return {name: (found, len(found)) for name, found in points.items()}
 
 
 def _downsample(candidates: list[Candidate], count: int, frame: Frame, origin: float, raw: bool) -> dict:

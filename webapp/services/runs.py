@@ -1,15 +1,16 @@
 """Creating, queueing and cancelling runs; the RunSpec a run is made of and launched with."""
+import re
 from pathlib import Path
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from trainer.contract import (ClusterSpec, InitFrom, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec, RunSpec,
-                              SpecError)
+from trainer.contract import (BlendSource, ClusterSpec, InitFrom, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec,
+                              RunSpec, SpecError)
 from trainer.contract.manifest import model_differences, read_manifest
 
-from ..models import Run, RunStatus, data_roots_for
+from ..models import Dataset, Run, RunStatus, data_roots_for
 from ..spec_errors import spec_field_errors
 from .history import Source, record_event
 from .run_estimates import spec_estimate
@@ -33,8 +34,8 @@ def _part(prefix: str, spec_class, data: dict):
 
 
 def _run_part(path: str) -> str:
-    """A run's spec error lands on the part its path starts with (plan.tp → plan)."""
-    return path.split(".")[0] or "plan"
+    """A run's spec error lands on the part its path starts with (plan.tp → plan, blend[1].weight → blend)."""
+    return path.split(".")[0].split("[")[0] or "plan"
 
 
 def run_access_problems(run: Run) -> dict[str, list[str]]:
@@ -61,6 +62,18 @@ def run_access_problems(run: Run) -> dict[str, list[str]]:
         problem = data_roots_for(run.dataset.owner).problem(path)
         if problem:
             problems["dataset"] = [f"dataset {run.dataset.name!r}: {problem}"]
+    stored = {source.get("name"): source.get("dataset", {}).get("path") for source in (run.spec or {}).get("blend", [])}
+    for item, dataset in blend_datasets(run):
+        if dataset is None:
+            continue  # the spec is made of the datasets that exist: run_check says which is missing
+        if not dataset.is_visible_to(owner):
+            problems.setdefault("blend", []).append(f"dataset {dataset.name!r} of the blend is not shared with "
+                                                    f"{owner}: ask its owner to share it, or leave it out")
+            continue
+        path = stored.get(source_name(item, dataset), dataset.path)
+        problem = data_roots_for(dataset.owner).problem(path)
+        if problem:
+            problems.setdefault("blend", []).append(f"dataset {dataset.name!r} of the blend: {problem}")
     if run.init_from_id is not None and not run.init_from.is_visible_to(owner):
         problems["init_from"] = [f"checkpoint {run.init_from_id} is not visible to {owner}: start from a checkpoint "
                                  f"of a run you may see, or one you imported"]
@@ -109,6 +122,8 @@ def run_check(run: Run) -> RunSpec:
             plan=_part("plan", ParallelPlan, run.plan.spec),
             cluster=_part("cluster", ClusterSpec, run.cluster.spec),
             dataset=run.dataset.dataset_spec(),
+            blend=_blend(run),
+            dataset_weight=run.dataset_weight,
             output_dir=run.run_dir or str(runs_root(run.cluster)),
             steps=run.steps,
             seed=run.seed,
@@ -121,6 +136,43 @@ def run_check(run: Run) -> RunSpec:
         raise ValidationError(spec_field_errors(exc, _run_part, with_path=True)) from None
     init_from = _init_from(run, spec.model)
     return spec if init_from is None else spec.replace(init_from=init_from)
+
+
+def blend_datasets(run: Run) -> list[tuple[dict, Dataset | None]]:
+    """Each source of the run's blend beside its dataset (None: no such dataset any more)."""
+    items = [item for item in run.blend or [] if isinstance(item, dict)]
+    found = Dataset.objects.in_bulk([item.get("dataset") for item in items if isinstance(item.get("dataset"), int)])
+    return [(item, found.get(item.get("dataset"))) for item in items]
+
+
+# A blend source's name ends up in a series' name ("val_loss:<name>") and in a URL's query
+SOURCE_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+NOT_IN_SOURCE_NAMES = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def default_source_name(dataset: Dataset) -> str:
+    """A blend source's name when it is not given one: its dataset's, in letters, digits, '.', '_' and '-'."""
+    return NOT_IN_SOURCE_NAMES.sub("-", dataset.name).strip("-")[:64] or f"dataset-{dataset.pk}"
+
+
+def source_name(item: dict, dataset: Dataset) -> str:
+    """A blend source's name: its own, or its dataset's."""
+    return str(item.get("name") or default_source_name(dataset))[:64]
+
+
+def _blend(run: Run) -> tuple[BlendSource, ...]:
+    """The run's blend as the trainer reads it."""
+    sources, missing = [], []
+    for item, dataset in blend_datasets(run):
+        if dataset is None:
+            missing.append(str(item.get("dataset")))
+            continue
+        sources.append(BlendSource(name=source_name(item, dataset), dataset=dataset.dataset_spec(),
+                                   weight=float(item.get("weight", 1.0))))
+    if missing:
+        raise ValidationError({"blend": [f"no dataset {', '.join(missing)}: register it, or leave it out of the "
+                                         f"blend"]})
+    return tuple(sources)
 
 
 @transaction.atomic

@@ -17,7 +17,7 @@ from django.db.models import Q
 
 from trainer.contract.records import is_eval_row, is_step_row
 
-from ..models import Run, Series, SeriesBucket, SeriesStep
+from ..models import Run, Series, SeriesBucket, SeriesStep, SourceValLoss
 from ..models.series import EVAL_SERIES, TRAIN_SERIES
 from .upsert import upsert
 from ..models.series_blocks import LEVELS, Block, Point, finer, parents_and_siblings, runs_of, width
@@ -61,6 +61,7 @@ class Batch:
     def __init__(self, records: Iterable[dict]):
         self.train: dict[int, tuple] = {}  # step → (tokens, wall, value of each TRAIN_SERIES)
         self.evals: dict[int, tuple] = {}  # step → (value of each EVAL_SERIES)
+        self.sources: dict[tuple[int, str], float] = {}  # (step, source) → a blend source's validation loss
         for record in records:
             step = _whole(record.get("step"), MAX_STEP)
             if step is None:
@@ -70,10 +71,15 @@ class Batch:
                                     *(_number(FIGURES[s](record)) for s in TRAIN_SERIES))
             elif is_eval_row(record):
                 self.evals[step] = (_number(record.get("val_loss")),)
+                by_source = record.get("val_loss_by_source")
+                for name, value in (by_source.items() if isinstance(by_source, dict) else ()):
+                    value = _number(value)
+                    if isinstance(name, str) and 0 < len(name) <= 64 and value is not None:
+                        self.sources[step, name] = value
 
     def points_count(self) -> int:
         return sum(v is not None for row in self.train.values() for v in row[2:]) + \
-            sum(v is not None for row in self.evals.values() for v in row)
+            sum(v is not None for row in self.evals.values() for v in row) + len(self.sources)
 
 
 def series_write(run: Run, records: Iterable[dict]) -> int:
@@ -82,6 +88,8 @@ def series_write(run: Run, records: Iterable[dict]) -> int:
     batch = Batch(records)
     upsert(SeriesStep, TRAIN_COLUMNS, ["run_id", "step"], [(run.pk, s, *row) for s, row in batch.train.items()])
     upsert(SeriesStep, EVAL_COLUMNS, ["run_id", "step"], [(run.pk, s, *row) for s, row in batch.evals.items()])
+    upsert(SourceValLoss, ["run_id", "source", "step", "val_loss"], ["run_id", "source", "step"],
+           [(run.pk, source, step, value) for (step, source), value in batch.sources.items()])
     _fold_blocks(run, batch)
     return batch.points_count()
 

@@ -27,6 +27,8 @@ class TaskName(StrEnum):
     DEPLOYMENT_UNDEPLOY = "workbench.deployments.undeploy"
     CHECKPOINT_IMPORT_HF = "workbench.checkpoints.import_hf"
     CHECKPOINT_EXPORT_HF = "workbench.checkpoints.export_hf"
+    DATASET_PREPARE = "workbench.datasets.prepare"
+    EVALUATION_RUN = "workbench.evaluations.run"
 
 
 def registered(task_name: str) -> TaskName:

@@ -235,3 +235,21 @@ def test_a_cancelled_run_resumes_once_its_job_has_ended(client, alice, trained, 
     trained.refresh_from_db()
     assert trained.status == "queued" and trained.restarts == 0
     assert _tasks(quiet_broker) == ["workbench.runs.launch"]
+
+
+def test_each_checkpoint_shows_the_headline_score_of_each_set_it_was_evaluated_on(client, alice, trained, data_root):
+    early = models.Checkpoint.objects.create(run=trained, step=30, path=str(data_root / "step-30"))
+    late = models.Checkpoint.objects.create(run=trained, step=60, path=str(data_root / "step-60"))
+    halves = models.EvaluationSet.objects.create(owner=alice, name="halves", kind="choice",
+                                                 path=str(data_root / "corpus.txt"))
+    prose = models.EvaluationSet.objects.create(owner=alice, name="prose", kind="text",
+                                                path=str(data_root / "corpus.txt"))
+    for checkpoint, acc in ((early, 0.5), (late, 0.75)):
+        models.Evaluation.objects.create(owner=alice, eval_set=halves, checkpoint=checkpoint, status="done",
+                                         scores={"kind": "choice", "items": 4, "metrics": {"acc": acc}})
+    models.Evaluation.objects.create(owner=alice, eval_set=prose, checkpoint=late, status="done",
+                                     scores={"kind": "text", "items": 9, "metrics": {"byte_perplexity": 2.5}})
+    models.Evaluation.objects.create(owner=alice, eval_set=prose, checkpoint=early, status="failed", message="no")
+    html = _page(client, alice, f"/runs/{trained.pk}/").content.decode()
+    assert 'data-testid="checkpoint-scores-60">halves: acc 0.750<br>prose: byte_perplexity 2.500</td>' in html
+    assert 'data-testid="checkpoint-scores-30">halves: acc 0.500</td>' in html  # the failed one is not a score

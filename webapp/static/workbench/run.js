@@ -40,7 +40,8 @@
     const answer = state.answer;
     if (!answer) return;
     for (const {names: shown, chart} of charts) {
-      const lines = shown.map(name => ({label: LABELS[name] || name, frame: answer.frame,
+      // a blend source's validation loss ("val_loss:<source>") is labelled with the source's name
+      const lines = shown.map(name => ({label: LABELS[name] || name.replace(/^val_loss:/, ""), frame: answer.frame,
                                         ...(answer.series[name] || {points: [], count: 0})}));
       chart.draw({lines, x: state.x, log: state.log, smoothing: state.smoothing});
     }

@@ -1,0 +1,109 @@
+"""Evaluations of checkpoints (workers.evaluating): the real ``python -m trainer.evaluate`` process on the session's
+trained Shakespeare checkpoint, run by the task in this process and, once, by the session's worker through the
+API."""
+import json
+import random
+import time
+
+import pytest
+from django.contrib.auth.models import User
+from rest_framework.test import APIClient
+
+from tests.deploy_fixtures import TEXT_BYTES
+from tests.xdist_groups import run_temp_root
+from trainer.contract.manifest import read_manifest
+from trainer.contract.presets import demo_text
+from webapp import models
+from webapp.services.evaluations import evaluation_create
+from workers import evaluating
+
+Status = models.Evaluation.Status
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def owner(db):
+    return User.objects.create_user("evaluator")
+
+
+@pytest.fixture
+def data_root(settings, tmp_path_factory, tmp_path):
+    """A folder of the test run's temporary folder, which the session's worker reads as a data root too."""
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [run_temp_root(tmp_path_factory)]}
+    return tmp_path
+
+
+@pytest.fixture
+def checkpoint(owner, shakespeare_checkpoint):
+    manifest = read_manifest(shakespeare_checkpoint)
+    return models.Checkpoint.objects.create(owner=owner, name="shakespeare", path=str(shakespeare_checkpoint),
+                                            step=manifest.step, manifest=manifest.to_dict())
+
+
+def _choice_set(path, count: int = 12):
+    """Held-out lines cut in two: the right second half against its letters shuffled."""
+    rng = random.Random(1)
+    text = demo_text(TEXT_BYTES + 20_000).decode()[TEXT_BYTES:]
+    lines = [line for line in text.split("\n") if len(line) >= 24][:count]
+    with open(path, "w") as f:
+        for line in lines:
+            head, tail = line[:len(line) // 2], line[len(line) // 2:]
+            choices = [tail, "".join(rng.sample(tail, len(tail)))]
+            rng.shuffle(choices)
+            f.write(json.dumps({"question": head, "choices": choices, "answer": choices.index(tail)}) + "\n")
+    return path
+
+
+def _settled(evaluation_id: int, seconds: float = 180) -> models.Evaluation:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        row = models.Evaluation.objects.get(pk=evaluation_id)
+        if row.is_settled:
+            return row
+        time.sleep(0.3)
+    pytest.fail(f"evaluation {evaluation_id} not settled after {seconds} s: {row.status} {row.message}")
+
+
+def test_it_scores_a_checkpoint_on_a_multiple_choice_set_in_a_process_of_its_own(owner, data_root, checkpoint):
+    eval_set = models.EvaluationSet.objects.create(owner=owner, name="halves", kind="choice",
+                                                   path=str(_choice_set(data_root / "halves.jsonl")))
+    evaluation = evaluation_create(owner, eval_set, checkpoint)
+    assert evaluating.evaluation_run(evaluation.pk).startswith("12 items: acc ")
+    evaluation.refresh_from_db()
+    assert evaluation.status == Status.DONE and evaluation.finished_at
+    assert evaluation.scores["items"] == 12 and evaluation.scores["metrics"]["acc"] > 0.6  # chance: 1/2
+    assert evaluating.evaluation_run(evaluation.pk) == "settled"  # a second delivery changes nothing
+
+
+def test_a_set_with_a_bad_line_fails_naming_the_line(owner, data_root, checkpoint):
+    path = data_root / "broken.jsonl"
+    path.write_text('{"question": "a", "choices": ["b", "c"], "answer": 0}\n{"question": "a", "answer": 0}\n')
+    eval_set = models.EvaluationSet.objects.create(owner=owner, name="broken", kind="choice", path=str(path))
+    evaluating.evaluation_run(evaluation_create(owner, eval_set, checkpoint).pk)
+    failed = eval_set.evaluations.get()
+    assert failed.status == Status.FAILED and "broken.jsonl:2" in failed.message and "choices missing" in failed.message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_registers_a_set_and_the_worker_scores_the_checkpoint(owner, data_root, checkpoint, broker):
+    api = APIClient()
+    api.force_authenticate(owner)
+    made = api.post("/api/evaluation-sets/", {"name": "halves", "kind": "choice",
+                                              "path": str(_choice_set(data_root / "api.jsonl", 6))}, format="json")
+    assert made.status_code == 201, made.json()
+    outside = api.post("/api/evaluation-sets/", {"name": "x", "kind": "text", "path": "/etc/passwd"}, format="json")
+    assert outside.status_code == 400 and "data root" in json.dumps(outside.json())
+    started = api.post("/api/evaluations/", {"eval_set": made.json()["id"], "checkpoint": checkpoint.pk},
+                       format="json")
+    assert started.status_code == 202, started.json()
+    evaluation = _settled(started.json()["id"])
+    assert evaluation.status == Status.DONE, evaluation.message
+    listed = api.get("/api/evaluations/", {"checkpoint": checkpoint.pk}).json()["results"]
+    assert listed[0]["step"] == checkpoint.step and listed[0]["run"] is None
+    assert listed[0]["scores"]["metrics"]["acc"] == evaluation.scores["metrics"]["acc"]
+    other = APIClient()
+    other.force_authenticate(User.objects.create_user("other"))  # an import is its owner's alone
+    assert other.get("/api/evaluations/").json()["count"] == 0
+    refused = other.post("/api/evaluations/", {"eval_set": made.json()["id"], "checkpoint": checkpoint.pk},
+                         format="json")
+    assert refused.status_code == 400
