@@ -52,6 +52,33 @@ def test_it_refuses_an_upload_over_the_limit_or_not_text_and_keeps_nothing(alice
     assert not models.Dataset.objects.exists()
 
 
+def test_it_takes_parquet_and_compressed_jsonl_uploads_by_their_names_and_refuses_one_that_is_not(
+        alice, api, data_root, tmp_path):
+    import gzip
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trainer.data.sources import RowReport, pieces
+
+    pq.write_table(pa.table({"body": ["To be, or not to be.", "That is the question."]}), tmp_path / "t.parquet")
+    parquet = _upload(api(alice), name="plays", filename="plays.parquet", text_field="body",
+                      content=(tmp_path / "t.parquet").read_bytes())
+    assert parquet.status_code == 201, parquet.data
+    assert parquet.data["text_field"] == "body" and parquet.data["path"].endswith("/plays.parquet")
+    report = RowReport()
+    texts = [text for _, text in pieces(data_root / "uploads" / str(alice.pk) / "plays.parquet", "plays.parquet",
+                                        "body", report)]
+    assert texts == ["To be, or not to be.", "That is the question."] and report.bad == 0
+    packed = _upload(api(alice), name="lines", filename="lines.jsonl.gz",
+                     content=gzip.compress(b'{"text": "Now is the winter of our discontent."}\n'))
+    assert packed.status_code == 201, packed.data
+    pretend = _upload(api(alice), name="pretend", filename="fake.parquet", content=b"To be, or not to be.\n")
+    assert pretend.status_code == 400 and "named .parquet but is not such a file" in pretend.data["file"][0]
+    assert sorted(p.name for p in (data_root / "uploads" / str(alice.pk)).iterdir()) == \
+        ["lines.jsonl.gz", "plays.parquet"]
+
+
 def test_it_refuses_to_register_another_users_uploaded_file_as_it_does_a_missing_one(alice, bob, api, data_root):
     uploaded = _upload(api(alice)).data["path"]
     theirs = _refusal(_register(api(bob), uploaded))

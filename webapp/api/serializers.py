@@ -170,10 +170,13 @@ class DatasetSerializer(OwnedSerializer):
 
 
 class DatasetUploadSerializer(serializers.Serializer):
-    """A text file sent as multipart/form-data, with the dataset's fields (form values are strings, so these
-    fields read them as DRF's do)."""
+    """A file sent as multipart/form-data, with the dataset's fields (form values are strings, so these fields read
+    them as DRF's do)."""
 
-    file = serializers.FileField(help_text="UTF-8 text; at most WORKBENCH_MAX_UPLOAD_MB megabytes")
+    file = serializers.FileField(help_text="UTF-8 text or JSONL, or by its name .jsonl.gz, .jsonl.zst or .parquet; "
+                                           "at most WORKBENCH_MAX_UPLOAD_MB megabytes")
+    text_field = serializers.CharField(required=False, max_length=120,
+                                       help_text="The JSONL key or Parquet column of the text (default: text)")
     name = serializers.CharField(max_length=120)
     description = serializers.CharField(required=False, allow_blank=True, max_length=10_000)
     tokenizer_vocab = serializers.IntegerField(min_value=0, max_value=2**31 - 1, default=0,
@@ -234,10 +237,16 @@ class RunSerializer(OwnedSerializer):
                                           "run's own has `dataset_weight`); each one's validation loss is a series "
                                           "of its own, `val_loss:<name>` (the run's own: `val_loss:main`)")
 
+    evaluation_sets = VisibleRelatedField(
+        many=True, queryset=models.EvaluationSet.objects.all(), required=False,
+        help_text=f"Evaluation sets (visible to you, at most {MAX_BLEND_SOURCES}) each checkpoint the run saves is "
+                  f"scored on, as it is saved")
+
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
-                  "eval_every", "blend", "dataset_weight", "optimizer", "profile", "init_from", "keep_tokenizer",
+                  "eval_every", "blend", "dataset_weight", "evaluation_sets", "optimizer", "profile", "init_from",
+                  "keep_tokenizer",
                   "started_from", "spec",
                   "launch", "shared", "owner", "status", "attempts",
                   "max_restarts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
@@ -264,6 +273,8 @@ class RunSerializer(OwnedSerializer):
     def validate(self, attrs):
         attrs.setdefault("optimizer", OptimizerSpec().to_dict())
         attrs.setdefault("checkpoint_every", attrs.get("steps", models.Run._meta.get_field("steps").default))
+        if len(attrs.get("evaluation_sets", ())) > MAX_BLEND_SOURCES:
+            raise serializers.ValidationError({"evaluation_sets": [f"at most {MAX_BLEND_SOURCES} sets"]})
         if "blend" in attrs:
             attrs["blend"] = [blend_item(item) for item in attrs["blend"]]
             names = [item["name"] for item in attrs["blend"]]

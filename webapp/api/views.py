@@ -10,7 +10,7 @@ from .. import models, services
 from ..selectors.checkpoints import checkpoints_visible_to
 from ..selectors.owned import visible_with_owners
 from ..selectors.runs import records_of_visible_runs, runs_listed
-from ..services.datasets import NotText, UploadTooLarge, upload_limit
+from ..services.datasets import NotReadable, UploadTooLarge, upload_limit
 from . import filters
 from .calibration import ClusterCalibrationActions
 from .conversions import CheckpointConversionActions
@@ -62,7 +62,8 @@ class DatasetViewSet(DatasetPreparationActions, OwnedViewSet):
     @extend_schema(request={"multipart/form-data": DatasetUploadSerializer}, responses={201: DatasetSerializer})
     @action(detail=False, methods=["post"], parser_classes=[MultiPartParser])
     def upload(self, request):
-        """Upload a UTF-8 text file into your own upload folder and register it as a dataset."""
+        """Upload a file (UTF-8 text or JSONL, JSONL compressed with gzip or zstd, or Parquet, by its name) into
+        your own upload folder and register it as a dataset."""
         limit = upload_limit()
         declared = request.META.get("CONTENT_LENGTH") or "0"
         if declared.isdigit() and int(declared) > limit + FORM_OVERHEAD_BYTES:  # refused before a byte is read
@@ -76,7 +77,7 @@ class DatasetViewSet(DatasetPreparationActions, OwnedViewSet):
             dataset = services.dataset_upload(owner=request.user, upload=fields.pop("file"), **fields)
         except UploadTooLarge as exc:
             raise RequestTooLarge(str(exc)) from None
-        except NotText as exc:
+        except NotReadable as exc:
             raise serializers.ValidationError({"file": [str(exc)]}) from None
         return Response(DatasetSerializer(dataset, context={"request": request}).data, status=status.HTTP_201_CREATED)
 

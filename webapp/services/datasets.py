@@ -16,8 +16,14 @@ class UploadTooLarge(ValueError):
     """The uploaded file is over WORKBENCH["MAX_UPLOAD_BYTES"]."""
 
 
-class NotText(ValueError):
-    """The uploaded file is not UTF-8 text."""
+class NotReadable(ValueError):
+    """The uploaded file is not what its name says: not UTF-8 text, or not a Parquet, gzip or zstd file."""
+
+
+# Files whose kind the trainer reads from the name (trainer.data.sources.kind_of) and that are not text: the bytes
+# each starts with. Anything else must be UTF-8 text (plain text or JSONL). Megatron's .bin needs its .idx beside it,
+# two files: such data is registered by its path under a data root.
+BINARY_UPLOADS = {".parquet": b"PAR1", ".jsonl.gz": b"\x1f\x8b", ".jsonl.zst": b"\x28\xb5\x2f\xfd"}
 
 
 def upload_limit() -> int:
@@ -50,26 +56,37 @@ def _open_new(folder: Path, name: str):
             continue
 
 
+def _binary_kind(name: str) -> str | None:
+    return next((suffix for suffix in BINARY_UPLOADS if name.lower().endswith(suffix)), None)
+
+
 def _store(upload, folder: Path) -> Path:
-    """Write ``upload`` to a new file in ``folder``; refuse it (and keep nothing) if it is too large or not UTF-8."""
+    """Write ``upload`` to a new file in ``folder``; refuse it (and keep nothing) if it is too large, or is not the
+    Parquet, gzip or zstd file its name says, or, named otherwise, not UTF-8 text."""
     folder.mkdir(parents=True, exist_ok=True)
     limit, written = upload_limit(), 0
-    decoder = codecs.getincrementaldecoder("utf-8")()
+    binary = _binary_kind(upload.name or "")
+    decoder = None if binary else codecs.getincrementaldecoder("utf-8")()
     target, out = _open_new(folder, upload.name or "")
     try:
         with out:
             for chunk in upload.chunks(_CHUNK):
+                if binary and written == 0 and not chunk.startswith(BINARY_UPLOADS[binary]):
+                    raise NotReadable(f"the file is named {binary} but is not such a file (it does not begin with "
+                                      f"{BINARY_UPLOADS[binary]!r}): send it under its own name")
                 written += len(chunk)
                 if written > limit:
                     raise UploadTooLarge(f"the file is over {limit:,} bytes (WORKBENCH_MAX_UPLOAD_MB): split it, or "
                                          f"ask staff for a data root that holds it")
-                decoder.decode(chunk)
+                if decoder:
+                    decoder.decode(chunk)
                 out.write(chunk)
-            decoder.decode(b"", final=True)
+            if decoder:
+                decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:
         target.unlink(missing_ok=True)
-        raise NotText(f"the file is not UTF-8 text ({exc.reason}, {written:,} bytes in): datasets are text; "
-                      f"convert it to UTF-8 first") from None
+        raise NotReadable(f"the file is not UTF-8 text ({exc.reason}, {written:,} bytes in): send text or JSONL in "
+                          f"UTF-8, or a file named {', '.join(BINARY_UPLOADS)}") from None
     except BaseException:
         target.unlink(missing_ok=True)
         raise
@@ -78,9 +95,10 @@ def _store(upload, folder: Path) -> Path:
 
 @transaction.atomic
 def dataset_upload(*, owner, upload, **fields) -> Dataset:
-    """Store the uploaded text file under the owner's upload folder and register it as their dataset.
+    """Store the uploaded file (text, JSONL, compressed JSONL or Parquet) under the owner's upload folder and
+    register it as their dataset.
 
-    Raises UploadTooLarge, NotText or ValidationError (the dataset's fields); none of them leaves a file behind.
+    Raises UploadTooLarge, NotReadable or ValidationError (the dataset's fields); none of them leaves a file behind.
     """
     target = _store(upload, upload_folder(owner))
     try:
