@@ -13,6 +13,7 @@ source "$(dirname "$0")/setup-env.sh"
 cd "$REPO"
 PORT="${PORT:-8000}"
 TRITON_PORT="${TRITON_PORT:-8100}"
+export WORKBENCH_URL="${WORKBENCH_URL:-http://127.0.0.1:$PORT}"  # where the worker reaches /v1
 mkdir -p var/log
 
 ensure_redis

@@ -1,6 +1,9 @@
-"""A checkpoint evaluated on an evaluation set with EleutherAI's lm-evaluation-harness (``lm-eval``).
+"""A checkpoint, or a model behind an OpenAI-compatible /v1, evaluated on an evaluation set with EleutherAI's
+lm-evaluation-harness (``lm-eval``).
 
     python -m trainer.evaluate --checkpoint runs/<id>/checkpoints/step-<n> --set items.jsonl --kind choice [--json]
+    OPENAI_API_KEY=<token> python -m trainer.evaluate --endpoint http://host:8000/v1/completions --model <name> \
+        --set items.jsonl --kind choice [--json]
 
 The harness does what every team's scores are compared by (its prompt handling, its metrics and their standard
 errors); this module gives it the model and the task:
@@ -8,11 +11,16 @@ errors); this module gives it the model and the task:
 - ``CheckpointLM`` is the harness's model interface over a checkpoint of any plan, loaded unsharded
   (trainer.generate): the log-likelihood of a continuation after a context, the rolling log-likelihood of a whole
   text, and greedy generation up to stop strings.
-- ``task_config`` turns an evaluation set into the harness's task: ``choice`` (JSONL of ``question``, ``choices``
-  and the index of the right one, ``answer``: accuracy, and accuracy normalised by the choice's length), ``reference``
-  (JSONL of ``prompt`` and ``reference``: the greedy answer's exact match) or ``text`` (JSONL with ``text``, or a
-  plain text file whose paragraphs are the documents: perplexity per word and per byte, and bits per byte). The
-  data is read with the ``datasets`` library's JSON reader, from the file itself: nothing is fetched.
+- An endpoint is the harness's own ``local-completions`` model: greedy requests to /v1/completions, the text
+  sent as it is (the server tokenizes it), so only what is scored from generated text can be asked of it.
+- ``task_configs`` turns an evaluation set into the harness's tasks: ``choice`` (JSONL of ``question``, ``choices``
+  and the index of the right one, ``answer``), ``reference`` (JSONL of ``prompt`` and ``reference``: the greedy
+  answer's exact match) or ``text`` (JSONL with ``text``, or a plain text file whose paragraphs are the documents:
+  perplexity per word and per byte, and bits per byte; a checkpoint only). A choice set is scored two ways:
+  ``acc`` and ``acc_norm`` by the likeliest choice (a checkpoint only, as the harness's multiple-choice tasks do)
+  and ``acc_generated`` by the letter the model writes after the choices listed as A., B., … (greedy, the harness's
+  generative variant of such tasks), which a checkpoint and its deployments share, so that they can be compared.
+  The data is read with the ``datasets`` library's JSON reader, from the file itself: nothing is fetched.
 """
 from __future__ import annotations
 
@@ -34,9 +42,14 @@ from trainer.generate import generate, load_model_from_checkpoint
 Kind = Literal["choice", "reference", "text"]
 KINDS: tuple[Kind, ...] = ("choice", "reference", "text")
 TASK_NAME = "workbench_eval"
-METRICS = {"choice": ("acc", "acc_norm"), "reference": ("exact_match",),
-           "text": ("word_perplexity", "byte_perplexity", "bits_per_byte")}
+GENERATED_TASK = "workbench_eval_generated"
+# per task: the harness's metric (with its filter) and the name a score is given
+METRICS = {"choice": {"acc": "acc", "acc_norm": "acc_norm"}, "reference": {"exact_match": "exact_match"},
+           "text": {m: m for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")}}
+GENERATED_METRICS = {"exact_match": "acc_generated"}
 MAX_GENERATED = 64  # tokens a reference answer may take
+MAX_LETTER_TOKENS = 8  # tokens a multiple-choice answer may take: its letter, perhaps after a space
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 
 class EvaluationError(ValueError):
@@ -48,9 +61,10 @@ class Scores:
     kind: Kind
     metrics: dict[str, float]  # each metric of the kind, and its standard error as "<metric>_stderr" where given
     items: int
+    answers: tuple[str, ...] = ()  # the generated answers, item by item, where the kind generates
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "items": self.items, "metrics": self.metrics}
+        return {"kind": self.kind, "items": self.items, "metrics": self.metrics, "answers": list(self.answers)}
 
 
 # ---- the model ---------------------------------------------------------------------------------------------------
@@ -160,36 +174,66 @@ def read_items(path: Path, kind: Kind) -> list[dict]:
         if missing:
             raise EvaluationError(f"{path.name}:{number}: a {kind} item needs {', '.join(REQUIRED[kind])}; "
                                   f"{', '.join(missing)} missing")
-        if kind == "choice" and not (isinstance(item["choices"], list) and len(item["choices"]) >= 2
+        if kind == "choice" and not (isinstance(item["choices"], list) and 2 <= len(item["choices"]) <= len(LETTERS)
                                      and isinstance(item["answer"], int)
                                      and 0 <= item["answer"] < len(item["choices"])):
-            raise EvaluationError(f"{path.name}:{number}: choices must be a list of two or more, and answer the "
-                                  f"index of the right one")
+            raise EvaluationError(f"{path.name}:{number}: choices must be a list of 2 to {len(LETTERS)}, and answer "
+                                  f"the index of the right one")
         items.append(item)
     if not items:
         raise EvaluationError(f"{path.name} holds no items")
     return items
 
 
-def task_config(data_file: Path, kind: Kind) -> dict:
-    """The harness's task for a JSONL file of checked items of ``kind``."""
-    common = {"task": TASK_NAME, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data_file)}},
+def task_configs(data_file: Path, kind: Kind, endpoint: bool = False) -> list[dict]:
+    """The harness's tasks for a JSONL file of checked items of ``kind``: what a checkpoint is scored on, or only
+    those scored from generated text for an endpoint (EvaluationError for a kind that has none)."""
+    common = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data_file)}},
               "test_split": "test"}
     if kind == "choice":
-        return {**common, "output_type": "multiple_choice", "doc_to_text": "{{question}}\nAnswer:",
-                "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
-                "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}
+        listed = ("{{question}}\n{% for choice in choices %}{{ '" + LETTERS + "'[loop.index0] }}. {{choice}}\n"
+                  "{% endfor %}Answer:")
+        generated = {**common, "task": GENERATED_TASK, "output_type": "generate_until", "doc_to_text": listed,
+                     "doc_to_target": "{{ '" + LETTERS + "'[answer] }}",
+                     "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": MAX_LETTER_TOKENS},
+                     # the first capital letter standing alone is the answer, as the harness's generative
+                     # multiple-choice tasks read it
+                     "filter_list": [{"name": "letter", "filter": [
+                         {"function": "regex", "regex_pattern": r"\b([A-Z])\b"}, {"function": "take_first"}]}],
+                     "metric_list": [{"metric": "exact_match"}]}
+        likeliest = {**common, "task": TASK_NAME, "output_type": "multiple_choice", "doc_to_text": "{{question}}\nAnswer:",
+                     "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
+                     "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}
+        return [generated] if endpoint else [likeliest, generated]
     if kind == "reference":
-        return {**common, "output_type": "generate_until", "doc_to_text": "{{prompt}}", "doc_to_target": "{{reference}}",
-                "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": MAX_GENERATED},
-                "metric_list": [{"metric": "exact_match", "ignore_case": True, "ignore_punctuation": True}]}
-    return {**common, "output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
-            "metric_list": [{"metric": m} for m in METRICS["text"]]}
+        return [{**common, "task": GENERATED_TASK, "output_type": "generate_until", "doc_to_text": "{{prompt}}",
+                 "doc_to_target": "{{reference}}",
+                 "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": MAX_GENERATED},
+                 "metric_list": [{"metric": "exact_match", "ignore_case": True, "ignore_punctuation": True}]}]
+    if endpoint:
+        raise EvaluationError("a text set is scored by the model's log-likelihood of every token, which /v1 does not "
+                              "return: evaluate the deployment's checkpoint instead")
+    return [{**common, "task": TASK_NAME, "output_type": "loglikelihood_rolling", "doc_to_text": "",
+             "doc_to_target": "{{text}}", "metric_list": [{"metric": m} for m in METRICS["text"]]}]
 
 
-def evaluate_checkpoint(checkpoint: str | Path, eval_set: str | Path, kind: Kind, limit: int | None = None,
-                        device: str = "cpu") -> Scores:
-    """``checkpoint`` scored on ``eval_set`` by the harness (the first ``limit`` items when given)."""
+def _scores(results: dict, kind: Kind, items: int) -> Scores:
+    metrics, answers = {}, ()
+    for task, names in ((TASK_NAME, METRICS[kind]), (GENERATED_TASK, GENERATED_METRICS if kind == "choice"
+                                                      else METRICS[kind])):
+        for key, value in results["results"].get(task, {}).items():
+            metric = key.split(",")[0]
+            stderr = metric.endswith("_stderr")
+            name = names.get(metric.removesuffix("_stderr"))
+            if name and isinstance(value, (int, float)):
+                metrics[name + ("_stderr" if stderr else "")] = float(value)
+        samples = sorted(results.get("samples", {}).get(task, []), key=lambda sample: sample["doc_id"])
+        if task == GENERATED_TASK and samples:
+            answers = tuple(sample["resps"][0][0] for sample in samples)
+    return Scores(kind=kind, metrics=metrics, items=items, answers=answers)
+
+
+def _evaluate(make_model, eval_set: str | Path, kind: Kind, limit: int | None, endpoint: bool) -> Scores:
     if kind not in KINDS:
         raise EvaluationError(f"kind={kind!r}: give one of {', '.join(KINDS)}")
     eval_set = Path(eval_set)
@@ -202,28 +246,58 @@ def evaluate_checkpoint(checkpoint: str | Path, eval_set: str | Path, kind: Kind
     with tempfile.TemporaryDirectory() as folder:
         data_file = Path(folder) / "items.jsonl"
         data_file.write_text("".join(json.dumps(item) + "\n" for item in items))
-        results = simple_evaluate(model=CheckpointLM(checkpoint, device=device), tasks=[task_config(data_file, kind)],
+        tasks = task_configs(data_file, kind, endpoint)
+        results = simple_evaluate(model=make_model(), tasks=tasks,
                                   task_manager=TaskManager(include_defaults=False), bootstrap_iters=100,
-                                  log_samples=False, verbosity="ERROR")
-    found = results["results"][TASK_NAME]
-    metrics = {}
-    for name in METRICS[kind]:
-        for key, value in found.items():
-            if key.split(",")[0] in (name, f"{name}_stderr") and isinstance(value, (int, float)):
-                metrics[key.split(",")[0]] = float(value)
-    return Scores(kind=kind, metrics=metrics, items=len(items))
+                                  log_samples=True, verbosity="ERROR")
+    return _scores(results, kind, len(items))
+
+
+def evaluate_checkpoint(checkpoint: str | Path, eval_set: str | Path, kind: Kind, limit: int | None = None,
+                        device: str = "cpu") -> Scores:
+    """``checkpoint`` scored on ``eval_set`` by the harness (the first ``limit`` items when given)."""
+    return _evaluate(lambda: CheckpointLM(checkpoint, device=device), eval_set, kind, limit, endpoint=False)
+
+
+def evaluate_endpoint(url: str, model: str, eval_set: str | Path, kind: Kind, limit: int | None = None,
+                      api_key: str = "") -> Scores:
+    """The model ``model`` behind the OpenAI-compatible completions ``url`` scored on ``eval_set``: greedy answers
+    of the text alone (EvaluationError on a kind scored by likelihood, or on a request the server refuses)."""
+    import requests
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    def endpoint_model():
+        return LocalCompletionsAPI(base_url=url, model=model, tokenizer_backend=None, tokenized_requests=False,
+                                   max_retries=1, header={"Authorization": f"Bearer {api_key}"} if api_key else None)
+    try:
+        return _evaluate(endpoint_model, eval_set, kind, limit, endpoint=True)
+    except requests.HTTPError as exc:
+        answer = exc.response
+        raise EvaluationError(f"{url} answered {answer.status_code}: {answer.text[:300]}") from None
+    except requests.ConnectionError as exc:
+        raise EvaluationError(f"{url} could not be reached: {exc}") from None
 
 
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.evaluate", description=__doc__.splitlines()[0])
-    parser.add_argument("--checkpoint", required=True, help="a checkpoint folder (checkpoints/step-<n>)")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--checkpoint", help="a checkpoint folder (checkpoints/step-<n>)")
+    target.add_argument("--endpoint", help="an OpenAI-compatible completions URL (…/v1/completions); the key is "
+                                           "read from OPENAI_API_KEY")
+    parser.add_argument("--model", help="the model's name at --endpoint")
     parser.add_argument("--set", required=True, dest="eval_set", help="the evaluation set: JSONL, or text")
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--limit", type=int, default=None, help="the first N items only")
     parser.add_argument("--json", action="store_true", help="print the scores as one JSON line")
     args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.endpoint and not args.model:
+        parser.error("--endpoint needs --model: the name the endpoint serves the model under")
     try:
-        scores = evaluate_checkpoint(args.checkpoint, args.eval_set, args.kind, args.limit)
+        if args.endpoint:
+            scores = evaluate_endpoint(args.endpoint, args.model, args.eval_set, args.kind, args.limit,
+                                       os.environ.get("OPENAI_API_KEY", ""))
+        else:
+            scores = evaluate_checkpoint(args.checkpoint, args.eval_set, args.kind, args.limit)
     except (EvaluationError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

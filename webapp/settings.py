@@ -226,6 +226,8 @@ WORKBENCH = {
     "CONVERSIONS_ROOT": Path(os.environ.get("WORKBENCH_CONVERSIONS_ROOT", VAR_DIR / "conversions")),
     # JSON nested deeper than this is refused before it is parsed (no spec nests more than a few levels).
     "MAX_JSON_DEPTH": _number("WORKBENCH_MAX_JSON_DEPTH", 64),
+    # Where the workers reach this web app (a deployment's evaluation asks its /v1, as any client would).
+    "URL": os.environ.get("WORKBENCH_URL", "http://127.0.0.1:8000").rstrip("/"),
 }
 
 LOGGING = {

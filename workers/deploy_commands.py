@@ -10,6 +10,7 @@ delivery claimed the work). A command that runs past ``timeout_s`` is stopped.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 import time
@@ -56,11 +57,13 @@ def nonblank_lines(text: str) -> list[str]:
 
 
 def run_deploy_command(command: list[str], timeout_s: float, progress_every_s: float,
-                       on_progress: Callable[[float, str], bool]) -> CommandEnded:
-    """Run ``command`` to its end (see the module's description)."""
+                       on_progress: Callable[[float, str], bool], env: dict[str, str] | None = None) -> CommandEnded:
+    """Run ``command`` to its end (see the module's description), with ``env`` added to the worker's environment
+    (a secret is passed there, never on the command line, which every user of the machine can read)."""
     started = time.monotonic()
     with tempfile.TemporaryFile("w+") as err:
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, cwd=settings.BASE_DIR)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=err, text=True, cwd=settings.BASE_DIR,
+                                   env={**os.environ, **env} if env else None)
         try:
             while True:
                 try:

@@ -9,11 +9,12 @@ log = logging.getLogger(__name__)
 
 
 def run_job_process(what: str, command: list[str], timeout_s: float, progress_every_s: float,
-                    progress: Callable[[float, str], bool], fail: Callable[[str], object]) -> CommandEnded | str:
+                    progress: Callable[[float, str], bool], fail: Callable[[str], object],
+                    env: dict[str, str] | None = None) -> CommandEnded | str:
     """How the process ended; or, when it did not run to its end, why (already settled through ``fail``, except
     "superseded": another delivery claimed the row and goes on with it)."""
     try:
-        return run_deploy_command(command, timeout_s, progress_every_s, progress)
+        return run_deploy_command(command, timeout_s, progress_every_s, progress, env)
     except CommandStopped as stopped:
         if not stopped.timed_out:
             return "superseded"

@@ -1,12 +1,15 @@
 """The run page and the compare page in the browser: charts drawn from really ingested metrics, the x axis and log
 scale switched, a dragged zoom, the log tail, the status following the run to its end without a reload, what the
 page says of a CPU run without a pipeline and of a run resumed after a cancel, a blended run's validation loss on
-each of its sources, and two runs overlaid with what differs between them."""
+each of its sources, a checkpoint evaluated from the page and scored beside the loss, and two runs overlaid with what
+differs between them."""
+import json
 from pathlib import Path
 
 from playwright.sync_api import expect
 
 from tests.browser.conftest import check_page
+from tests.xdist_groups import run_temp_root
 from tests.webapp.live_runs import append_metrics, eval_record, new_run, step_record, write_profile
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.records import Event, event
@@ -170,3 +173,36 @@ def test_a_blended_runs_page_charts_each_sources_validation_loss(signed_in_page,
     summary = page.locator("#chart-val_by_source-summary")
     expect(summary).to_contain_text("main: 3 points from step 10 to 30, lowest 3.3, highest 4.3")
     expect(summary).to_contain_text("web: 3 points from step 10 to 30, lowest 2.7, highest 3.7, last 2.7")
+
+
+def test_a_checkpoint_evaluated_from_the_run_page_is_scored_beside_the_loss(
+        signed_in_page, settings, tmp_path, tmp_path_factory, broker, shakespeare_checkpoint):
+    page = signed_in_page
+    (plan, _), dataset = _plans(page.user, settings, tmp_path)
+    run = new_run(page.user, plan, dataset, name="evaluated", steps=30)
+    append_metrics(run, [step_record(s, 5.0 - s / 20) for s in range(1, 31)])
+    models.Checkpoint.objects.create(run=run, step=30, path=str(shakespeare_checkpoint))
+    # a set in a folder the session's worker reads as a data root too: first halves of lines against their ends
+    sets = Path(run_temp_root(tmp_path_factory)) / "sets"
+    sets.mkdir(exist_ok=True)
+    lines = [line for line in presets.demo_text(60_000).decode().split("\n")[-40:] if len(line) >= 20][:6]
+    (sets / "ends.jsonl").write_text("".join(json.dumps(
+        {"question": line[:10], "choices": [line[10:], line[10:][::-1]], "answer": 0}) + "\n" for line in lines))
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [sets]}
+    models.EvaluationSet.objects.create(owner=page.user, name="ends", kind="choice", path=str(sets / "ends.jsonl"))
+
+    page.goto(f"/runs/{run.pk}/")
+    page.get_by_label("Evaluation set").select_option(label="ends (choice)")
+    page.get_by_label("Checkpoint", exact=True).select_option(label="step 30")
+    page.get_by_role("button", name="Evaluate").click()
+    expect(page.get_by_text("Step 30 is queued for evaluation on ends")).to_be_visible()
+    scores = page.get_by_test_id("checkpoint-scores-30")
+    expect(scores).to_contain_text("ends: acc ", timeout=120_000)  # the table follows it without a reload
+    acc = models.Evaluation.objects.get().scores["metrics"]["acc"]
+    expect(scores).to_contain_text(f"ends: acc {acc:.3f}, acc_norm")
+    page.reload()
+    chart = page.get_by_test_id("chart-scores")
+    expect(chart).to_have_attribute("data-points", "1")
+    expect(page.locator("#chart-scores-title")).to_have_text("Evaluation scores by checkpoint")
+    expect(page.locator("#chart-scores-summary")).to_contain_text("ends (acc): 1 point")
+    check_page(page, "run-evaluated")

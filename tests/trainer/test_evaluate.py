@@ -3,6 +3,7 @@ Shakespeare checkpoint on multiple-choice items, on reference answers and on hel
 against what the model itself says, computed here without the harness."""
 import json
 import random
+import re
 
 import pytest
 import torch
@@ -60,6 +61,18 @@ def test_multiple_choice_accuracy_is_the_share_of_items_whose_right_choice_the_m
     assert scores.items == 30 and scores.metrics["acc"] == pytest.approx(expected)
     assert scores.metrics["acc"] > 0.6  # Shakespeare's words against their own letters shuffled: chance is 1/3
     assert 0 <= scores.metrics["acc_stderr"] < 0.2 and 0 <= scores.metrics["acc_norm"] <= 1
+    # and by the letter the model writes after the choices listed: its greedy line, the first capital standing alone
+    answers, right = [], 0
+    for it in items:
+        listed = it["question"] + "\n" + "".join(f"{'ABC'[i]}. {c}\n" for i, c in enumerate(it["choices"])) + "Answer:"
+        ids = tok.encode(listed)[-(model.spec.seq_len - 1):]  # within the model's context, as its answer
+        budget = min(8, model.spec.seq_len - len(ids))
+        answer = tok.decode(generate(model, ids, budget, temperature=0.0)[len(ids):]).split("\n")[0]
+        letter = re.search(r"\b([A-Z])\b", answer)
+        answers.append(answer)
+        right += bool(letter) and letter.group(1) == "ABC"[it["answer"]]
+    assert list(scores.answers) == answers and any(answers)
+    assert scores.metrics["acc_generated"] == pytest.approx(right / len(items))
 
 
 def test_a_reference_answer_is_matched_against_the_models_greedy_continuation_to_the_line_end(

@@ -98,3 +98,8 @@ def write_profile(run, name: str = "steps-10") -> None:
     write_summary(folder)
     append_jsonl(Path(run.run_dir) / EVENTS, event(Event.STARTED, 0))
     append_jsonl(Path(run.run_dir) / EVENTS, event(Event.PROFILE_WRITTEN, 0, name=name, path=f"profiles/{name}"))
+
+
+def queued_tasks(broker) -> list[str]:
+    """The names of the tasks waiting in ``broker`` (a quiet broker no worker takes them from), oldest first."""
+    return [json.loads(m)["headers"]["task"] for m in broker.lrange("celery", 0, -1)]

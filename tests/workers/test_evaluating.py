@@ -1,12 +1,13 @@
-"""Evaluations of checkpoints (workers.evaluating): the real ``python -m trainer.evaluate`` process on the session's
-trained Shakespeare checkpoint, run by the task in this process and, once, by the session's worker through the
-API."""
+"""Evaluations (workers.evaluating): the real ``python -m trainer.evaluate`` process on the session's trained
+Shakespeare checkpoint, run by the task in this process and, once, by the session's worker through the API; and of
+deployments of it in fp32 and int8, through the web app's /v1 in front of the session's Triton."""
 import json
 import random
 import time
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
 from rest_framework.test import APIClient
 
 from tests.deploy_fixtures import TEXT_BYTES
@@ -40,11 +41,11 @@ def checkpoint(owner, shakespeare_checkpoint):
                                             step=manifest.step, manifest=manifest.to_dict())
 
 
-def _choice_set(path, count: int = 12):
+def _choice_set(path, count: int = 12, longest: int = 1000):
     """Held-out lines cut in two: the right second half against its letters shuffled."""
     rng = random.Random(1)
     text = demo_text(TEXT_BYTES + 20_000).decode()[TEXT_BYTES:]
-    lines = [line for line in text.split("\n") if len(line) >= 24][:count]
+    lines = [line for line in text.split("\n") if 24 <= len(line) <= longest][:count]
     with open(path, "w") as f:
         for line in lines:
             head, tail = line[:len(line) // 2], line[len(line) // 2:]
@@ -107,3 +108,51 @@ def test_the_api_registers_a_set_and_the_worker_scores_the_checkpoint(owner, dat
     refused = other.post("/api/evaluations/", {"eval_set": made.json()["id"], "checkpoint": checkpoint.pk},
                          format="json")
     assert refused.status_code == 400
+
+
+@pytest.fixture(scope="module")
+def served_both(triton, served_checkpoint):
+    """The checkpoint exported twice into the session's Triton, in fp32 and with int8 weights, both loaded."""
+    from deploy.export import ExportOptions, export
+
+    client = triton.client()
+    names = {"none": "evaluated-fp32", "int8": "evaluated-int8"}
+    for reduction, name in names.items():
+        export(served_checkpoint, triton.repository, ExportOptions(name=name, reduction=reduction, measure=False))
+        client.load(name)
+    yield names
+    for name in names.values():
+        client.unload(name)
+    client.close()
+
+
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_a_deployment_scored_through_v1_answers_as_its_checkpoint_and_its_int8_copy_is_scored_beside(
+        owner, data_root, checkpoint, served_both, triton, live_server, settings):
+    settings.WORKBENCH = {**settings.WORKBENCH, "URL": live_server.url}
+    server = models.TritonServer.objects.create(name="local", http_url=triton.http_url, grpc_url=triton.grpc_url,
+                                                metrics_url=triton.metrics_url, model_repository=str(triton.repository))
+    deployed = {reduction: models.Deployment.objects.create(owner=owner, checkpoint=checkpoint, server=server,
+                                                            model_name=name, reduction=reduction, status="ready")
+                for reduction, name in served_both.items()}
+    eval_set = models.EvaluationSet.objects.create(owner=owner, name="halves", kind="choice",
+                                                   # prompts that leave room for the answer in the model's
+                                                   # context: /v1 refuses more, where a checkpoint cuts the prompt
+                                                   path=str(_choice_set(data_root / "halves.jsonl", longest=40)))
+    direct = evaluation_create(owner, eval_set, checkpoint)
+    through = {reduction: evaluation_create(owner, eval_set, deployment=d) for reduction, d in deployed.items()}
+    for evaluation in (direct, *through.values()):
+        evaluating.evaluation_run(evaluation.pk)
+        evaluation.refresh_from_db()
+        assert evaluation.status == Status.DONE, evaluation.message
+    fp32, int8 = through["none"].scores, through["int8"].scores
+    # greedy, the same prompts: the deployment writes what the checkpoint writes, item by item, so the scores agree
+    assert fp32["answers"] == direct.scores["answers"] and any(fp32["answers"])
+    assert fp32["metrics"]["acc_generated"] == direct.scores["metrics"]["acc_generated"]
+    assert set(fp32["metrics"]) == {"acc_generated", "acc_generated_stderr"}  # /v1 gives no likelihoods
+    assert "acc" in direct.scores["metrics"] and len(int8["answers"]) == 12
+    assert through["int8"].target == "deployment evaluated-int8 (int8 weight-only)"
+    text = models.EvaluationSet.objects.create(owner=owner, name="prose", kind="text", path=eval_set.path)
+    with pytest.raises(ValidationError, match="evaluate the deployment's checkpoint instead"):
+        evaluation_create(owner, text, deployment=deployed["none"])

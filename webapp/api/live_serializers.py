@@ -4,10 +4,13 @@ Query parameters are strings, so these are DRF's own fields (as for forms); each
 value out of range is a 400 naming the parameter, never a query the database refuses. The answer serializers
 document the answers in the schema.
 """
+import re
+
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
 from .. import models
+from ..models.evaluations import EVAL_SERIES_PREFIX
 from ..models.series import SERIES_BY_NAME, SOURCE_SERIES_PREFIX
 from ..selectors.run_estimates import FIGURE_KEYS, UNITS
 from ..selectors.run_logs import MAX_CHUNK_BYTES
@@ -45,26 +48,29 @@ def comma_parameter(name: str, items: dict, description: str, required: bool = F
 
 
 SOURCE_SERIES_PATTERN = rf"^{SOURCE_SERIES_PREFIX}[^,]{{1,64}}$"
+EVAL_SERIES_PATTERN = rf"^{EVAL_SERIES_PREFIX}[0-9]{{1,18}}$"
 NAMES_PARAMETER = comma_parameter(
     "names", {"oneOf": [{"type": "string", "enum": sorted(SERIES_BY_NAME)},
-                        {"type": "string", "pattern": SOURCE_SERIES_PATTERN}]},
+                        {"type": "string", "pattern": SOURCE_SERIES_PATTERN},
+                        {"type": "string", "pattern": EVAL_SERIES_PATTERN}]},
     f"series to chart, comma-separated (default: loss); a blended run's validation loss on one of its sources is "
-    f"{SOURCE_SERIES_PREFIX}<source> (main: the run's own dataset)")
+    f"{SOURCE_SERIES_PREFIX}<source> (main: the run's own dataset); an evaluation set's headline score on each "
+    f"checkpoint is {EVAL_SERIES_PREFIX}<set id>")
 
 
 class SeriesName(serializers.CharField):
     """A series' name: one of the charted series, or a blend source's validation loss."""
 
-    default_error_messages = {"unknown": "{value!r} is not a series: give one of {names}, or "
-                                         f"{SOURCE_SERIES_PREFIX}<source>"}
+    default_error_messages = {"unknown": "{value!r} is not a series: give one of {names}, "
+                                         f"{SOURCE_SERIES_PREFIX}<source> or {EVAL_SERIES_PREFIX}<set id>"}
 
     def __init__(self, **kwargs):
         super().__init__(max_length=len(SOURCE_SERIES_PREFIX) + 64, **kwargs)
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
-        if value not in SERIES_BY_NAME and not (value.startswith(SOURCE_SERIES_PREFIX)
-                                                and len(value) > len(SOURCE_SERIES_PREFIX)):
+        if not (value in SERIES_BY_NAME or re.match(SOURCE_SERIES_PATTERN, value)
+                or re.match(EVAL_SERIES_PATTERN, value)):
             self.fail("unknown", value=value, names=", ".join(sorted(SERIES_BY_NAME)))
         return value
 

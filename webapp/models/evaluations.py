@@ -2,9 +2,10 @@
 
 An evaluation set is a file under its owner's data roots: multiple-choice items, prompts with reference answers, or
 text for perplexity (trainer.evaluate says the formats). An evaluation is one checkpoint scored on one set by
-EleutherAI's lm-evaluation-harness, a process a worker runs (``python -m trainer.evaluate``, workers.evaluating);
-the row is what the user sees of it: pending → running (the process's latest line) → done (the scores) or failed
-(why). It keeps its checkpoint, and through it the run, plan and model config the scores belong to.
+EleutherAI's lm-evaluation-harness, directly or through a deployment of it behind the web app's /v1: a process a
+worker runs (``python -m trainer.evaluate``, workers.evaluating). The row is what the user sees of it: pending →
+running (the process's latest line) → done (the scores) or failed (why). It keeps its checkpoint, and through it the
+run, plan and model config the scores belong to.
 """
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -14,6 +15,7 @@ from django.utils import timezone
 from .dataroots import data_roots_for
 from .ownership import Owned
 from .runs import Checkpoint
+from .serving import Deployment
 
 
 class EvaluationSet(Owned):
@@ -41,7 +43,9 @@ class EvaluationSet(Owned):
                 raise ValidationError({"path": [problem]})
 
 
-HEADLINE = {"choice": "acc", "reference": "exact_match", "text": "byte_perplexity"}  # the figure a table shows
+EVAL_SERIES_PREFIX = "eval:"  # a run's series of one set's headline score at each checkpoint: eval:<set id>
+# the figure a table shows, the first the evaluation has: a deployment's choice set has only acc_generated
+HEADLINE = {"choice": ("acc", "acc_generated"), "reference": ("exact_match",), "text": ("byte_perplexity",)}
 
 
 class Evaluation(models.Model):
@@ -54,7 +58,12 @@ class Evaluation(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+",
                               help_text="Who asked for it")
     eval_set = models.ForeignKey(EvaluationSet, on_delete=models.CASCADE, related_name="evaluations")
-    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="evaluations")
+    checkpoint = models.ForeignKey(Checkpoint, on_delete=models.CASCADE, related_name="evaluations",
+                                   help_text="What was scored, or what the deployment serves")
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, null=True, blank=True,
+                                   related_name="evaluations",
+                                   help_text="Scored through the web app's /v1 when set; the checkpoint directly when "
+                                             "empty")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
     message = models.TextField(blank=True, help_text="Where it stands; a failure's reason")
     scores = models.JSONField(default=dict, blank=True,
@@ -67,7 +76,14 @@ class Evaluation(models.Model):
         ordering = ["-created_at", "-id"]
 
     def __str__(self):
-        return f"evaluation of checkpoint {self.checkpoint_id} on {self.eval_set} ({self.status})"
+        return f"evaluation of {self.target} on {self.eval_set} ({self.status})"
+
+    @property
+    def target(self) -> str:
+        """What was scored, in words: the checkpoint, or a deployment by its name and weights."""
+        if self.deployment_id is None:
+            return f"checkpoint {self.checkpoint_id}"
+        return f"deployment {self.deployment.model_name} ({self.deployment.get_reduction_display()})"
 
     @property
     def is_settled(self) -> bool:
@@ -76,6 +92,13 @@ class Evaluation(models.Model):
     @property
     def headline(self) -> tuple[str, float] | None:
         """The set's main figure, as a table shows it: (its name, its value), once done."""
-        name = HEADLINE.get(self.eval_set.kind)
-        value = (self.scores or {}).get("metrics", {}).get(name)
-        return (name, value) if isinstance(value, (int, float)) else None
+        return headline_of(self.eval_set.kind, self.scores)
+
+
+def headline_of(kind: str, scores: dict | None) -> tuple[str, float] | None:
+    """The first figure of HEADLINE[kind] that ``scores`` holds: (its name, its value)."""
+    metrics = (scores or {}).get("metrics") or {}
+    for name in HEADLINE.get(kind, ()):
+        if isinstance(metrics.get(name), (int, float)):
+            return name, metrics[name]
+    return None

@@ -57,6 +57,8 @@ class Run(Owned):
                              help_text='Other datasets trained on beside the run\'s own: [{"dataset": id, "weight": w, '
                                        '"name": "…"}]; empty: the run\'s dataset alone')
     dataset_weight = models.FloatField(default=1.0, help_text="The run's own dataset's weight in its blend")
+    evaluation_sets = models.ManyToManyField("EvaluationSet", blank=True, related_name="runs",
+                                             help_text="Sets each checkpoint the run saves is evaluated on")
     optimizer = models.JSONField(default=dict, blank=True, help_text="trainer.contract.OptimizerSpec as JSON")
     profile = models.JSONField(null=True, blank=True, help_text="trainer.contract.ProfileSpec as JSON, or empty")
     # Checked and stored when the run is created; every attempt launches with it, so editing the plan, model,

@@ -4,6 +4,7 @@ run measured (webapp.services.run_estimates). The parts that change while a run 
 reloads with htmx."""
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -18,13 +19,15 @@ from django.views.decorators.http import require_POST
 
 from trainer.contract import MAIN_SOURCE
 
-from ..models import Run, RunStatus, SeriesStep
+from ..models import Evaluation, EvaluationSet, Run, RunStatus, SeriesStep
+from ..models.evaluations import EVAL_SERIES_PREFIX, HEADLINE
 from ..models.series import SOURCE_SERIES_PREFIX
-from ..selectors.jobs import checkpoints_with_scores
+from ..selectors.jobs import checkpoints_with_scores, run_evaluation_sets, run_is_evaluating
 from ..selectors.run_logs import log_files
 from ..selectors.runs import runs_with_parts
 from ..selectors.timeline import timeline_missing
 from ..services import run_cancel, run_queue
+from ..services.evaluations import evaluation_create
 from ..services.run_estimates import run_estimate_report
 
 EVENTS_SHOWN = 50
@@ -122,15 +125,32 @@ def _header(request, run: Run) -> dict:
 
 # -- history ------------------------------------------------------------------------------------------------------
 
+def _scores_line(evaluation) -> str:
+    """One evaluation in the checkpoints table: its set, what was scored unless the checkpoint itself, and each
+    figure (a checkpoint's choice set has acc_generated, which its deployments are compared by)."""
+    served = evaluation.deployment
+    target = f" via {served.model_name} ({served.get_reduction_display()})" if served else ""
+    if evaluation.status == Evaluation.Status.FAILED:
+        return f"{evaluation.eval_set.name}{target}: failed, {evaluation.message[:200]}"
+    if evaluation.status != Evaluation.Status.DONE:
+        return f"{evaluation.eval_set.name}{target}: {evaluation.status}"
+    metrics = (evaluation.scores or {}).get("metrics") or {}
+    figures = ", ".join(f"{name} {value:.3f}" for name, value in metrics.items()
+                        if not name.endswith("_stderr") and isinstance(value, (int, float)))
+    return f"{evaluation.eval_set.name}{target}: {figures or 'no figures'}"
+
+
 def _history(request, run: Run) -> dict:
     # newest first by when each happened: the trainer's events are read in from the run folder a reconcile pass
     # after they happened, so their ids say when they were read, behind the workbench's own events of the meantime
     events = list(run.history.order_by("-time", "-id")[:EVENTS_SHOWN + 1])
     checkpoints = [{"checkpoint": c, "size": _bytes(c.size_bytes), "tokens": f"{c.tokens_seen:,}",
-                    "scores": [(e.eval_set.name, *e.headline) for e in c.done_evaluations if e.headline]}
+                    "scores": [_scores_line(e) for e in c.evaluations_shown]}
                    for c in checkpoints_with_scores(run)]
     return {"run": run, "events": events[:EVENTS_SHOWN], "more_events": len(events) > EVENTS_SHOWN,
-            "attempts": list(run.attempt_records.order_by("-number")), "checkpoints": checkpoints}
+            "attempts": list(run.attempt_records.order_by("-number")), "checkpoints": checkpoints,
+            "eval_sets": list(EvaluationSet.objects.visible_to(request.user).order_by("name", "id")),
+            "evaluating": run_is_evaluating(run)}
 
 
 # -- profile digest -----------------------------------------------------------------------------------------------
@@ -205,14 +225,19 @@ def _on_cpus(run: Run) -> bool:
 
 
 def _charts(run: Run) -> list[tuple]:
-    """CHARTS, each with what it says while it has nothing to draw ("": that nothing is drawn yet); a blended run's
-    validation loss on each of its sources beside the loss."""
-    charts = [(*chart, NO_CPU_MEMORY if chart[0] == "memory" and _on_cpus(run) else "") for chart in CHARTS]
+    """CHARTS, each with what it says while it has nothing to draw ("": that nothing is drawn yet) and its series'
+    labels where they are not the series' names; beside the loss, each evaluation set's score on the run's
+    checkpoints, and a blended run's validation loss on each of its sources."""
+    charts = [(*chart, NO_CPU_MEMORY if chart[0] == "memory" and _on_cpus(run) else "", "") for chart in CHARTS]
     sources = [source.get("name") for source in (run.spec or {}).get("blend", []) if isinstance(source, dict)]
     if sources:
         names = [f"{SOURCE_SERIES_PREFIX}{name}" for name in [MAIN_SOURCE, *sources]]
         empty = "" if run.eval_every else "This run does not evaluate (eval_every is 0): nothing will be drawn here."
-        charts.insert(1, ("val_by_source", "Validation loss by source", names, "", empty))
+        charts.insert(1, ("val_by_source", "Validation loss by source", names, "", empty, ""))
+    sets = list(run_evaluation_sets(run))
+    if sets:
+        labels = {f"{EVAL_SERIES_PREFIX}{s.pk}": f"{s.name} ({HEADLINE[s.kind][0]})" for s in sets}
+        charts.insert(1, ("scores", "Evaluation scores by checkpoint", list(labels), "", "", json.dumps(labels)))
     return charts
 
 
@@ -281,6 +306,31 @@ def run_queue_view(request, pk: int):
 
 
 @login_required
+@require_POST
+def run_evaluate_view(request, pk: int):
+    """Score one of the run's checkpoints on an evaluation set (any user who may see the run may)."""
+    run = _visible_run(request, pk)
+    eval_set = EvaluationSet.objects.visible_to(request.user).filter(pk=_posted_id(request, "eval_set")).first()
+    checkpoint = run.checkpoints.filter(pk=_posted_id(request, "checkpoint")).first()
+    if eval_set is None or checkpoint is None:
+        messages.error(request, "Choose an evaluation set and one of this run's checkpoints to evaluate.")
+        return redirect("pages:run", pk=pk)
+    try:
+        evaluation_create(request.user, eval_set, checkpoint=checkpoint)
+    except ValidationError as exc:
+        _refused(request, exc)
+    else:
+        messages.success(request, f"Step {checkpoint.step} is queued for evaluation on {eval_set.name}; its scores "
+                                  f"appear in the checkpoints table and beside the loss.")
+    return redirect("pages:run", pk=pk)
+
+
+def _posted_id(request, name: str) -> int:
+    value = request.POST.get(name, "")
+    return int(value) if value.isdigit() and len(value) < 19 else 0
+
+
+@login_required
 def profile_trace(request, pk: int, profile: int, rank: int):
     """One rank's trace of a profile, as a download for Perfetto (ui.perfetto.dev opens it as it is, gzipped).
     The profile's folder and the file must both resolve inside the run's folder: a path recorded from the run
@@ -310,5 +360,6 @@ urlpatterns = [
     path("runs/<int:pk>/part/<str:part>/", run_part, name="run-part"),
     path("runs/<int:pk>/cancel/", run_cancel_view, name="run-cancel"),
     path("runs/<int:pk>/queue/", run_queue_view, name="run-queue"),
+    path("runs/<int:pk>/evaluate/", run_evaluate_view, name="run-evaluate"),
     path("runs/<int:pk>/profiles/<int:profile>/trace/<int:rank>/", profile_trace, name="run-trace"),
 ]

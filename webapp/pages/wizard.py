@@ -57,14 +57,17 @@ def _estimate(request, wizard: Wizard, parts: Parts) -> dict | None:
 def _run_fields(wizard: Wizard) -> dict:
     data = wizard.run.cleaned_data
     return {"name": data["name"], "steps": data["steps"], "checkpoint_every": data["checkpoint_every"],
-            "eval_every": data["eval_every"], "profile": wizard.run.profile_dict(), "blend": wizard.run.blend()}
+            "eval_every": data["eval_every"], "profile": wizard.run.profile_dict(), "blend": wizard.run.blend(),
+            "evaluation_sets": list(data.get("evaluate_on") or [])}
 
 
 def _unsaved_run(user, wizard: Wizard, parts: Parts) -> Run:
     cluster, dataset = wizard.run.cleaned_data["cluster"], wizard.run.cleaned_data["dataset"]
     config = ModelConfig(owner=user, name="", spec=parts.model)
     plan = ParallelismPlan(owner=user, name="", model_config=config, cluster=cluster, spec=parts.plan)
-    return Run(owner=user, plan=plan, model_config=config, cluster=cluster, dataset=dataset, **_run_fields(wizard))
+    fields = _run_fields(wizard)
+    fields.pop("evaluation_sets")  # a relation of saved rows: checked when the run is made
+    return Run(owner=user, plan=plan, model_config=config, cluster=cluster, dataset=dataset, **fields)
 
 
 def check(request, wizard: Wizard) -> dict | None:

@@ -17,7 +17,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from trainer.contract import ModelSpec, ParallelPlan, ProfileSpec
 from trainer.contract.presets import MODELS
 
-from ..models import Cluster, Dataset, ModelConfig
+from ..models import Cluster, Dataset, EvaluationSet, ModelConfig
 from ..selectors.owned import visible_with_owners
 from ..services import default_source_name
 from ..services.demo import demo_ready
@@ -232,6 +232,10 @@ class RunForm(_Described):
     blend_weight = forms.FloatField(required=False, min_value=1e-9, max_value=1e9, label="Its weight",
                                     help_text="its share of the sequences against the dataset's weight of 1 "
                                               "(empty: 1, half each)")
+    evaluate_on = forms.ModelMultipleChoiceField(queryset=EvaluationSet.objects.none(), required=False,
+                                                 label="Evaluate checkpoints on",
+                                                 help_text="evaluation sets each saved checkpoint is scored on; the "
+                                                           "scores are charted beside the loss")
     name = forms.CharField(max_length=120, label="Run name")
     steps = forms.IntegerField(label="Steps", help_text="optimizer steps to train")
     checkpoint_every = forms.IntegerField(label="Checkpoint every", help_text="steps between checkpoints, and one "
@@ -250,6 +254,7 @@ class RunForm(_Described):
         super().__init__(*args, **kwargs)
         self.fields["dataset"].queryset = visible_with_owners(Dataset.objects.all(), user)
         self.fields["blend_with"].queryset = self.fields["dataset"].queryset
+        self.fields["evaluate_on"].queryset = EvaluationSet.objects.visible_to(user).order_by("name", "id")
         clusters = list(Cluster.objects.all())
         sizes = {}
         for cluster in clusters:

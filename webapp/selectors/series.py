@@ -17,7 +17,8 @@ from functools import reduce
 
 from django.db.models import Max, Min, Q
 
-from ..models import Run, SeriesBucket, SeriesStep, SourceValLoss
+from ..models import Evaluation, Run, SeriesBucket, SeriesStep, SourceValLoss
+from ..models.evaluations import EVAL_SERIES_PREFIX, headline_of
 from ..models.series import SERIES_BY_NAME, SOURCE_SERIES_PREFIX
 from ..models.series_blocks import cover, level_for, width
 
@@ -108,11 +109,13 @@ def series_in_frame(run: Run, names: list[str], axis: Axis, frame: Frame) -> dic
     # its two extremes), or 4 × `points` step rows (a row holds every series): a query reads a few thousand rows
     # a series whatever the range.
     level = level_for(first, last, max_blocks=frame.points, max_steps=4 * frame.points)
-    charted = [name for name in names if not name.startswith(SOURCE_SERIES_PREFIX)]
+    charted = [name for name in names if not name.startswith((SOURCE_SERIES_PREFIX, EVAL_SERIES_PREFIX))]
     candidates = _read(run, charted, axis.unit, cover(first, last, level))
     origin = axis.origin if axis.unit == "time" else 0
     served = {name: _downsample(*candidates[name], frame, origin, raw=level == 0) for name in charted}
-    by_source = _read_sources(run, [n for n in names if n not in served], axis.unit, first, last)
+    # one point an evaluation: few enough to serve every one in the range
+    by_source = _read_sources(run, [n for n in names if n.startswith(SOURCE_SERIES_PREFIX)], axis.unit, first, last)
+    by_source |= _read_scores(run, [n for n in names if n.startswith(EVAL_SERIES_PREFIX)], axis.unit, first, last)
     served |= {name: _downsample(*by_source[name], frame, origin, raw=True) for name in by_source}
     return _answer(axis.unit, frame, width(level), served)
 
@@ -171,6 +174,24 @@ def _read_sources(run: Run, names: list[str], unit: str, first: int,
     points: dict[str, list[Candidate]] = {name: [] for name in names}
     for source, step, value in rows:
         points[sources[source]].append((value, step, step if x_of is None else x_of.get(step)))
+    return {name: (found, len(found)) for name, found in points.items()}
+
+
+def _read_scores(run: Run, names: list[str], unit: str, first: int,
+                 last: int) -> dict[str, tuple[list[Candidate], int]]:
+    """Like ``_read_sources``, for an evaluation set's headline score on the run's checkpoints ("eval:<set id>"): the
+    latest done evaluation of each checkpoint itself (not of a deployment) in the steps, at the checkpoint's step."""
+    sets = {int(name.removeprefix(EVAL_SERIES_PREFIX)): name for name in names}
+    rows = (Evaluation.objects.filter(checkpoint__run=run, deployment__isnull=True, status=Evaluation.Status.DONE,
+                                      eval_set_id__in=list(sets), checkpoint__step__range=(first, last))
+            .order_by("created_at", "id").values_list("eval_set_id", "eval_set__kind", "checkpoint__step", "scores"))
+    latest = {(set_id, step): headline_of(kind, scores) for set_id, kind, step, scores in rows}
+    x_of = None if unit == "step" else dict(
+        SeriesStep.objects.filter(run=run, step__in={step for _, step in latest}).values_list("step", X_COLUMNS[unit][0]))
+    points: dict[str, list[Candidate]] = {name: [] for name in names}
+    for (set_id, step), headline in sorted(latest.items()):
+        if headline is not None:
+            points[sets[set_id]].append((headline[1], step, step if x_of is None else x_of.get(step)))
     return {name: (found, len(found)) for name, found in points.items()}
 
 

@@ -18,6 +18,7 @@ from ..finite import finite
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
 from ..selectors.checkpoints import checkpoints_without_deployments
 from .calibration import calibration_record_add
+from .evaluations import evaluations_after_checkpoint
 from .history import Source, record_event
 from .series import series_write
 from .upsert import upsert
@@ -65,10 +66,12 @@ def checkpoint_register(run: Run, event: dict) -> Checkpoint | None:
     manifest = read_manifest(folder)
     if manifest is None:
         return None  # pruned since, or not complete: never registered
-    checkpoint, _ = Checkpoint.objects.update_or_create(
+    checkpoint, created = Checkpoint.objects.update_or_create(
         run=run, step=manifest.step,
         defaults={"path": str(folder), "manifest": finite(manifest.to_dict()), "size_bytes": _folder_size(folder),
                   "tokens_seen": manifest.tokens_seen})
+    if created:
+        evaluations_after_checkpoint(run, checkpoint)
     return checkpoint
 
 

@@ -182,6 +182,7 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     The checked RunSpec is stored on the run: every attempt launches with it, whatever happens to its parts later;
     so is the planner's estimate for it (webapp.services.run_estimates).
     """
+    evaluation_sets = fields.pop("evaluation_sets", ())
     run = Run(owner=owner, plan=plan, model_config=plan.model_config, cluster=plan.cluster, dataset=dataset, **fields)
     run.full_clean(exclude=["run_dir", "spec"])
     problems = run_access_problems(run)
@@ -195,6 +196,7 @@ def run_create(*, owner, plan, dataset, launch: bool = False, **fields) -> Run:
     run.run_dir = str(run_folder(run))
     run.spec = spec.replace(output_dir=run.run_dir).to_dict()
     run.save(update_fields=["run_dir", "spec"])
+    run.evaluation_sets.set(evaluation_sets)  # each checkpoint saved is evaluated on them (services.ingest)
     if launch:
         run = run_queue(run)
     return run

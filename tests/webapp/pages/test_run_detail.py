@@ -1,12 +1,14 @@
 """The run page: who sees it, its parts rendered from really ingested data, cancel and resume, the profile's trace
 download (only inside the run's folder), and the planner's estimate beside what the run measured."""
-import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from tests.webapp.live_runs import append_metrics, eval_record, new_run, step_record, trace_file, write_profile
+from tests.webapp import serving
+from tests.webapp.live_runs import (append_metrics, eval_record, new_run, queued_tasks, step_record, trace_file,
+                                    write_profile)
 from trainer.contract import presets
 from trainer.planner.estimate.api import estimate_json
 from webapp import models
@@ -119,10 +121,6 @@ def test_it_serves_each_part_on_its_own_for_htmx(client, alice, trained):
     assert client.get(f"/runs/{trained.pk}/part/anything/").status_code == 404
 
 
-def _tasks(broker):
-    return [json.loads(m)["headers"]["task"] for m in broker.lrange("celery", 0, -1)]
-
-
 def test_cancel_stops_a_running_run_and_says_so(client, alice, trained, quiet_broker,
                                                django_capture_on_commit_callbacks):
     client.force_login(alice)
@@ -131,7 +129,7 @@ def test_cancel_stops_a_running_run_and_says_so(client, alice, trained, quiet_br
     assert answer.redirect_chain == [(f"/runs/{trained.pk}/", 302)]
     trained.refresh_from_db()
     assert trained.status == "cancelled"
-    assert _tasks(quiet_broker) == ["workbench.runs.stop"]
+    assert queued_tasks(quiet_broker) == ["workbench.runs.stop"]
     html = answer.content.decode()
     assert "Run trained is cancelled." in html and "Cancel run" not in html
     again = client.post(f"/runs/{trained.pk}/cancel/", follow=True).content.decode()
@@ -169,7 +167,7 @@ def test_launch_and_retry_queue_the_run(client, alice, plan222, corpus, quiet_br
     failed.refresh_from_db()
     assert (failed.status, failed.restarts) == ("queued", 1)
     assert "to resume from its newest checkpoint" in answer.content.decode()
-    assert _tasks(quiet_broker) == ["workbench.runs.launch", "workbench.runs.launch"]
+    assert queued_tasks(quiet_broker) == ["workbench.runs.launch", "workbench.runs.launch"]
 
     failed.transition("failed")
     failed.save()
@@ -234,10 +232,11 @@ def test_a_cancelled_run_resumes_once_its_job_has_ended(client, alice, trained, 
         client.post(f"/runs/{trained.pk}/queue/")
     trained.refresh_from_db()
     assert trained.status == "queued" and trained.restarts == 0
-    assert _tasks(quiet_broker) == ["workbench.runs.launch"]
+    assert queued_tasks(quiet_broker) == ["workbench.runs.launch"]
 
 
-def test_each_checkpoint_shows_the_headline_score_of_each_set_it_was_evaluated_on(client, alice, trained, data_root):
+def test_each_checkpoint_shows_its_scores_directly_and_through_its_deployments_beside_the_loss(
+        client, alice, trained, data_root, nowhere):
     early = models.Checkpoint.objects.create(run=trained, step=30, path=str(data_root / "step-30"))
     late = models.Checkpoint.objects.create(run=trained, step=60, path=str(data_root / "step-60"))
     halves = models.EvaluationSet.objects.create(owner=alice, name="halves", kind="choice",
@@ -246,10 +245,52 @@ def test_each_checkpoint_shows_the_headline_score_of_each_set_it_was_evaluated_o
                                                 path=str(data_root / "corpus.txt"))
     for checkpoint, acc in ((early, 0.5), (late, 0.75)):
         models.Evaluation.objects.create(owner=alice, eval_set=halves, checkpoint=checkpoint, status="done",
-                                         scores={"kind": "choice", "items": 4, "metrics": {"acc": acc}})
+                                         scores={"kind": "choice", "items": 4,
+                                                 "metrics": {"acc": acc, "acc_stderr": 0.1, "acc_generated": 0.25}})
+    int8 = serving.deployment(alice, late, nowhere, "late-int8", reduction="int8")
+    models.Evaluation.objects.create(owner=alice, eval_set=halves, checkpoint=late, deployment=int8, status="done",
+                                     scores={"kind": "choice", "items": 4, "metrics": {"acc_generated": 0.5}})
     models.Evaluation.objects.create(owner=alice, eval_set=prose, checkpoint=late, status="done",
                                      scores={"kind": "text", "items": 9, "metrics": {"byte_perplexity": 2.5}})
-    models.Evaluation.objects.create(owner=alice, eval_set=prose, checkpoint=early, status="failed", message="no")
+    models.Evaluation.objects.create(owner=alice, eval_set=prose, checkpoint=early, status="failed",
+                                     message="no such file")
     html = _page(client, alice, f"/runs/{trained.pk}/").content.decode()
-    assert 'data-testid="checkpoint-scores-60">halves: acc 0.750<br>prose: byte_perplexity 2.500</td>' in html
-    assert 'data-testid="checkpoint-scores-30">halves: acc 0.500</td>' in html  # the failed one is not a score
+    # the checkpoint itself first, then its int8 deployment's score through /v1, compared by acc_generated
+    assert ('data-testid="checkpoint-scores-60">halves: acc 0.750, acc_generated 0.250<br>'
+            'halves via late-int8 (int8 weight-only): acc_generated 0.500<br>prose: byte_perplexity 2.500</td>') in html
+    assert ('data-testid="checkpoint-scores-30">halves: acc 0.500, acc_generated 0.250<br>'
+            'prose: failed, no such file</td>') in html
+    assert 'hx-trigger="wb:events from:body"' in html  # nothing left to finish: the table does not poll
+    # beside the loss, each set's headline score by checkpoint, labelled with the set's name
+    charts = re.findall(r'data-testid="chart-(\w+)" data-names="([^"]*)"', html)
+    assert charts[:2] == [("loss", "loss,val_loss"), ("scores", f"eval:{halves.pk},eval:{prose.pk}")]
+    assert html.count(f'data-labels="{{&quot;eval:{halves.pk}&quot;: &quot;halves (acc)&quot;') == 1
+    api = client.get(f"/api/runs/{trained.pk}/series/", {"names": f"eval:{halves.pk},eval:{prose.pk}"}).json()
+    assert api["series"][f"eval:{halves.pk}"]["points"] == [[30, 0.5], [60, 0.75]]  # the deployment's not among them
+    assert api["series"][f"eval:{prose.pk}"]["points"] == [[60, 2.5]]
+    assert client.get(f"/api/runs/{trained.pk}/series/", {"names": "eval:x"}).status_code == 400
+
+
+def test_the_page_queues_an_evaluation_of_a_checkpoint_and_follows_it(client, alice, bob, trained, data_root,
+                                                                      quiet_broker,
+                                                                      django_capture_on_commit_callbacks):
+    step = data_root / "checkpoints" / "step-60"
+    serving.checkpoint_folder(step)
+    checkpoint = models.Checkpoint.objects.create(run=trained, step=60, path=str(step))
+    halves = models.EvaluationSet.objects.create(owner=alice, name="halves", kind="choice",
+                                                 path=str(data_root / "corpus.txt"))
+    theirs = models.EvaluationSet.objects.create(owner=bob, name="theirs", kind="choice",
+                                                 path=str(data_root / "corpus.txt"))
+    html = _page(client, alice, f"/runs/{trained.pk}/").content.decode()
+    assert f'<option value="{halves.pk}">halves (choice)</option>' in html and "theirs" not in html
+    refused = client.post(f"/runs/{trained.pk}/evaluate/", {"eval_set": theirs.pk, "checkpoint": checkpoint.pk},
+                          follow=True)
+    assert "Choose an evaluation set" in refused.content.decode() and not models.Evaluation.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        done = client.post(f"/runs/{trained.pk}/evaluate/", {"eval_set": halves.pk, "checkpoint": checkpoint.pk},
+                           follow=True)
+    assert "Step 60 is queued for evaluation on halves" in done.content.decode()
+    assert queued_tasks(quiet_broker) == ["workbench.evaluations.run"]
+    html = done.content.decode()
+    assert 'data-testid="checkpoint-scores-60">halves: pending</td>' in html
+    assert 'hx-trigger="wb:events from:body, every 3s"' in html  # until it is done

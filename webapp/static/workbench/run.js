@@ -26,6 +26,7 @@
 
   const charts = [...root.querySelectorAll(".chart[data-names]")].map(el => ({
     names: el.dataset.names.split(","),
+    labels: JSON.parse(el.dataset.labels || "{}"),  // an evaluation set's series ("eval:<id>") by the set's name
     chart: new WorkbenchCharts.Chart(el, {yUnit: el.dataset.yUnit, syncKey: `run-${root.dataset.run}`, onZoom: zoom,
                                           summary: $(el.getAttribute("aria-describedby")), empty: el.dataset.empty}),
   }));
@@ -39,9 +40,10 @@
   function draw() {
     const answer = state.answer;
     if (!answer) return;
-    for (const {names: shown, chart} of charts) {
+    for (const {names: shown, labels, chart} of charts) {
       // a blend source's validation loss ("val_loss:<source>") is labelled with the source's name
-      const lines = shown.map(name => ({label: LABELS[name] || name.replace(/^val_loss:/, ""), frame: answer.frame,
+      const lines = shown.map(name => ({label: labels[name] || LABELS[name] || name.replace(/^val_loss:/, ""),
+                                        frame: answer.frame,
                                         ...(answer.series[name] || {points: [], count: 0})}));
       chart.draw({lines, x: state.x, log: state.log, smoothing: state.smoothing});
     }
