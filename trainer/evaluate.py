@@ -201,8 +201,8 @@ def task_configs(data_file: Path, kind: Kind, endpoint: bool = False) -> list[di
                      "filter_list": [{"name": "letter", "filter": [
                          {"function": "regex", "regex_pattern": r"\b([A-Z])\b"}, {"function": "take_first"}]}],
                      "metric_list": [{"metric": "exact_match"}]}
-        likeliest = {**common, "task": TASK_NAME, "output_type": "multiple_choice", "doc_to_text": "{{question}}\nAnswer:",
-                     "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
+        likeliest = {**common, "task": TASK_NAME, "output_type": "multiple_choice",
+                     "doc_to_text": "{{question}}\nAnswer:", "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
                      "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}
         return [generated] if endpoint else [likeliest, generated]
     if kind == "reference":

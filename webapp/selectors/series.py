@@ -187,7 +187,8 @@ def _read_scores(run: Run, names: list[str], unit: str, first: int,
             .order_by("created_at", "id").values_list("eval_set_id", "eval_set__kind", "checkpoint__step", "scores"))
     latest = {(set_id, step): headline_of(kind, scores) for set_id, kind, step, scores in rows}
     x_of = None if unit == "step" else dict(
-        SeriesStep.objects.filter(run=run, step__in={step for _, step in latest}).values_list("step", X_COLUMNS[unit][0]))
+        SeriesStep.objects.filter(run=run, step__in={step for _, step in latest})
+        .values_list("step", X_COLUMNS[unit][0]))
     points: dict[str, list[Candidate]] = {name: [] for name in names}
     for (set_id, step), headline in sorted(latest.items()):
         if headline is not None:
