@@ -228,6 +228,8 @@ WORKBENCH = {
     "MAX_JSON_DEPTH": _number("WORKBENCH_MAX_JSON_DEPTH", 64),
     # Where the workers reach this web app (a deployment's evaluation asks its /v1, as any client would).
     "URL": os.environ.get("WORKBENCH_URL", "http://127.0.0.1:8000").rstrip("/"),
+    # A preparation on a Slurm cluster asks for this many CPUs on one node and encodes with one process each.
+    "PREPARE_CPUS": _number("WORKBENCH_PREPARE_CPUS", 8),
 }
 
 LOGGING = {

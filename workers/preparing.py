@@ -6,19 +6,32 @@ model of that vocabulary prepares into, so that the run finds the data prepared 
 progress line on stderr as each shard is encoded, and one JSON line on stdout: the prepared data's meta.json (status
 0), or a refusal with the bad-row report when there is one (status 2). A redelivered task starts the process again,
 which keeps the shards a crashed one finished.
+
+On a Slurm cluster (the preparation's ``cluster``) the same command is a batch job of its own, named
+``wb-prep<id>``, with WORKBENCH["PREPARE_CPUS"] CPUs on one node and as many encoding processes: its script, its
+output (the progress lines) and its report lie in ``<cluster's runs root>/preparations/<id>/``, which the nodes and
+the workers share. The task follows the job to its end; a redelivered task finds the job by its name and follows it
+instead of submitting another.
 """
 import json
 import sys
+from pathlib import Path
 
-from webapp.models import DatasetPreparation
+from django.conf import settings
+
+from webapp.models import Cluster, DatasetPreparation
 from webapp.services import preparations
+from webapp.services.runs import runs_root
 from workers.deploy_commands import REFUSED
-from workers.job_process import run_job_process
+from workers.job_process import run_cluster_job, run_job_process
+from workers.launchers import CommandRequest, launcher_for
+from workers.launching import scheduler_settings
 
 Status = DatasetPreparation.Status
 
 TIMEOUT_S = 24 * 3600.0
 PROGRESS_EVERY_S = 1.0
+CLUSTER_PROGRESS_EVERY_S = 2.0  # a scheduler call each time
 
 
 def preparation_command(preparation: DatasetPreparation) -> list[str]:
@@ -27,6 +40,18 @@ def preparation_command(preparation: DatasetPreparation) -> list[str]:
                "--vocab", str(dataset.tokenizer_vocab or preparation.vocab), "--val-fraction", str(dataset.val_fraction),
                "--text-field", dataset.text_field, "--max-bad-fraction", str(dataset.max_bad_fraction), "--json"]
     return [*command, "--tokenizer", dataset.tokenizer] if dataset.tokenizer else command
+
+
+def cluster_request(preparation: DatasetPreparation) -> CommandRequest:
+    """The preparation as a batch job of its own on its Slurm cluster."""
+    cluster, dataset = preparation.cluster, preparation.dataset
+    cpus = settings.WORKBENCH["PREPARE_CPUS"]
+    folder = runs_root(cluster) / "preparations" / str(preparation.pk)
+    folder.mkdir(parents=True, exist_ok=True)
+    read = [str(Path(p).parent) for p in (dataset.path, dataset.tokenizer) if p]
+    return CommandRequest(job_name=f"wb-prep{preparation.pk}", run_dir=folder,
+                          command=(*preparation_command(preparation), "--workers", str(cpus)),
+                          settings=scheduler_settings(cluster), cpus=cpus, mounts=tuple(read))
 
 
 def _report(stdout_line: str) -> dict:
@@ -53,8 +78,18 @@ def preparation_run(preparation_id: int) -> str:
         return preparations.preparation_progress(preparation, f"{said or 'reading the source'} "
                                                               f"({elapsed:.0f} s so far)")
 
-    ended = run_job_process("preparation", preparation_command(preparation), TIMEOUT_S, PROGRESS_EVERY_S, progress,
-                            lambda why: preparations.preparation_settle(preparation, Status.FAILED, why, {}))
+    def fail(why: str) -> bool:
+        return preparations.preparation_settle(preparation, Status.FAILED, why, {})
+
+    cluster = preparation.cluster
+    if cluster is not None and cluster.kind != Cluster.Kind.LOCAL:
+        request = cluster_request(preparation)
+        ended = run_cluster_job("preparation", launcher_for(request.settings), request, TIMEOUT_S,
+                                CLUSTER_PROGRESS_EVERY_S, progress, fail,
+                                lambda job_id: preparations.preparation_submitted(preparation, job_id))
+    else:
+        ended = run_job_process("preparation", preparation_command(preparation), TIMEOUT_S, PROGRESS_EVERY_S,
+                                progress, fail)
     if isinstance(ended, str):
         return ended
     report = _report(ended.report_line)

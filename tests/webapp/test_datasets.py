@@ -7,6 +7,7 @@ from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from trainer.contract import presets
 from trainer.contract.datapath import DataPathError, data_files
 from trainer.data.errors import DataError
 from trainer.data.prepare import _source_files
@@ -191,3 +192,18 @@ def test_it_has_the_trainer_refuse_fifos_and_links_out_of_the_folder_before_it_r
         _source_files(data_root / "missing", tmp_path / "prepared")
     with pytest.raises(DataPathError, match="relative path"):
         data_files("folder", [data_root])
+
+
+def test_a_preparation_asked_for_on_a_slurm_cluster_names_it_and_an_unknown_cluster_is_refused(alice, api,
+                                                                                                 data_root):
+    dataset = _upload(api(alice)).data
+    slurm = models.Cluster.objects.create(name="hpc", kind="slurm", partition="batch",
+                                          spec=presets.cluster("cpu", nodes=1, gpus_per_node=1).to_dict())
+    answer = api(alice).post(f"/api/datasets/{dataset['id']}/prepare/", {"vocab": 300, "cluster": slurm.pk},
+                             format="json")
+    assert answer.status_code == 202, answer.data
+    assert (answer.data["cluster"], answer.data["job_id"], answer.data["status"]) == (slurm.pk, "", "pending")
+    assert models.DatasetPreparation.objects.get().cluster == slurm
+    missing = api(alice).post(f"/api/datasets/{dataset['id']}/prepare/", {"vocab": 300, "cluster": slurm.pk + 1},
+                              format="json")
+    assert missing.status_code == 400 and "cluster" in missing.data

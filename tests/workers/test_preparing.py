@@ -1,7 +1,10 @@
 """Preparing a dataset ahead of its runs (workers.preparing): the real ``python -m trainer.data prepare`` process
-on JSONL with bad rows, run by the task in this process and, once, by the session's worker through the API."""
+on JSONL with bad rows, run by the task in this process and, once, by the session's worker through the API; and as
+a batch job of its own on the test Slurm cluster (tests/slurm_cluster.py), followed by the task."""
 import json
+import threading
 import time
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -10,8 +13,9 @@ from rest_framework.test import APIClient
 from tests.xdist_groups import run_temp_root
 from trainer.contract import presets
 from webapp import models
-from webapp.services.preparations import dataset_prepare
+from webapp.services.preparations import dataset_prepare, preparation_claim
 from workers import preparing
+from workers.launchers import launcher_for
 
 Status = models.DatasetPreparation.Status
 pytestmark = pytest.mark.slow
@@ -91,3 +95,62 @@ def test_the_api_starts_a_preparation_that_the_worker_runs(owner, data_root, bro
     assert preparation.status == Status.DONE, preparation.message
     listed = api.get(f"/api/datasets/{dataset.pk}/preparations/").json()["results"]
     assert [p["status"] for p in listed] == ["done"] and listed[0]["bad_rows"]["bad"] == 0
+
+
+@pytest.fixture
+def slurm_row(slurm_env, settings):
+    """A Slurm cluster row for the test cluster; preparations there ask for 2 CPUs."""
+    settings.WORKBENCH = {**settings.WORKBENCH, "PREPARE_CPUS": 2}
+    return models.Cluster.objects.create(name="slurm-prep", kind="slurm", partition=slurm_env.partition,
+                                         spec=presets.cluster("cpu", nodes=1, gpus_per_node=1).to_dict())
+
+
+def _run_watching(preparation_id: int) -> tuple[str, list[str]]:
+    """The task's answer, run in a thread, and each message the row said meanwhile."""
+    answer, said = [], []
+    task = threading.Thread(target=lambda: answer.append(preparing.preparation_run(preparation_id)))
+    task.start()
+    while task.is_alive():
+        message = models.DatasetPreparation.objects.get(pk=preparation_id).message
+        if not said or said[-1] != message:
+            said.append(message)
+        time.sleep(0.2)
+    task.join()
+    return answer[0], said
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_slurm_a_redelivered_task_follows_the_job_a_dead_delivery_submitted(owner, data_root, slurm_row,
+                                                                                slurm_env):
+    path = _jsonl(data_root / "slurm.jsonl", 400, bad_at={7})
+    dataset = models.Dataset.objects.create(owner=owner, name="on-slurm", path=str(path), text_field="body")
+    preparation = dataset_prepare(owner, dataset, vocab=300, cluster=slurm_row)
+    # The first delivery claimed the row, submitted the job and died before it recorded anything more.
+    request = preparing.cluster_request(preparation_claim(preparation.pk))
+    submitted = launcher_for(request.settings).submit(request).job_id
+
+    answer, said = _run_watching(preparation.pk)  # the redelivered task
+
+    assert answer.startswith("prepared"), answer
+    preparation.refresh_from_db()
+    assert preparation.status == Status.DONE and preparation.job_id == submitted
+    assert preparation.bad_rows["bad"] == 1 and preparation.report["train_tokens"] > 0
+    named = slurm_env.run(["squeue", "--noheader", "--states=all", f"--name=wb-prep{preparation.pk}",
+                           "--format=%i"]).stdout.split()
+    assert named == [submitted]  # found by its name, not submitted again
+    job = slurm_env.job(int(submitted))
+    assert (job["JobState"], job["NumCPUs"]) == ("COMPLETED", "2")
+    assert "--workers 2" in Path(job["Command"]).read_text()
+    # its progress, as the dataset's page shows it: the job and its state (and the last line it said, if any)
+    assert any(m.startswith((f"Slurm job {submitted} pending", f"Slurm job {submitted} running")) for m in said), said
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_slurm_a_refused_source_fails_with_its_report(owner, data_root, slurm_row):
+    path = _jsonl(data_root / "bad.jsonl", 100, bad_at={2, 3, 50})
+    dataset = models.Dataset.objects.create(owner=owner, name="bad-on-slurm", path=str(path), text_field="body")
+    preparation = dataset_prepare(owner, dataset, vocab=300, cluster=slurm_row)
+    preparing.preparation_run(preparation.pk)
+    preparation.refresh_from_db()
+    assert preparation.status == Status.FAILED and "max_bad_fraction" in preparation.message, preparation.message
+    assert preparation.bad_rows["bad"] == 3 and preparation.job_id

@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       "with GPT-2's vocab.json and merges.txt")
     prep.add_argument("--max-bad-fraction", type=float, default=0.01,
                       help="share of unreadable rows skipped before the source is refused")
-    prep.add_argument("--workers", type=int, default=0, help="processes that encode (default: one a CPU core)")
+    prep.add_argument("--workers", type=int, default=0, help="processes that encode (default: one a CPU this process may use)")
     prep.add_argument("--json", action="store_true", help="print the preparation's meta.json (or the refusal) as JSON")
     args = parser.parse_args(argv)
 

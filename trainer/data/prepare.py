@@ -350,7 +350,7 @@ def _build(spec, path: Path, files: list[Path], out: Path, source_sha: str, stat
                                 [(s.label, s.part.start, s.part.end) for s in shards])
                 folder = work_folder(out, key)
                 encoded = encode_all(shards, out / TOKENIZER, dtype, spec.text_field, folder, f, tok.eos_id,
-                                     workers or os.cpu_count() or 1, progress)
+                                     workers or len(os.sched_getaffinity(0)), progress)
                 lengths, n_bytes, has_text, report = (encoded.lengths, encoded.n_bytes, encoded.has_text,
                                                       encoded.report)
         report.check(str(path), spec.max_bad_fraction)

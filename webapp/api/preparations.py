@@ -8,7 +8,7 @@ from rest_framework.response import Response
 from .. import models
 from ..selectors.jobs import dataset_preparations
 from ..services.preparations import MAX_VOCAB, dataset_prepare
-from .fields import StrictIntegerField, StrictSerializer
+from .fields import StrictIntegerField, StrictPrimaryKeyRelatedField, StrictSerializer
 
 
 class PrepareSerializer(StrictSerializer):
@@ -16,6 +16,10 @@ class PrepareSerializer(StrictSerializer):
                                help_text="The vocab_size of the model that will train on it: a new tokenizer gets as "
                                          "many tokens (the dataset's tokenizer_vocab, when set, instead), and the "
                                          "runs of such a model reuse what this prepares")
+    cluster = StrictPrimaryKeyRelatedField(
+        queryset=models.Cluster.objects.all(), required=False, allow_null=True,
+        help_text="A Slurm cluster: the preparation runs there as a batch job of its own (WORKBENCH_PREPARE_CPUS "
+                  "CPUs on one node); none or a local cluster: a worker runs it as a process")
 
 
 class DatasetPreparationSerializer(serializers.ModelSerializer):
@@ -25,8 +29,8 @@ class DatasetPreparationSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = models.DatasetPreparation
-        fields = ["id", "dataset", "status", "message", "owner", "vocab", "bad_rows", "report", "created_at",
-                  "finished_at"]
+        fields = ["id", "dataset", "status", "message", "owner", "vocab", "cluster", "job_id", "bad_rows", "report",
+                  "created_at", "finished_at"]
         read_only_fields = fields
 
 
@@ -40,7 +44,8 @@ class DatasetPreparationActions:
         trainer.data prepare`): its bad rows and size are known before any run; 202 with the preparation."""
         body = PrepareSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        preparation = dataset_prepare(request.user, self.get_object(), body.validated_data["vocab"])
+        preparation = dataset_prepare(request.user, self.get_object(), body.validated_data["vocab"],
+                                      body.validated_data.get("cluster"))
         return Response(DatasetPreparationSerializer(preparation).data, status=status.HTTP_202_ACCEPTED)
 
     @extend_schema(responses=DatasetPreparationSerializer(many=True))

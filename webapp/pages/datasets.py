@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.views.decorators.http import require_GET, require_POST
 
-from ..models import Dataset, DatasetPreparation
+from ..models import Cluster, Dataset, DatasetPreparation
 from ..selectors.jobs import dataset_preparations
 from ..selectors.owned import visible_with_owners
 from ..services.preparations import MAX_VOCAB, dataset_prepare
@@ -38,6 +38,10 @@ class PrepareForm(forms.Form):
     vocab = forms.IntegerField(min_value=1, max_value=MAX_VOCAB, initial=DEFAULT_VOCAB, label="Model vocabulary",
                                help_text="the vocab_size of the model that will train on it: its runs reuse what "
                                          "this prepares")
+    cluster = forms.ModelChoiceField(queryset=Cluster.objects.exclude(kind=Cluster.Kind.LOCAL).order_by("name"),
+                                     required=False, label="Run on", empty_label="a worker of this web app",
+                                     help_text="a Slurm cluster runs it as a batch job of its own",
+                                     widget=forms.Select(attrs={"aria-describedby": "cluster-hint"}))
 
 
 def _visible(user):
@@ -74,8 +78,9 @@ def _dataset_context(request, dataset: Dataset) -> dict:
 def dataset_page(request, pk: int):
     dataset = get_object_or_404(_visible(request.user), pk=pk)
     initial = {"vocab": dataset.tokenizer_vocab or DEFAULT_VOCAB}
-    return render(request, "pages/dataset.html", {**_dataset_context(request, dataset),
-                                                  "prepare_form": PrepareForm(initial=initial)})
+    form = PrepareForm(initial=initial)
+    return render(request, "pages/dataset.html", {**_dataset_context(request, dataset), "prepare_form": form,
+                                                  "slurm_clusters": form.fields["cluster"].queryset.exists()})
 
 
 @login_required
@@ -97,7 +102,8 @@ def prepare(request, pk: int):
         messages.error(request, " ".join(m for ms in form.errors.values() for m in ms))
     else:
         try:
-            preparation = dataset_prepare(request.user, dataset, form.cleaned_data["vocab"])
+            preparation = dataset_prepare(request.user, dataset, form.cleaned_data["vocab"],
+                                          form.cleaned_data["cluster"])
         except ValidationError as exc:
             messages.error(request, " ".join(exc.messages))
         else:

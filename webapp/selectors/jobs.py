@@ -6,8 +6,8 @@ from .checkpoints import checkpoints_visible_to
 
 
 def dataset_preparations(dataset: Dataset) -> QuerySet:
-    """The dataset's preparations, newest first, each with who asked."""
-    return dataset.preparations.select_related("owner")
+    """The dataset's preparations, newest first, each with who asked and where it runs."""
+    return dataset.preparations.select_related("owner", "cluster")
 
 
 def evaluations_visible_to(user) -> QuerySet:

@@ -24,9 +24,10 @@ def _claimed(row):
     return type(row).objects.filter(pk=row.pk, claimed_at=row.claimed_at)
 
 
-def job_progress(row, message: str) -> bool:
-    """Say where a running job stands; False when another delivery has claimed it since."""
-    return bool(_claimed(row).filter(status=RUNNING).update(message=message[:2000]))
+def job_progress(row, message: str, **fields) -> bool:
+    """Say where a running job stands (and what else it now knows); False when another delivery has claimed it
+    since."""
+    return bool(_claimed(row).filter(status=RUNNING).update(message=message[:2000], **fields))
 
 
 def job_settle(row, status: str, message: str, **fields) -> bool:

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from ..finite import finite
-from ..models import Dataset, DatasetPreparation
+from ..models import Cluster, Dataset, DatasetPreparation
 from .job_rows import UNDER_WAY, job_claim, job_progress, job_settle
 from .tasks import TaskName, enqueue
 
@@ -13,9 +13,10 @@ MAX_VOCAB = 1 << 21  # the contract's bound on a model's vocabulary
 
 
 @transaction.atomic
-def dataset_prepare(owner, dataset: Dataset, vocab: int) -> DatasetPreparation:
+def dataset_prepare(owner, dataset: Dataset, vocab: int, cluster: Cluster | None = None) -> DatasetPreparation:
     """Queue the preparation of ``dataset`` (visible to ``owner``: the caller checks) for a model of ``vocab``
-    tokens; ValidationError when its path may no longer be read, or while one is under way."""
+    tokens, as a job of its own on ``cluster`` when that is a Slurm cluster (a worker's process otherwise);
+    ValidationError when its path may no longer be read, or while one is under way."""
     if not 1 <= vocab <= MAX_VOCAB:
         raise ValidationError({"vocab": [f"vocab={vocab} must be between 1 and {MAX_VOCAB:,}: give the vocab_size of "
                                          f"the model that will train on it"]})
@@ -27,14 +28,19 @@ def dataset_prepare(owner, dataset: Dataset, vocab: int) -> DatasetPreparation:
     if under_way is not None:
         raise ValidationError({"dataset": [f"dataset {dataset.name!r} is being prepared already (preparation "
                                            f"{under_way.pk}, {under_way.status}): wait for it to end"]})
-    preparation = DatasetPreparation.objects.create(dataset=dataset, owner=owner, vocab=vocab,
+    preparation = DatasetPreparation.objects.create(dataset=dataset, owner=owner, vocab=vocab, cluster=cluster,
                                                     message="queued for preparation")
     enqueue(TaskName.DATASET_PREPARE, preparation.pk)
     return preparation
 
 
 def preparation_claim(preparation_id: int) -> DatasetPreparation | None:
-    return job_claim(DatasetPreparation, preparation_id, "reading the source", related=("dataset",))
+    return job_claim(DatasetPreparation, preparation_id, "reading the source", related=("dataset", "cluster"))
+
+
+def preparation_submitted(preparation: DatasetPreparation, job_id: str) -> bool:
+    """Its Slurm job, submitted or found again by a later delivery."""
+    return job_progress(preparation, f"Slurm job {job_id}", job_id=job_id)
 
 
 def preparation_progress(preparation: DatasetPreparation, message: str) -> bool:

@@ -1,5 +1,5 @@
 """How a run's jobs are submitted, watched and stopped: one launcher per cluster kind, one interface (base.py)."""
-from .base import Job, JobRequest, JobState, JobStates, LaunchError, Launcher, SchedulerSettings, StartedJob, job_name
+from .base import CommandRequest, Job, JobRequest, JobState, JobStates, LaunchError, Launcher, SchedulerSettings, StartedJob, job_name
 from .local import LocalLauncher, local_slots
 from .slurm_cli import SlurmCLILauncher
 from .slurm_rest import SlurmRestLauncher
@@ -15,6 +15,6 @@ def launcher_for(settings: SchedulerSettings) -> Launcher:
     raise LaunchError(f"no launcher for clusters of kind {settings.kind!r}: use local, slurm or slurm-rest")
 
 
-__all__ = ["Job", "JobRequest", "JobState", "JobStates", "LaunchError", "Launcher", "LocalLauncher",
+__all__ = ["CommandRequest", "Job", "JobRequest", "JobState", "JobStates", "LaunchError", "Launcher", "LocalLauncher",
            "SchedulerSettings", "SlurmCLILauncher", "SlurmRestLauncher", "StartedJob", "job_name", "launcher_for",
            "local_slots"]

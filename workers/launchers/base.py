@@ -48,6 +48,21 @@ class JobRequest:
         return job_name(self.run_id, self.attempt)
 
 
+@dataclass(frozen=True)
+class CommandRequest:
+    """One command run once as a batch job of its own, on one node (a dataset's preparation): no ranks, no attempts.
+
+    The launchers read ``job_name``, ``run_dir`` and ``settings`` of it as of a run's ``JobRequest``: the same
+    look-up by name after a crash, the same script and output files in the folder."""
+
+    job_name: str
+    run_dir: Path             # the job's folder: its script, Slurm's output (the command's stderr), REPORT
+    command: tuple[str, ...]
+    settings: SchedulerSettings
+    cpus: int = 1
+    mounts: tuple[str, ...] = ()  # folders a container must see besides the code and run_dir (the command's data)
+
+
 def job_name(run_id: int, attempt: int) -> str:
     return f"wb-run{run_id}-a{attempt}"
 

@@ -16,6 +16,9 @@
                                           first node
     exit.json                             the step's exit code, written by the script as it ends
 
+A command run once as a job of its own (a dataset's preparation, ``command_script``) gets the same directives,
+environment and job and exit records around one line: the command, its standard output to ``report.out``.
+
 A directive's value cannot be quoted (sbatch reads ``#SBATCH`` lines itself, not through a shell), so it is checked
 instead: the same rule as when the cluster was saved, once more here, so that a value written to the database by
 any other way still cannot put a line break, and with it a directive or a command of its own, into the script.
@@ -31,7 +34,7 @@ from trainer.contract.runfolder import EVENTS, LOGS, SPEC
 from webapp.models.clusterfields import (RUNS_ROOT_CHARACTERS, env_setup_problems, slurm_name_problem,
                                          time_limit_problem)
 
-from .base import JobRequest
+from .base import CommandRequest, JobRequest
 from ..supervise import EXIT_FILE, JOB_FILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,6 +44,7 @@ PER_NODE = ('[ "$SLURMD_NODENAME" = "$FIRST_NODE" ] && host=1 || host=0; '
             f'addr=$({NODE_ADDRESS.format(node="$SLURMD_NODENAME")}); '
             'export PET_RDZV_CONF="is_host=$host" PET_LOCAL_ADDR="${addr:-$SLURMD_NODENAME}"; exec "$@"')
 MAX_SIGNAL_TIME_S = 65535  # the largest time sbatch --signal takes
+REPORT = "report.out"  # a command job's standard output, in its folder
 
 
 class UnsafeScriptValue(ValueError):
@@ -133,10 +137,7 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
              # the workbench starts another attempt itself, from the newest checkpoint, as a new job
              "#SBATCH --no-requeue",
              *directives(settings)]
-    path_problem = next((f"the run folder {str(run_dir)!r} holds {why}" for character, why in
-                         RUNS_ROOT_CHARACTERS.items() if character in str(run_dir)), None)
-    if path_problem:  # checked when the runs root was saved; a folder that came another way is checked here
-        raise UnsafeScriptValue(path_problem)
+    _check_folder(run_dir)
     timer = []
     if settings.time_limit and time_limit_s(settings.time_limit):  # 0 is Slurm's "no limit"
         limit, before = time_limit_s(settings.time_limit), signal_before_limit_s(settings.time_limit,
@@ -158,13 +159,7 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
     step = f'{command_line(srun)} bash -c "$per_node" node {command_line(torchrun)}'
     run = shlex.quote(str(run_dir))
     lines += [
-        "# The jobs' tasks get the environment this script has, not the submitter's (sbatch was given a short list).",
-        "export SLURM_EXPORT_ENV=ALL",
-        "unset SLURM_JWT  # a slurmrestd token never reaches the job's tasks (srun fails with one)",
-        f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONUNBUFFERED=1",
-        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
-        "# The cluster's environment setup",
-        *setup_lines(settings),
+        *_environment(settings),
         "# torchrun on every node meets the others at the first node of the allocation. That node hosts the",
         "# rendezvous and every node publishes its own address: a node's host name may resolve to the loopback.",
         'export FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -173,9 +168,7 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         'export PET_RDZV_ID="$SLURM_JOB_ID"',
         f"per_node={shlex.quote(PER_NODE)}",
         f"run_dir={run}",
-        "# the job's name and id in the run folder: a launch repeated after Slurm forgot the job still finds it",
-        f'printf \'{{"name":"{request.job_name}","job_id":"%s"}}\\n\' "$SLURM_JOB_ID" > "$run_dir/.{JOB_FILE}.tmp" '
-        f'&& mv "$run_dir/.{JOB_FILE}.tmp" "$run_dir/{JOB_FILE}"',
+        *_job_record(request.job_name),
         "time_limit_near() {",
         '  [ -n "$stopping" ] && return; stopping=1  # Slurm\'s signal and the script\'s own timer: the first counts',
         f"  printf '{{\"event\":\"{Event.TIME_LIMIT_NEAR}\",\"time\":%s,\"rank\":-1}}\\n' \"$(date +%s)\" "
@@ -191,8 +184,65 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         "# wait returns early when the trap runs: wait again until the step has really ended",
         'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
         *(['kill "$timer" 2>/dev/null'] if timer else []),
-        f'printf \'{{"job_id":"%s","exit_code":%d,"ended":%s}}\\n\' "$SLURM_JOB_ID" "$code" "$(date +%s)" '
-        f'> "$run_dir/.{EXIT_FILE}.tmp" && mv "$run_dir/.{EXIT_FILE}.tmp" "$run_dir/{EXIT_FILE}"',
-        'exit "$code"',
+        *_exit_record(),
     ]
+    return "\n".join(lines) + "\n"
+
+
+def _check_folder(run_dir: Path) -> None:
+    problem = next((f"the job folder {str(run_dir)!r} holds {why}" for character, why in
+                    RUNS_ROOT_CHARACTERS.items() if character in str(run_dir)), None)
+    if problem:  # checked when the runs root was saved; a folder that came another way is checked here
+        raise UnsafeScriptValue(problem)
+
+
+def _environment(settings) -> list[str]:
+    return [
+        "# The jobs' tasks get the environment this script has, not the submitter's (sbatch was given a short list).",
+        "export SLURM_EXPORT_ENV=ALL",
+        "unset SLURM_JWT  # a slurmrestd token never reaches the job's tasks (srun fails with one)",
+        f"export PYTHONPATH={shlex.quote(str(REPO))}${{PYTHONPATH:+:$PYTHONPATH}} PYTHONUNBUFFERED=1",
+        "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}",
+        "# The cluster's environment setup",
+        *setup_lines(settings)]
+
+
+def _job_record(name: str) -> list[str]:
+    return ["# the job's name and id in its folder: a submission repeated after Slurm forgot the job still finds it",
+            f'printf \'{{"name":"{name}","job_id":"%s"}}\\n\' "$SLURM_JOB_ID" > "$run_dir/.{JOB_FILE}.tmp" '
+            f'&& mv "$run_dir/.{JOB_FILE}.tmp" "$run_dir/{JOB_FILE}"']
+
+
+def _exit_record() -> list[str]:
+    return [f'printf \'{{"job_id":"%s","exit_code":%d,"ended":%s}}\\n\' "$SLURM_JOB_ID" "$code" "$(date +%s)" '
+            f'> "$run_dir/.{EXIT_FILE}.tmp" && mv "$run_dir/.{EXIT_FILE}.tmp" "$run_dir/{EXIT_FILE}"',
+            'exit "$code"']
+
+
+def command_script(request: CommandRequest, python: str = sys.executable) -> str:
+    """The batch script of a command run once on one node (a dataset's preparation): its standard output to
+    REPORT in the job's folder, its standard error to Slurm's output file (the progress a worker reads), its exit
+    code recorded as a run's is. The cluster's time limit applies; nothing is signalled before it."""
+    settings, run_dir = request.settings, request.run_dir
+    _check_folder(run_dir)
+    words = list(request.command)
+    if settings.container_image:
+        mounts = ",".join(f"{p}:{p}" for p in dict.fromkeys((str(REPO), str(run_dir), *request.mounts)))
+        words = ["srun", "--ntasks=1", f"--container-image={settings.container_image}",
+                 f"--container-mounts={mounts}", f"--container-workdir={run_dir}",
+                 *(["python", *words[1:]] if words[0] == python else words)]
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name={request.job_name}",
+             f"#SBATCH --comment=workbench-{request.job_name}",
+             "#SBATCH --nodes=1",
+             "#SBATCH --ntasks-per-node=1",
+             f"#SBATCH --cpus-per-task={request.cpus}",
+             "#SBATCH --no-requeue",
+             *directives(settings),
+             *_environment(settings),
+             f"run_dir={shlex.quote(str(run_dir))}",
+             *_job_record(request.job_name),
+             f'{command_line(words)} > "$run_dir/{REPORT}"',
+             "code=$?",
+             *_exit_record()]
     return "\n".join(lines) + "\n"

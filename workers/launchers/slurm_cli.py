@@ -11,9 +11,9 @@ import subprocess
 from pathlib import Path
 from typing import Sequence
 
-from .base import Job, JobRequest, JobState, LaunchError, StartedJob
+from .base import Job, JobState, LaunchError, StartedJob
 from .sbatch import output_pattern
-from .slurm_jobs import (forgotten_job_state, output_log, recorded_exit_code, started_job_id,
+from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
                          write_batch_script)
 from .slurm_states import exit_status, job_state
 
@@ -49,7 +49,7 @@ class SlurmCLILauncher:
             raise SlurmCommandError(f"{' '.join(argv[:2])} failed: {done.stderr.strip() or done.stdout.strip()}")
         return done
 
-    def submit(self, request: JobRequest) -> StartedJob:
+    def submit(self, request: SlurmRequest) -> StartedJob:
         path, script = write_batch_script(request)
         command = ["sbatch", "--parsable", f"--export={EXPORTED}", f"--output={output_pattern(request.run_dir)}",
                    f"--chdir={request.run_dir}", str(path)]
@@ -58,7 +58,7 @@ class SlurmCLILauncher:
             raise SlurmCommandError(f"sbatch answered {job_id!r}, not a job id")
         return StartedJob(job_id=job_id, command=command, script=script)
 
-    def find(self, request: JobRequest) -> str | None:
+    def find(self, request: SlurmRequest) -> str | None:
         done = self._slurm("squeue", "--noheader", "--states=all", f"--name={request.job_name}", "--format=%i")
         ids = done.stdout.split()
         return ids[0] if ids else started_job_id(request)

@@ -5,18 +5,19 @@ from pathlib import Path
 
 from trainer.contract.runfolder import LOGS, read_json
 
-from .base import Job, JobRequest, JobState, JobStates, LaunchError
-from .sbatch import UnsafeScriptValue, batch_script, output_pattern
+from .base import CommandRequest, Job, JobRequest, JobState, JobStates, LaunchError
+from .sbatch import UnsafeScriptValue, batch_script, command_script, output_pattern
 from ..supervise import EXIT_FILE, JOB_FILE
 
 SCRIPT = "job.sbatch"
+SlurmRequest = JobRequest | CommandRequest  # what the Slurm launchers submit and find: a run's attempt or a command
 
 
-def write_batch_script(request: JobRequest) -> tuple[Path, str]:
-    """The attempt's batch script, rendered and written to the run folder: (its path, its text). The exit record of
-    an earlier attempt is removed, so that it is never taken for this attempt's."""
+def write_batch_script(request: SlurmRequest) -> tuple[Path, str]:
+    """The attempt's (or the command's) batch script, rendered and written to its folder: (its path, its text). The
+    exit record of an earlier attempt is removed, so that it is never taken for this attempt's."""
     try:
-        script = batch_script(request)
+        script = command_script(request) if isinstance(request, CommandRequest) else batch_script(request)
     except UnsafeScriptValue as exc:
         raise LaunchError(str(exc)) from None
     path = request.run_dir / SCRIPT
@@ -26,7 +27,7 @@ def write_batch_script(request: JobRequest) -> tuple[Path, str]:
     return path, script
 
 
-def started_job_id(request: JobRequest) -> str | None:
+def started_job_id(request: SlurmRequest) -> str | None:
     """The id of this attempt's job as its script recorded it when it started: a launch repeated after Slurm has
     forgotten the job (MinJobAge, 300 s by default) still finds it."""
     record = read_json(request.run_dir / JOB_FILE)

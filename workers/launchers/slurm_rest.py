@@ -18,9 +18,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Sequence
 
-from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
+from .base import Job, JobState, JobStates, LaunchError, StartedJob
 from .sbatch import output_pattern, time_limit_s
-from .slurm_jobs import (forgotten_job_state, output_log, recorded_exit_code, started_job_id,
+from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
                          write_batch_script)
 from .slurm_states import job_state
 
@@ -73,7 +73,7 @@ def sbatch_options(script: str) -> list[tuple[str, str]]:
     return options
 
 
-def job_properties(request: JobRequest, script: str) -> dict[str, Any]:
+def job_properties(request: SlurmRequest, script: str) -> dict[str, Any]:
     """The job/submit ``job`` object: the values of the script's ``#SBATCH`` lines, the output file, the working
     folder and a short environment."""
     job: dict[str, Any] = {}
@@ -115,7 +115,7 @@ class SlurmRestLauncher:
 
     # -- the interface
 
-    def submit(self, request: JobRequest) -> StartedJob:
+    def submit(self, request: SlurmRequest) -> StartedJob:
         path, script = write_batch_script(request)
         body = self._request("POST", "job/submit", {"script": script, "job": job_properties(request, script)})
         job_id = body.get("job_id")
@@ -123,7 +123,7 @@ class SlurmRestLauncher:
             raise LaunchError(f"slurmrestd answered the submission without a job id: {body}")
         return StartedJob(job_id=str(job_id), command=["POST", self._url("job/submit"), str(path)], script=script)
 
-    def find(self, request: JobRequest) -> str | None:
+    def find(self, request: SlurmRequest) -> str | None:
         for entry in self._jobs():
             if entry.get("name") == request.job_name:
                 return str(entry["job_id"])

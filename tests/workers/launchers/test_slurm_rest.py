@@ -7,6 +7,7 @@ script are the real ones, only the trainer is never reached."""
 import itertools
 import os
 import socket
+import sys
 import time
 from dataclasses import replace
 
@@ -16,7 +17,8 @@ from tests.trainer.launch import losses, tiny_spec
 from trainer.contract import DatasetSpec, presets
 from trainer.contract.presets import DEMO_TEXT
 from trainer.contract.runfolder import SPEC, write_json_atomic
-from workers.launchers import Job, JobRequest, JobState, JobStates, LaunchError, SchedulerSettings, launcher_for
+from workers.job_process import run_cluster_job
+from workers.launchers import CommandRequest, Job, JobRequest, JobState, JobStates, LaunchError, SchedulerSettings, launcher_for
 from workers.launchers.sbatch import batch_script
 from workers.launchers.slurm_rest import SlurmRestLauncher, exit_code_of, job_properties
 from workers.supervise import EXIT_FILE
@@ -240,3 +242,23 @@ def test_a_directive_the_launcher_cannot_pass_on_stops_the_submission(tmp_path):
 @pytest.mark.parametrize(("wait_status", "code"), [(0, 0), (3 << 8, 3), (15, 143), (9, 137), (None, None)])
 def test_a_wait_status_is_read_as_the_exit_code_or_128_plus_the_signal(wait_status, code):
     assert exit_code_of(wait_status) == code
+
+
+def test_a_command_job_is_followed_to_its_end_with_its_report_its_last_words_and_its_exit_code(rest, tmp_path):
+    """A command run once as a job of its own (a dataset's preparation is one) through slurmrestd: what it printed
+    is its report, its standard error the progress the worker reads, its exit code how it ended."""
+    said = "import sys, time; print('{\"rows\": 3}'); print('encoded 1 of 2 shards', file=sys.stderr, flush=True); " \
+           "time.sleep(3); print('refused: too many bad rows', file=sys.stderr); sys.exit(2)"
+    request = CommandRequest(job_name=f"wb-cmd{next(_RUN_IDS)}", run_dir=tmp_path / "job",
+                             command=(sys.executable, "-c", said), cpus=2,
+                             settings=SchedulerSettings(kind="slurm-rest", partition="debug", rest_url=rest.rest_url))
+    request.run_dir.mkdir()
+    messages, ids = [], []
+    ended = run_cluster_job("check", launcher_for(request.settings), request, 120, 0.5,
+                            lambda elapsed, message: messages.append(message) or True, messages.append, ids.append)
+    assert (ended.status, ended.report_line, ended.last_error) == (2, '{"rows": 3}', "refused: too many bad rows")
+    assert any(m == f"Slurm job {ids[0]} running: encoded 1 of 2 shards" for m in messages), messages
+    job = rest.job(int(ids[0]))
+    assert (job["JobName"], job["NumCPUs"], job["Partition"]) == (request.job_name, "2", "debug")
+    # a later delivery finds the job by its name and submits nothing
+    assert launcher_for(request.settings).find(request) == ids[0]
