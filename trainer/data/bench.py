@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default="", help="also write the rows to this file")
     args = parser.parse_args(argv)
     sizes = [float(s) for s in args.sizes_gb.split(",") if s.strip()]
+    if args.work_dir:
+        Path(args.work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.work_dir or None) as tmp:
         rows = run(sizes, args.workers, args.vocab, Path(tmp))
     print(render(rows))

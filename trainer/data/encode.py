@@ -11,6 +11,7 @@ are those of one process reading the files in order.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import multiprocessing
 import os
@@ -92,17 +93,21 @@ def encode_shard(shard: Shard, tokenizer: str, dtype: str, text_field: str, fold
     with open(ids_tmp, "wb") as f:
         def flush() -> None:
             nonlocal continues
+            batch, count = [], 0  # the batch's ids, written in one go: a write a document costs a tenth of the time
             for (starts, _), ids in zip(pending, tok.encode_batch([piece for _, piece in pending])):
                 if starts and lengths:  # the end-of-text id between two documents
                     if tok.eos_id is None:
                         raise DataError(NO_EOS)
-                    np.array([tok.eos_id], dtype=dtype).tofile(f)
+                    batch.append((tok.eos_id,))
                     lengths[-1] += 1
+                    count += 1
                 if starts or not lengths:
                     continues = continues or not lengths and not starts
                     lengths.append(0)
-                np.asarray(ids, dtype=dtype).tofile(f)
+                batch.append(ids)
                 lengths[-1] += len(ids)
+                count += len(ids)
+            f.write(np.fromiter(itertools.chain.from_iterable(batch), dtype=dtype, count=count).tobytes())
             pending.clear()
 
         for starts, piece in pieces(Path(shard.path), shard.label, text_field, report, shard.part):
