@@ -1,12 +1,15 @@
-"""Slurm through slurmrestd (REST API v0.0.38, Slurm 22.05), for workers that do not run on a login node.
+"""Slurm through slurmrestd (REST API v0.0.38 to v0.0.42: Slurm 22.05 to 25.11), for workers that do not run on a
+login node.
+
+    version  GET  /openapi/v3   once a server: the newest API version both sides speak (slurm_rest_versions)
 
     submit   POST job/submit    the batch script (stored in the run folder, as for sbatch) and the job's properties
     find     GET  jobs          the job named for the run and the attempt (a launch repeated after a crash)
     poll     GET  jobs          one request for every job; a job no longer listed has gone
     cancel   DELETE job/<id>    SIGTERM, SIGKILL after Slurm's KillWait
 
-v0.0.38 ignores a script's ``#SBATCH`` lines, so the job's properties go in the request: they are read from those
-very lines (``job_properties``), so that both launchers submit the same job. The token is the worker's: SLURM_JWT
+slurmrestd ignores a script's ``#SBATCH`` lines, so the job's properties go in the request: they are read from those
+very lines (``job_properties``), so that both launchers submit the same job; each version writes them its own way. The token is the worker's: SLURM_JWT
 (what ``scontrol token`` prints) for the user SLURM_JWT_USER, or else the user the worker runs as.
 """
 import getpass
@@ -22,18 +25,18 @@ from .base import Job, JobState, JobStates, LaunchError, StartedJob
 from .sbatch import output_pattern, time_limit_s
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
                          write_batch_script)
+from .slurm_rest_versions import OPENAPI_PATH, Dialect, chosen_version, dialect, offered_versions
 from .slurm_states import job_state
 
-API = "slurm/v0.0.38"
-# What a job's environment starts with (v0.0.38 wants one; the script sets the rest). The worker's own environment
+# What a job's environment starts with (slurmrestd wants one; the script sets the rest). The worker's own environment
 # (its database URL, its secret key, its token) never reaches a job.
 ENVIRONMENT = ("PATH", "HOME", "LANG", "SLURM_CONF")
-# The script's #SBATCH options as v0.0.38's job fields.
+# The script's #SBATCH options as slurmrestd's job fields (v0.0.38's names: slurm_rest_versions renames for later).
 FIELDS = {"job-name": "name", "comment": "comment", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
           "cpus-per-task": "cpus_per_task", "gres": "gres", "partition": "partition", "account": "account",
           "qos": "qos", "time": "time_limit"}
 COUNTS = {"nodes", "tasks_per_node", "cpus_per_task"}
-# Options of the script v0.0.38 cannot take. --signal: "B:USR1@…" (to the batch shell) is refused, and a signal to
+# Options of the script slurmrestd cannot take. --signal: "B:USR1@…" (to the batch shell) is refused, and a signal to
 # the steps would reach torchrun, not the script's handler; the script keeps its own timer to the time limit
 # instead. --no-requeue: "requeue": false is accepted and dropped (Requeue=1), so the job keeps the cluster's default.
 NOT_PASSED = frozenset({"signal", "no-requeue"})
@@ -43,6 +46,9 @@ ALREADY_OVER = {2017, 2021}  # ESLURM_INVALID_JOB_ID, ESLURM_ALREADY_DONE
 # it on, and the call it made fails with a 500 and one of these (only slurmctld's log says why): "Unspecified error"
 # for what reads (GET jobs), "Zero Bytes were transmitted or received" for a submission.
 UNVERIFIED_TOKEN = frozenset({-1, 5005})
+# The version each server was found to speak, by address: asked once a process (again after a 404, as after an
+# upgrade of the server).
+_VERSIONS: dict[str, str] = {}
 
 
 class SlurmRestError(LaunchError):
@@ -74,8 +80,8 @@ def sbatch_options(script: str) -> list[tuple[str, str]]:
 
 
 def job_properties(request: SlurmRequest, script: str) -> dict[str, Any]:
-    """The job/submit ``job`` object: the values of the script's ``#SBATCH`` lines, the output file, the working
-    folder and a short environment."""
+    """The job/submit ``job`` object in v0.0.38's names (``Dialect.submit_body`` writes it for each version): the
+    values of the script's ``#SBATCH`` lines, the output file and the working folder."""
     job: dict[str, Any] = {}
     for option, value in sbatch_options(script):
         if option in NOT_PASSED:
@@ -89,17 +95,13 @@ def job_properties(request: SlurmRequest, script: str) -> dict[str, Any]:
             job[field] = max(1, -(-time_limit_s(value) // 60))
         else:
             job[field] = int(value) if field in COUNTS else value
-    job.update(standard_output=output_pattern(request.run_dir), current_working_directory=str(request.run_dir),
-               environment={name: os.environ[name] for name in ENVIRONMENT if name in os.environ})
+    job.update(standard_output=output_pattern(request.run_dir), current_working_directory=str(request.run_dir))
     return job
 
 
-def exit_code_of(wait_status: Any) -> int | None:
-    """slurmrestd's ``exit_code`` (a wait status) as one number: the code, or 128 + the signal that killed the job."""
-    if not isinstance(wait_status, int) or isinstance(wait_status, bool):
-        return None
-    signal = wait_status & 0x7F
-    return 128 + signal if signal else wait_status >> 8
+def job_environment() -> dict[str, str]:
+    """What a job's environment starts with: a few of the worker's variables."""
+    return {name: os.environ[name] for name in ENVIRONMENT if name in os.environ}
 
 
 class SlurmRestLauncher:
@@ -117,7 +119,8 @@ class SlurmRestLauncher:
 
     def submit(self, request: SlurmRequest) -> StartedJob:
         path, script = write_batch_script(request)
-        body = self._request("POST", "job/submit", {"script": script, "job": job_properties(request, script)})
+        body = self._request("POST", "job/submit", self.dialect.submit_body(script, job_properties(request, script),
+                                                                            job_environment()))
         job_id = body.get("job_id")
         if not isinstance(job_id, int):
             raise LaunchError(f"slurmrestd answered the submission without a job id: {body}")
@@ -133,7 +136,7 @@ class SlurmRestLauncher:
         if not jobs:
             return {}
         listed = {str(entry.get("job_id")): entry for entry in self._jobs()}
-        return {job.job_id: _state(job, listed[job.job_id]) if job.job_id in listed else
+        return {job.job_id: _state(self.dialect, job, listed[job.job_id]) if job.job_id in listed else
                 forgotten_job_state(job, "Slurm no longer lists the job") for job in jobs}
 
     def cancel(self, job: Job) -> None:
@@ -146,10 +149,24 @@ class SlurmRestLauncher:
     def log_paths(self, job: Job) -> list[Path]:
         return [output_log(job)]
 
+    # -- the API's version
+
+    @property
+    def version(self) -> str:
+        """The API version this launcher speaks to the server (asked once a process)."""
+        if self.rest_url not in _VERSIONS:
+            description = self._send("GET", f"{self.rest_url}/{OPENAPI_PATH}", OPENAPI_PATH)
+            _VERSIONS[self.rest_url] = chosen_version(offered_versions(description), self.rest_url)
+        return _VERSIONS[self.rest_url]
+
+    @property
+    def dialect(self) -> Dialect:
+        return dialect(self.version)
+
     # -- HTTP
 
     def _url(self, path: str) -> str:
-        return f"{self.rest_url}/{API}/{path}"
+        return f"{self.rest_url}/slurm/{self.version}/{path}"
 
     def _jobs(self) -> list[dict[str, Any]]:
         jobs = self._request("GET", "jobs").get("jobs")
@@ -158,12 +175,17 @@ class SlurmRestLauncher:
         return jobs
 
     def _request(self, method: str, path: str, body: dict | None = None) -> dict[str, Any]:
+        _credentials()  # no token: nothing is sent
+        url = self._url(path)
+        self.calls.append([method, path])
+        return self._send(method, url, path, body)
+
+    def _send(self, method: str, url: str, path: str, body: dict | None = None) -> dict[str, Any]:
         headers = {**_credentials(), "Accept": "application/json"}
         data = None
         if body is not None:
             data, headers["Content-Type"] = json.dumps(body).encode(), "application/json"
-        request = urllib.request.Request(self._url(path), data=data, method=method, headers=headers)
-        self.calls.append([method, path])
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.request_timeout_s) as response:
                 text = response.read().decode(errors="replace")
@@ -195,9 +217,10 @@ class SlurmRestLauncher:
                                f"as it does for a token slurmctld cannot verify (expired, or not this cluster's): set "
                                f"SLURM_JWT to a fresh token from `scontrol token username={user} lifespan=<seconds>`")
         if status == 404:
-            return LaunchError(f"slurmrestd at {self.rest_url} has no {API}/{path} (404): give the cluster's rest_url "
-                               f"as slurmrestd's address alone (e.g. http://login1:6820), and run slurmrestd with "
-                               f"-s openapi/v0.0.38")
+            version = _VERSIONS.pop(self.rest_url, None)  # asked again next time: the server may have changed
+            where = f"slurm/{version}/{path}" if version and path != OPENAPI_PATH else path
+            return LaunchError(f"slurmrestd at {self.rest_url} has no {where} (404): give the cluster's rest_url as "
+                               f"slurmrestd's address alone (e.g. http://login1:6820)")
         return SlurmRestError(f"slurmrestd refused {method} {path} ({status}): {said}", answer)
 
 
@@ -239,12 +262,12 @@ def _errors(answer: dict[str, Any]) -> str:
     return "; ".join(said)
 
 
-def _state(job: Job, entry: dict[str, Any]) -> JobState:
+def _state(speaking: Dialect, job: Job, entry: dict[str, Any]) -> JobState:
     """A listed job's state; once it has ended, its exit code as Slurm recorded it (else as its script did)."""
-    state = str(entry.get("job_state") or "")
+    state = speaking.state(entry)
     code = None
     if state not in JobStates.ACTIVE:
-        code = exit_code_of(entry.get("exit_code"))
+        code = speaking.exit_code(entry)
         if code is None:
             code = recorded_exit_code(job)
     return job_state(state, str(entry.get("state_reason") or ""), code)

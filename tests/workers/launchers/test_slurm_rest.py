@@ -20,7 +20,8 @@ from trainer.contract.runfolder import SPEC, write_json_atomic
 from workers.job_process import run_cluster_job
 from workers.launchers import CommandRequest, Job, JobRequest, JobState, JobStates, LaunchError, SchedulerSettings, launcher_for
 from workers.launchers.sbatch import batch_script
-from workers.launchers.slurm_rest import SlurmRestLauncher, exit_code_of, job_properties
+from workers.launchers.slurm_rest import SlurmRestLauncher, job_environment, job_properties
+from workers.launchers.slurm_rest_versions import LEGACY
 from workers.supervise import EXIT_FILE
 
 # Job names hold the run's id, and the session's cluster also runs other tests' jobs: ids no test database reaches.
@@ -192,7 +193,7 @@ def test_a_slurmrestd_that_does_not_answer_is_named_with_its_address(rest, tmp_p
     with pytest.raises(LaunchError, match=rf"^slurmrestd at http://127.0.0.1:{port} does not answer: .*refused.*: "
                                           r"check the cluster's rest_url"):
         SlurmRestLauncher(f"http://127.0.0.1:{port}/").poll([Job(NEVER_GIVEN, tmp_path)])
-    with pytest.raises(LaunchError, match=r"has no slurm/v0.0.38/jobs \(404\): give the cluster's rest_url as "
+    with pytest.raises(LaunchError, match=r"has no openapi/v3 \(404\): give the cluster's rest_url as "
                                           r"slurmrestd's address alone"):
         SlurmRestLauncher(f"{rest.rest_url}/slurm").poll([Job(NEVER_GIVEN, tmp_path)])
 
@@ -202,7 +203,7 @@ def test_a_slurmrestd_that_does_not_answer_is_named_with_its_address(rest, tmp_p
         launcher = SlurmRestLauncher(f"http://127.0.0.1:{silent.getsockname()[1]}")
         launcher.request_timeout_s = 0.5
         started = time.monotonic()
-        with pytest.raises(LaunchError, match=r"did not answer GET jobs within 0.5 s"):
+        with pytest.raises(LaunchError, match=r"did not answer GET openapi/v3 within 0.5 s"):
             launcher.poll([Job(NEVER_GIVEN, tmp_path)])
         assert time.monotonic() - started < 5
 
@@ -222,13 +223,13 @@ def test_the_jobs_properties_are_the_values_of_the_scripts_directives(tmp_path, 
 
     job = job_properties(request, batch_script(request))
 
-    assert {key: value for key, value in job.items() if key != "environment"} == {
+    assert job == {
         "name": request.job_name, "comment": f"workbench-run-{request.run_id}-attempt-1", "nodes": 2,
         "tasks_per_node": 1, "cpus_per_task": 4, "gres": "gpu:4", "partition": "debug", "account": "research",
         "qos": "high", "time_limit": 91, "standard_output": str(request.run_dir / "logs" / "slurm-%j.out"),
         "current_working_directory": str(request.run_dir)}
-    assert set(job["environment"]) <= {"PATH", "HOME", "LANG", "SLURM_CONF"}
-    assert job["environment"]["SLURM_CONF"] == "/etc/slurm/slurm.conf"
+    assert set(job_environment()) <= {"PATH", "HOME", "LANG", "SLURM_CONF"}
+    assert job_environment()["SLURM_CONF"] == "/etc/slurm/slurm.conf"
 
 
 def test_a_directive_the_launcher_cannot_pass_on_stops_the_submission(tmp_path):
@@ -241,7 +242,7 @@ def test_a_directive_the_launcher_cannot_pass_on_stops_the_submission(tmp_path):
 
 @pytest.mark.parametrize(("wait_status", "code"), [(0, 0), (3 << 8, 3), (15, 143), (9, 137), (None, None)])
 def test_a_wait_status_is_read_as_the_exit_code_or_128_plus_the_signal(wait_status, code):
-    assert exit_code_of(wait_status) == code
+    assert LEGACY.exit_code({"exit_code": wait_status}) == code
 
 
 def test_a_command_job_is_followed_to_its_end_with_its_report_its_last_words_and_its_exit_code(rest, tmp_path):
@@ -262,3 +263,8 @@ def test_a_command_job_is_followed_to_its_end_with_its_report_its_last_words_and
     assert (job["JobName"], job["NumCPUs"], job["Partition"]) == (request.job_name, "2", "debug")
     # a later delivery finds the job by its name and submits nothing
     assert launcher_for(request.settings).find(request) == ids[0]
+
+
+def test_it_speaks_the_newest_version_the_servers_description_offers(rest):
+    # the test cluster's slurmrestd (22.05) loads v0.0.38 alone (tests/slurm_cluster.py)
+    assert SlurmRestLauncher(rest.rest_url).version == "v0.0.38"
