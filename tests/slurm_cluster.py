@@ -1,6 +1,7 @@
 """A real two-node Slurm cluster on this one machine, built and torn down by the tests.
 
-Slurm 22.05 from Debian: slurmctld on the host, two slurmd (nodes ``n1`` and ``n2``, 8 CPUs and 2 fake GPUs each),
+Slurm 22.05 from this machine's Debian 12, or 24.11 from Debian 13 (``release``): slurmctld on the host, two slurmd
+(nodes ``n1`` and ``n2``, 8 CPUs and 2 fake GPUs each),
 each in its own network namespace on a private bridge, and slurmrestd on 127.0.0.1 with JWT tokens. Everything the
 cluster writes (its configuration, state, spool, logs, pid files and JWT key) lies in one fresh temporary folder that
 ``stop()`` removes. munged is the machine's own: started if none runs, and left running (another cluster beside this
@@ -15,6 +16,13 @@ All nodes share the machine's host name, which /etc/hosts maps to a loopback add
 "its" address from the host name gets the loopback on every node. What that means for torchrun is written at
 ``TORCHRUN_ACROSS_NODES`` in tests/workers/launchers/test_slurm_cluster.py.
 
+Slurm 24.11 runs from a Debian 13 root that ``debootstrap`` builds from Debian's packages once per machine (about
+two minutes; ``ensure_slurm_root``, kept under ~/.cache/llm-workbench/). Its daemons and commands run in a mount
+namespace of their own where that root's /usr is mounted over /usr: slurmd starts 24.11's slurmstepd, and the jobs
+still see this machine's /root, /tmp and checkout (programs built for Debian 12 run on Debian 13's newer libraries).
+The cluster's ``bin/`` holds sbatch, squeue, scancel, scontrol, sacct, sinfo and srun doing the same: ``env`` puts
+it first on PATH, so code under test that calls the commands reaches 24.11.
+
 Needs root (namespaces, a bridge, daemons running as root). ``unavailable_reason()`` says why a machine cannot run
 it; anything else that stops the cluster from starting raises ``SlurmClusterError`` with the daemons' log tails.
 """
@@ -25,6 +33,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
@@ -42,7 +51,14 @@ PROGRAMS = ("/usr/bin/sbatch", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/
 JWT_PLUGIN_GLOB = "/usr/lib/*/slurm-wlm/auth_jwt.so"
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
 MUNGE_KEY = Path("/etc/munge/munge.key")
-REST_VERSION = "v0.0.38"
+REST_VERSIONS = {"22.05": "v0.0.38", "24.11": "v0.0.42"}  # the newest each release's slurmrestd serves
+# Releases that run from a Debian root of their own: the Debian suite, and the packages of the root.
+ROOT_SUITES = {"24.11": "trixie"}
+ROOT_PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "slurm-client", "munge", "slurm-wlm-jwt-plugin",
+                 "libffi8")  # the last: what this machine's Python needs besides the base system, for the jobs
+ROOTS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llm-workbench"
+COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "sacct", "sinfo", "srun")
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
 START_TIMEOUT_S = 60
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE",
             "BOOT_FAIL")
@@ -89,6 +105,40 @@ def ensure_slurm_installed() -> None:
             POLICY_RC.unlink(missing_ok=True)
     if missing_parts():
         raise SlurmClusterError(f"installed {' '.join(PACKAGES)} but still missing: {', '.join(missing_parts())}")
+
+
+def slurm_root(release: str) -> Path:
+    return ROOTS / f"slurm-{release}-root"
+
+
+def ensure_slurm_root(release: str) -> Path:
+    """The Debian root ``release`` runs from, built with debootstrap if missing (once per machine: a lock keeps a
+    second test process from building it at the same time, and a root is only ever seen whole)."""
+    from filelock import FileLock
+
+    root = slurm_root(release)
+    ROOTS.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{root}.lock"):
+        if (root / "usr" / "sbin" / "slurmctld").exists():
+            return root
+        if not shutil.which("debootstrap"):
+            _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"],
+                 env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        building = root.with_name(root.name + ".building")
+        shutil.rmtree(building, ignore_errors=True)
+        _run(["debootstrap", "--variant=minbase", f"--include={','.join(ROOT_PACKAGES)}", ROOT_SUITES[release],
+              str(building), DEBIAN_MIRROR], timeout=900)
+        building.rename(root)
+    return root
+
+
+def in_root(usr: Path | None, hosts: Path | None, args: list[str]) -> list[str]:
+    """``args`` run with ``usr`` mounted over /usr and ``hosts`` over /etc/hosts, in a mount namespace of their own
+    (as they are without ``usr``)."""
+    if usr is None:
+        return args
+    mounts = 'mount --bind "$0" /usr && mount --bind "$1" /etc/hosts && shift && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", mounts, str(usr), str(hosts), *args]
 
 
 def unavailable_reason() -> str | None:
@@ -188,14 +238,14 @@ def remove_stale_networks() -> None:
     """Delete the namespaces and bridges of clusters whose test process died without stopping them."""
     names = _run(["ip", "netns", "list"]).stdout.split()
     links = _run(["ip", "-o", "link", "show"]).stdout
-    for name in set(names) | set(re.findall(r"^\d+: (wb\d+br)[:@]", links, re.M)):
-        match = re.fullmatch(r"wb(\d+)(?:[ab]|br)", name)
+    for name in set(names) | set(re.findall(r"^\d+: (wb\d+br\d?)[:@]", links, re.M)):
+        match = re.fullmatch(r"wb(\d+)(?:[a-h]|br\d?)", name)
         if match and not _alive(int(match.group(1))):
             _delete_link_or_namespace(name)
 
 
 def _delete_link_or_namespace(name: str) -> None:
-    if name.endswith("br"):
+    if re.search(r"br\d?$", name):
         _run(["ip", "link", "del", name], check=False)
         return
     for pid in _run(["ip", "netns", "pids", name], check=False).stdout.split():
@@ -209,10 +259,11 @@ def _delete_link_or_namespace(name: str) -> None:
 class Network:
     """A bridge on the host (``<subnet>.1``) and one namespace per node (``<subnet>.11``, ``.12``, ...)."""
 
-    def __init__(self, nodes: list[str], interface: str):
+    def __init__(self, nodes: list[str], interface: str, index: int = 0):
+        """``index``: which of the clusters of this process (each has its own bridge and namespaces)."""
         tag = f"wb{os.getpid()}"
-        self.bridge = f"{tag}br"
-        self.namespaces = {node: f"{tag}{chr(ord('a') + i)}" for i, node in enumerate(nodes)}
+        self.bridge = f"{tag}br{index or ''}"
+        self.namespaces = {node: f"{tag}{chr(ord('a') + 2 * index + i)}" for i, node in enumerate(nodes)}
         self.interface = interface
         self.subnet = _pick_subnet()
         self.host_address = f"{self.subnet}.1"
@@ -269,7 +320,13 @@ class SlurmCluster:
     cpus_per_node = 8  # more than the machine has (config_overrides): 16 one-CPU jobs run at once
     memory_per_node_mb = 1000
 
-    def __init__(self, nodes: tuple[str, ...] = ("n1", "n2"), gpus_per_node: int = 2):
+    def __init__(self, nodes: tuple[str, ...] = ("n1", "n2"), gpus_per_node: int = 2, release: str = "22.05"):
+        if release not in REST_VERSIONS:
+            raise SlurmClusterError(f"no test cluster of Slurm {release}: {', '.join(REST_VERSIONS)}")
+        self.release = release
+        self.rest_version = REST_VERSIONS[release]
+        # /usr of the release's own root (None: this machine's Slurm)
+        self.usr = slurm_root(release) / "usr" if release in ROOT_SUITES else None
         self.nodes = list(nodes)
         # Fake GPUs: character devices that are /dev/null underneath, so that --gres=gpu:<k> is accepted and
         # sets CUDA_VISIBLE_DEVICES, as on a GPU cluster.
@@ -290,8 +347,11 @@ class SlurmCluster:
 
     @property
     def env(self) -> dict[str, str]:
-        """What a process that calls Slurm commands needs in its environment."""
-        return {"SLURM_CONF": str(self.conf)}
+        """What a process that calls Slurm commands needs in its environment (and PATH, for a release of its own
+        root: its commands first)."""
+        if self.usr is None:
+            return {"SLURM_CONF": str(self.conf)}
+        return {"SLURM_CONF": str(self.conf), "PATH": f"{self.root / 'bin'}:{os.environ.get('PATH', '')}"}
 
     @property
     def rest_url(self) -> str:
@@ -342,7 +402,7 @@ class SlurmCluster:
         headers = {"X-SLURM-USER-NAME": user, "Content-Type": "application/json"}
         if token != "":
             headers["X-SLURM-USER-TOKEN"] = self.token(user) if token is None else token
-        request = urllib.request.Request(f"{self.rest_url}/slurm/{REST_VERSION}/{path}", data=data, method=method,
+        request = urllib.request.Request(f"{self.rest_url}/slurm/{self.rest_version}/{path}", data=data, method=method,
                                          headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
@@ -394,12 +454,33 @@ class SlurmCluster:
         self.root.chmod(0o755)
         for folder in ("etc", "state", "spool", "log", "run"):
             (self.root / folder).mkdir()
-        self.network = Network(self.nodes, self.interface)
+        self.network = Network(self.nodes, self.interface, index=list(REST_VERSIONS).index(self.release))
         self.network.create()
+        self._make_commands()
         self._make_gpus()
         self._write_config()
         self._start_daemons()
         self._wait_until_ready()
+
+    @property
+    def hosts(self) -> Path:
+        return self.root / "etc" / "hosts"
+
+    def _make_commands(self) -> None:
+        """bin/<command> for each Slurm command, with the release's /usr (none for this machine's Slurm); and the
+        hosts file they and the daemons read. slurmctld 24.11 looks up the name of every address that connects to it,
+        and a name server that drops one query in a few dozen holds that request for the resolver's 5 s, past
+        Slurm's MessageTimeout: with the cluster's addresses in the hosts file no query is sent."""
+        if self.usr is None:
+            return
+        names = [f"{self.network.host_address} wb-host"] + [f"{a} {n}" for n, a in self.network.addresses.items()]
+        self.hosts.write_text(Path("/etc/hosts").read_text() + "\n".join(names) + "\n")
+        (self.root / "bin").mkdir()
+        for command in COMMANDS:
+            wrapper = self.root / "bin" / command
+            words = in_root(self.usr, self.hosts, [f"/usr/bin/{command}"])
+            wrapper.write_text(f"#!/bin/sh\nexec {shlex.join(words)} \"$@\"\n")
+            wrapper.chmod(0o755)
 
     def _make_gpus(self) -> None:
         (self.root / "dev").mkdir()
@@ -466,10 +547,13 @@ class SlurmCluster:
         if _run(["runuser", "-u", "nobody", "--", "test", "-r", str(self.conf)], check=False).returncode != 0:
             raise SlurmClusterError(f"{self.conf} is not readable by nobody, slurmrestd's user: is TMPDIR private?")
 
-    def _daemon(self, args: list[str], log: str, **env) -> subprocess.Popen:
-        """A daemon in the foreground, as a child of this process: stopping it is a terminate and a wait."""
+    def _daemon(self, args: list[str], log: str, node: str | None = None, **env) -> subprocess.Popen:
+        """A daemon in the foreground (in ``node``'s namespace), as a child of this process: stopping it is a
+        terminate and a wait."""
+        command = in_root(self.usr, self.hosts, args)
         with open(self.root / "log" / log, "ab") as out:
-            return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            return subprocess.Popen(self.network.command(node, command) if node else command, stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env={**os.environ, **self.env, **env}, start_new_session=True)
 
     def _start_daemons(self) -> None:
@@ -477,11 +561,12 @@ class SlurmCluster:
         self._controller = self._daemon(["/usr/sbin/slurmctld", "-D", "-i", "-f", conf], "slurmctld.out")
         for node in self.nodes:
             self._node_daemons.append(self._daemon(
-                self.network.command(node, ["/usr/sbin/slurmd", "-D", "-N", node, "-f", conf]), f"slurmd-{node}.out"))
+                ["/usr/sbin/slurmd", "-D", "-N", node, "-f", conf], f"slurmd-{node}.out", node=node))
         # slurmrestd refuses to run as root; SLURM_JWT=daemon makes it pass each request's token to slurmctld.
         self.rest_port = _free_port("127.0.0.1")
         self._rest = self._daemon(
-            ["/usr/sbin/slurmrestd", "-f", conf, "-u", "nobody", "-g", "nogroup", "-s", f"openapi/{REST_VERSION}",
+            ["/usr/sbin/slurmrestd", "-f", conf, "-u", "nobody", "-g", "nogroup", "-s",
+             "openapi/slurmctld" if self.usr else f"openapi/{self.rest_version}",
              "-a", "rest_auth/jwt", f"127.0.0.1:{self.rest_port}"], "slurmrestd.log", SLURM_JWT="daemon")
 
     def _wait_until_ready(self) -> None:
@@ -497,7 +582,8 @@ class SlurmCluster:
         while not self._rest_answers(token):
             self._check_daemons_alive()
             if time.monotonic() > deadline:
-                raise SlurmClusterError(f"slurmrestd does not answer GET {self.rest_url}/slurm/{REST_VERSION}/ping")
+                raise SlurmClusterError(f"slurmrestd does not answer GET "
+                                        f"{self.rest_url}/slurm/{self.rest_version}/ping")
             time.sleep(0.2)
 
     def _nodes_idle(self) -> bool:
@@ -505,7 +591,7 @@ class SlurmCluster:
         return dict(line.split() for line in out.splitlines()) == {node: "idle" for node in self.nodes}
 
     def _rest_answers(self, token: str) -> bool:
-        request = urllib.request.Request(f"{self.rest_url}/slurm/{REST_VERSION}/ping",
+        request = urllib.request.Request(f"{self.rest_url}/slurm/{self.rest_version}/ping",
                                          headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": token})
         try:
             with urllib.request.urlopen(request, timeout=5) as response:

@@ -6,7 +6,7 @@ machine that can run it, a failure to start is an error of those tests, with the
 """
 import pytest
 
-from tests.slurm_cluster import SlurmCluster, ensure_slurm_installed, unavailable_reason
+from tests.slurm_cluster import SlurmCluster, ensure_slurm_installed, ensure_slurm_root, unavailable_reason
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +29,26 @@ def slurm_env(slurm_cluster, monkeypatch):
     for name, value in slurm_cluster.env.items():
         monkeypatch.setenv(name, value)
     return slurm_cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster_24():
+    """The same cluster on Slurm 24.11 (from a Debian 13 root, built on first use), beside the 22.05 one."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    ensure_slurm_root("24.11")
+    cluster = SlurmCluster(release="24.11")
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(params=["22.05", "24.11"])
+def any_slurm(request, slurm_cluster, slurm_cluster_24, monkeypatch):
+    """Each test cluster in turn (a test that asks for it runs on both releases), its environment in os.environ as
+    ``slurm_env`` puts it; the session's worker reaches it when the test also asks for ``broker``."""
+    cluster = slurm_cluster if request.param == "22.05" else slurm_cluster_24
+    for name, value in cluster.env.items():
+        monkeypatch.setenv(name, value)
+    return cluster

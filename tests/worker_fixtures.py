@@ -36,6 +36,7 @@ class WorkerProcess:
 
     def __init__(self, env: dict[str, str], log: Path):
         self.env, self.log = env, log
+        self.base_env = dict(env)  # without any cluster's: a cluster's PATH must not outlive its turn
         self.process: subprocess.Popen | None = None
         self.slurm = None
 
@@ -59,7 +60,7 @@ class WorkerProcess:
         if self.slurm is cluster:
             return
         self.stop()
-        self.env = {**self.env, **cluster.env, "SLURM_JWT": cluster.token(lifespan=6 * 3600)}
+        self.env = {**self.base_env, **cluster.env, "SLURM_JWT": cluster.token(lifespan=6 * 3600)}
         self.slurm = cluster
         self.start()
 
@@ -92,7 +93,8 @@ def broker(worker, worker_process, redis_url, settings, request):
     Slurm cluster when the test uses it."""
     from webapp.services import tasks
     if "slurm_cluster" in request.fixturenames:
-        worker_process.reach(request.getfixturevalue("slurm_cluster"))
+        worker_process.reach(request.getfixturevalue("any_slurm" if "any_slurm" in request.fixturenames
+                                                     else "slurm_cluster"))
     settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
     tasks._client.cache_clear()
     yield worker[0]

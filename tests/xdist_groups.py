@@ -30,7 +30,7 @@ PER_WORKER = frozenset({"redis_url", "worker", "worker_process", "triton", "chro
                         "parallel_checkpoint"})
 # Groups that start first among tests of their kind (pytest-django keeps its order of kinds: database, transactional,
 # no database): their tests wait on a scheduler more than they compute.
-WAITING_FIXTURES = ("slurm_cluster",)
+WAITING_FIXTURES = ("slurm_cluster", "slurm_cluster_24")
 
 
 def worker_index() -> int:

@@ -8,10 +8,10 @@ progress line on stderr as each shard is encoded, and one JSON line on stdout: t
 which keeps the shards a crashed one finished.
 
 On a Slurm cluster (the preparation's ``cluster``) the same command is a batch job of its own, named
-``wb-prep<id>``, with WORKBENCH["PREPARE_CPUS"] CPUs on one node and as many encoding processes: its script, its
-output (the progress lines) and its report lie in ``<cluster's runs root>/preparations/<id>/``, which the nodes and
-the workers share. The task follows the job to its end; a redelivered task finds the job by its name and follows it
-instead of submitting another.
+``wb-prep<id>-<when the row was made>``, with WORKBENCH["PREPARE_CPUS"] CPUs on one node and as many encoding
+processes: its script, its output (the progress lines) and its report lie in
+``<cluster's runs root>/preparations/<job name>/``, which the nodes and the workers share. The task follows the job
+to its end; a redelivered task finds the job by its name and follows it instead of submitting another.
 """
 import json
 import sys
@@ -46,10 +46,13 @@ def cluster_request(preparation: DatasetPreparation) -> CommandRequest:
     """The preparation as a batch job of its own on its Slurm cluster."""
     cluster, dataset = preparation.cluster, preparation.dataset
     cpus = settings.WORKBENCH["PREPARE_CPUS"]
-    folder = runs_root(cluster) / "preparations" / str(preparation.pk)
+    # named for the row and when it was made: every delivery finds the job by that name, and a row of another
+    # database with the same id (a second workbench on the cluster, a restored one) never takes it for its own
+    name = f"wb-prep{preparation.pk}-{preparation.created_at:%Y%m%d%H%M%S%f}"
+    folder = runs_root(cluster) / "preparations" / name
     folder.mkdir(parents=True, exist_ok=True)
     read = [str(Path(p).parent) for p in (dataset.path, dataset.tokenizer) if p]
-    return CommandRequest(job_name=f"wb-prep{preparation.pk}", run_dir=folder,
+    return CommandRequest(job_name=name, run_dir=folder,
                           command=(*preparation_command(preparation), "--workers", str(cpus)),
                           settings=scheduler_settings(cluster), cpus=cpus, mounts=tuple(read))
 

@@ -98,10 +98,10 @@ def test_the_api_starts_a_preparation_that_the_worker_runs(owner, data_root, bro
 
 
 @pytest.fixture
-def slurm_row(slurm_env, settings):
-    """A Slurm cluster row for the test cluster; preparations there ask for 2 CPUs."""
+def slurm_row(any_slurm, settings):
+    """A Slurm cluster row for a test cluster (each release in turn); preparations there ask for 2 CPUs."""
     settings.WORKBENCH = {**settings.WORKBENCH, "PREPARE_CPUS": 2}
-    return models.Cluster.objects.create(name="slurm-prep", kind="slurm", partition=slurm_env.partition,
+    return models.Cluster.objects.create(name="slurm-prep", kind="slurm", partition=any_slurm.partition,
                                          spec=presets.cluster("cpu", nodes=1, gpus_per_node=1).to_dict())
 
 
@@ -119,9 +119,10 @@ def _run_watching(preparation_id: int) -> tuple[str, list[str]]:
     return answer[0], said
 
 
+@pytest.mark.once
 @pytest.mark.django_db(transaction=True)
 def test_on_slurm_a_redelivered_task_follows_the_job_a_dead_delivery_submitted(owner, data_root, slurm_row,
-                                                                                slurm_env):
+                                                                                any_slurm):
     path = _jsonl(data_root / "slurm.jsonl", 400, bad_at={7})
     dataset = models.Dataset.objects.create(owner=owner, name="on-slurm", path=str(path), text_field="body")
     preparation = dataset_prepare(owner, dataset, vocab=300, cluster=slurm_row)
@@ -135,16 +136,17 @@ def test_on_slurm_a_redelivered_task_follows_the_job_a_dead_delivery_submitted(o
     preparation.refresh_from_db()
     assert preparation.status == Status.DONE and preparation.job_id == submitted
     assert preparation.bad_rows["bad"] == 1 and preparation.report["train_tokens"] > 0
-    named = slurm_env.run(["squeue", "--noheader", "--states=all", f"--name=wb-prep{preparation.pk}",
+    named = any_slurm.run(["squeue", "--noheader", "--states=all", f"--name={request.job_name}",
                            "--format=%i"]).stdout.split()
     assert named == [submitted]  # found by its name, not submitted again
-    job = slurm_env.job(int(submitted))
+    job = any_slurm.job(int(submitted))
     assert (job["JobState"], job["NumCPUs"]) == ("COMPLETED", "2")
     assert "--workers 2" in Path(job["Command"]).read_text()
     # its progress, as the dataset's page shows it: the job and its state (and the last line it said, if any)
     assert any(m.startswith((f"Slurm job {submitted} pending", f"Slurm job {submitted} running")) for m in said), said
 
 
+@pytest.mark.once
 @pytest.mark.django_db(transaction=True)
 def test_on_slurm_a_refused_source_fails_with_its_report(owner, data_root, slurm_row):
     path = _jsonl(data_root / "bad.jsonl", 100, bad_at={2, 3, 50})

@@ -87,14 +87,14 @@ def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with
 
 @pytest.mark.once
 def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_with_the_uninterrupted_loss(
-        broker, tiny_run_parts, slurm_cluster):
+        broker, tiny_run_parts, any_slurm):
     owner, one_rank, dataset = tiny_run_parts
     model = one_rank.model_config
 
     def cluster(name: str, **fields) -> models.Cluster:
         return models.Cluster.objects.create(
-            name=name, kind="slurm", spec=presets.local_cpu_cluster(1).to_dict(), partition=slurm_cluster.partition,
-            env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster.interface}"], **fields)
+            name=name, kind="slurm", spec=presets.local_cpu_cluster(1).to_dict(), partition=any_slurm.partition,
+            env_setup=[f"export GLOO_SOCKET_IFNAME={any_slurm.interface}"], **fields)
 
     # Slurm's shortest limit is a minute. Asked to stop 30 s before it, the first attempt starts and trains for 30 s,
     # saves and stops; once it has, the limit is lifted (as staff would for a run that needs longer), so that however

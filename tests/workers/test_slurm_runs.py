@@ -1,5 +1,6 @@
-"""Runs on the test Slurm cluster (two slurmd in two network namespaces), launched through the REST API and a real
-Celery worker: sbatch, squeue, scancel and torchrun for real, one torchrun per node meeting by c10d rendezvous."""
+"""Runs on the test Slurm clusters (two slurmd in two network namespaces; Slurm 22.05 and 24.11, each test on both),
+launched through the REST API and a real Celery worker: sbatch, squeue, scancel, slurmrestd at the version the
+launcher negotiates, and torchrun for real, one torchrun per node meeting by c10d rendezvous."""
 import time
 from pathlib import Path
 
@@ -17,7 +18,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 @pytest.fixture
-def on_slurm(tiny_run_parts, slurm_cluster):
+def on_slurm(tiny_run_parts, any_slurm):
     """Make a plan on a Slurm cluster of ``nodes`` × ``per_node`` CPU ranks: (owner, dataset, make_plan)."""
     owner, local_plan, dataset = tiny_run_parts
 
@@ -25,9 +26,9 @@ def on_slurm(tiny_run_parts, slurm_cluster):
         cluster = models.Cluster.objects.create(
             name=f"{kind}-{nodes}x{per_node}-{models.Cluster.objects.count()}", kind=kind,
             spec=presets.cluster("cpu", nodes=nodes, gpus_per_node=per_node).to_dict(),
-            partition=slurm_cluster.partition, rest_url=slurm_cluster.rest_url if kind == "slurm-rest" else "",
+            partition=any_slurm.partition, rest_url=any_slurm.rest_url if kind == "slurm-rest" else "",
             # gloo must use the link between the nodes, not the loopback the host name resolves to
-            env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster.interface}"])
+            env_setup=[f"export GLOO_SOCKET_IFNAME={any_slurm.interface}"])
         cluster.full_clean()
         return models.ParallelismPlan.objects.create(
             owner=owner, name=f"p{models.ParallelismPlan.objects.count()}", model_config=local_plan.model_config,
@@ -54,7 +55,7 @@ def _losses(run_dir: str) -> list[float]:
 
 
 @pytest.mark.parametrize("kind, plan", [("slurm", {"tp": 2}), ("slurm-rest", {"pp": 2})])
-def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(broker, on_slurm, slurm_cluster,
+def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(broker, on_slurm, any_slurm,
                                                                                 kind, plan):
     """Through Slurm's commands with tp=2, and through slurmrestd with pp=2."""
     owner, dataset, make_plan = on_slurm
@@ -69,7 +70,7 @@ def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(b
     assert shown["batch_script"] == script and f"#SBATCH --job-name=wb-run{run.pk}-a1" in script
     assert "#SBATCH --nodes=1" in script and "--nproc_per_node=2" in script
     # slurmrestd ignores a script's #SBATCH lines: there the job's name and shape came in the request
-    job = slurm_cluster.job(int(run.job_id))
+    job = any_slurm.job(int(run.job_id))
     assert (job["JobName"], job["NumNodes"], job["CPUs/Task"]) == (f"wb-run{run.pk}-a1", "1", "2")
     assert run.history.get(source="trainer", kind="started").data["world_size"] == 2
     steps = [m["step"] for m in client.get(f"/api/metrics/?run={run.pk}&kind=train").json()["results"]]
@@ -94,17 +95,17 @@ def test_a_two_node_run_trains_across_the_namespaces_with_the_losses_of_one_proc
     assert len(a) == len(b) == 4 and max_rel_error(a, b) < 1e-5, (a, b)
 
 
-def test_cancelling_a_slurm_run_ends_its_job_within_ten_seconds(broker, on_slurm, slurm_cluster):
+def test_cancelling_a_slurm_run_ends_its_job_within_ten_seconds(broker, on_slurm, any_slurm):
     owner, dataset, make_plan = on_slurm
     created = _create(owner, make_plan(per_node=1), dataset, steps=100_000)
     run = reconcile_until(broker, created["id"], lambda r: r.status == "running" and r.last_step >= 2)
     asked = time.monotonic()
     response = _client(owner).post(f"/api/runs/{run.pk}/cancel/", {"reason": "enough"}, format="json")
     assert response.status_code == 200, response.json()
-    while slurm_cluster.job(int(run.job_id))["JobState"] not in ("CANCELLED", "COMPLETED"):
-        assert time.monotonic() - asked < 10, slurm_cluster.job(int(run.job_id))
+    while any_slurm.job(int(run.job_id))["JobState"] not in ("CANCELLED", "COMPLETED"):
+        assert time.monotonic() - asked < 10, any_slurm.job(int(run.job_id))
         time.sleep(0.2)
     run = reconcile_until(broker, run.pk, lambda r: r.ingest_state.get("job_ended"))
     assert run.status == "cancelled" and time.monotonic() - asked < 10 + 5
-    assert not slurm_cluster.run(["squeue", "--noheader", f"--jobs={run.job_id}", "--states=RUNNING,COMPLETING"],
+    assert not any_slurm.run(["squeue", "--noheader", f"--jobs={run.job_id}", "--states=RUNNING,COMPLETING"],
                                  check=False).stdout.strip()

@@ -147,7 +147,7 @@ def _test_only(slurm_cluster, request: JobRequest, script: Path):
 @example(fields={"runs_root": "it's $(touch INJECTED)\n#SBATCH --uid=0 `touch INJECTED` 訓練"},
          run_name="a\n#SBATCH --uid=0")
 def test_every_value_is_refused_by_its_field_or_reaches_sbatch_exactly_as_given(
-        fields, run_name, slurm_cluster, one_rank_spec, tmp_path_factory):
+        fields, run_name, slurm_cluster, slurm_cluster_24, one_rank_spec, tmp_path_factory):
     base = tmp_path_factory.getbasetemp() / "script-safety" / "roots"
     base.mkdir(parents=True, exist_ok=True)
     runs_root = base / fields.get("runs_root", "")
@@ -185,12 +185,14 @@ def test_every_value_is_refused_by_its_field_or_reaches_sbatch_exactly_as_given(
     if cluster.container_image:
         assert f"--container-image={cluster.container_image}" in words
 
-    answer = _test_only(slurm_cluster, request, _write_script(request))
-    if cluster.partition not in ("", "debug"):  # a Slurm name, but not one of the test cluster's partitions
-        assert answer.returncode != 0 and f"invalid partition specified: {cluster.partition}" in answer.stderr
-    else:
-        assert answer.returncode == 0, answer.stderr
-        assert "to start at" in answer.stderr
+    script_file = _write_script(request)
+    for slurm in (slurm_cluster, slurm_cluster_24):  # each release's sbatch reads the script as it is
+        answer = _test_only(slurm, request, script_file)
+        if cluster.partition not in ("", "debug"):  # a Slurm name, but not one of the test cluster's partitions
+            assert answer.returncode != 0 and f"invalid partition specified: {cluster.partition}" in answer.stderr
+        else:
+            assert answer.returncode == 0, (slurm.release, answer.stderr)
+            assert "to start at" in answer.stderr
 
 
 def test_sbatch_reads_directives_only_before_the_first_command(slurm_cluster, tmp_path):

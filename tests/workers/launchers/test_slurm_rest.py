@@ -37,6 +37,14 @@ def rest(slurm_env, monkeypatch):
     return slurm_env
 
 
+@pytest.fixture
+def rest_any(any_slurm, monkeypatch):
+    """``rest`` on each test cluster in turn: Slurm 22.05 (v0.0.38) and 24.11 (v0.0.40 to v0.0.42)."""
+    monkeypatch.setenv("SLURM_JWT", any_slurm.token())
+    monkeypatch.delenv("SLURM_JWT_USER", raising=False)
+    return any_slurm
+
+
 def _request(run_dir, setup=(), time_limit="", cluster=None, **plan) -> JobRequest:
     """An attempt of a two-step run of a two-layer model; ``setup``: the cluster's shell lines."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -245,26 +253,27 @@ def test_a_wait_status_is_read_as_the_exit_code_or_128_plus_the_signal(wait_stat
     assert LEGACY.exit_code({"exit_code": wait_status}) == code
 
 
-def test_a_command_job_is_followed_to_its_end_with_its_report_its_last_words_and_its_exit_code(rest, tmp_path):
+def test_a_command_job_is_followed_to_its_end_with_its_report_its_last_words_and_its_exit_code(rest_any, tmp_path):
     """A command run once as a job of its own (a dataset's preparation is one) through slurmrestd: what it printed
     is its report, its standard error the progress the worker reads, its exit code how it ended."""
     said = "import sys, time; print('{\"rows\": 3}'); print('encoded 1 of 2 shards', file=sys.stderr, flush=True); " \
            "time.sleep(3); print('refused: too many bad rows', file=sys.stderr); sys.exit(2)"
     request = CommandRequest(job_name=f"wb-cmd{next(_RUN_IDS)}", run_dir=tmp_path / "job",
                              command=(sys.executable, "-c", said), cpus=2,
-                             settings=SchedulerSettings(kind="slurm-rest", partition="debug", rest_url=rest.rest_url))
+                             settings=SchedulerSettings(kind="slurm-rest", partition="debug",
+                                                        rest_url=rest_any.rest_url))
     request.run_dir.mkdir()
     messages, ids = [], []
     ended = run_cluster_job("check", launcher_for(request.settings), request, 120, 0.5,
                             lambda elapsed, message: messages.append(message) or True, messages.append, ids.append)
     assert (ended.status, ended.report_line, ended.last_error) == (2, '{"rows": 3}', "refused: too many bad rows")
     assert any(m == f"Slurm job {ids[0]} running: encoded 1 of 2 shards" for m in messages), messages
-    job = rest.job(int(ids[0]))
+    job = rest_any.job(int(ids[0]))
     assert (job["JobName"], job["NumCPUs"], job["Partition"]) == (request.job_name, "2", "debug")
     # a later delivery finds the job by its name and submits nothing
     assert launcher_for(request.settings).find(request) == ids[0]
 
 
-def test_it_speaks_the_newest_version_the_servers_description_offers(rest):
-    # the test cluster's slurmrestd (22.05) loads v0.0.38 alone (tests/slurm_cluster.py)
-    assert SlurmRestLauncher(rest.rest_url).version == "v0.0.38"
+def test_it_speaks_the_newest_version_the_servers_description_offers(rest_any):
+    # 22.05's slurmrestd is started with v0.0.38 alone; 24.11's offers v0.0.40 to v0.0.42
+    assert SlurmRestLauncher(rest_any.rest_url).version == {"22.05": "v0.0.38", "24.11": "v0.0.42"}[rest_any.release]
