@@ -122,8 +122,9 @@ def ensure_slurm_root(release: str) -> Path:
         if (root / "usr" / "sbin" / "slurmctld").exists():
             return root
         if not shutil.which("debootstrap"):
-            _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"],
-                 env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+            env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            _run(["apt-get", "update", "-qq"], env=env)
+            _run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap"], env=env)
         building = root.with_name(root.name + ".building")
         shutil.rmtree(building, ignore_errors=True)
         _run(["debootstrap", "--variant=minbase", f"--include={','.join(ROOT_PACKAGES)}", ROOT_SUITES[release],
