@@ -14,7 +14,8 @@ from trainer.contract import ParallelPlan, presets
 from trainer.contract.runfolder import METRICS, read_jsonl
 from webapp import models
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# once: what these check does not depend on the database (the SQLite pass would repeat minutes of Slurm runs)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
 
 
 @pytest.fixture
