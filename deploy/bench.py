@@ -3,7 +3,8 @@ same model in this process under Hugging Face transformers' ``generate`` (the fl
 for), at several numbers of concurrent streams.
 
     python -m deploy.bench [--checkpoint CHECKPOINT] [--streams 1,8,32,64] [--new-tokens 128]
-        [--engines workbench,vllm] [--targets triton,v1] [--no-floor] [--train-steps 30] [--json results.json]
+        [--engines workbench,vllm] [--targets triton,v1] [--no-floor] [--no-predict] [--train-steps 30]
+        [--json results.json]
 
 Without a checkpoint it builds one: a GPT-2-layout model (4 layers, d_model 256, head_dim 64, context 512) trained
 ``--train-steps`` steps on the repository's Shakespeare text: enough for text that re-tokenizes to the tokens
@@ -15,8 +16,10 @@ an engine whose export refuses the model (vLLM not installed, a head size it lac
 web app is started over that Triton (``deploy.bench_webapp``) with each entry as a ready deployment. NVIDIA's
 AIPerf then drives, per number of streams, Triton's HTTP generate_stream and /v1/completions, streamed, with the
 same prompts, sampling (temperature 1) and tokens per request. It prints one table: time to first token,
-inter-token latency and tokens/s per path, with tokens/s against the floor's and against the path's own at its
-fewest streams, and the machine's load average as each was measured (on a shared machine, others' work).
+inter-token latency and tokens/s per path, the planner's predicted tokens/s and its error (``deploy.bench_predict``:
+host costs measured on a probe model first, the device's from this machine's measured rates), tokens/s against the
+floor's and against the path's own at its fewest streams, and the machine's load average as each was measured (on a
+shared machine, others' work).
 """
 from __future__ import annotations
 
@@ -31,8 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from deploy.aiperf_client import DEFAULT_VENV, Measurement, openai_completions_target, profile, \
+from deploy.aiperf_client import DEFAULT_VENV, Measurement, Target, openai_completions_target, profile, \
     triton_generate_target
+from deploy.bench_predict import PROBE_STREAMS, PathPrediction, machine_rates, predict_path, probe_spec
 from deploy.export import ENGINES, ExportOptions
 from deploy.prepare import ExportError
 from deploy.triton import LocalTriton
@@ -173,27 +177,33 @@ class Row:
     path: str
     measurement: Measurement
     load: float = 0.0   # the machine's 1-minute load average when the measurement ended: others' work shows here
+    predicted: Optional[float] = None   # the planner's tokens/s for this path and number of streams
 
 
-def _row(path: str, measurement: Measurement) -> Row:
-    return Row(path, measurement, os.getloadavg()[0])
+def _row(path: str, measurement: Measurement, predicted: Optional[float] = None) -> Row:
+    return Row(path, measurement, os.getloadavg()[0], predicted)
 
 
 def table(rows: list[Row]) -> str:
-    """A Markdown table, one row per path and number of streams: the figures, tokens/s against the floor's at the
-    same streams and against the path's own at its fewest streams, and the machine's load when it was measured."""
+    """A Markdown table, one row per path and number of streams: the figures, the planner's tokens/s and its error
+    against the measured, tokens/s against the floor's at the same streams and against the path's own at its
+    fewest streams, and the machine's load when it was measured."""
     floor = {r.measurement.streams: r.measurement.tokens_per_s for r in rows if r.path == FLOOR}
     alone: dict[str, float] = {}
     for r in sorted(rows, key=lambda r: r.measurement.streams):
         alone.setdefault(r.path, r.measurement.tokens_per_s)
-    lines = ["| streams | path | time to first token (ms) | inter-token latency (ms) | tokens/s | × floor "
-             "| × fewest streams | requests | errors | tokens/request | load |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| streams | path | time to first token (ms) | inter-token latency (ms) | tokens/s | predicted tokens/s "
+             "| error | × floor | × fewest streams | requests | errors | tokens/request | load |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r.measurement.streams, r.path == FLOOR, r.path)):
         m = r.measurement
         versus_floor = f"{m.tokens_per_s / floor[m.streams]:.2f}" if floor.get(m.streams) else "–"
+        predicted, error = "–", "–"
+        if r.predicted is not None:
+            predicted, error = f"{r.predicted:.0f}", f"{100 * (r.predicted / m.tokens_per_s - 1):+.1f} %"
         lines.append(f"| {m.streams} | {r.path} | {m.ttft_ms:.1f} | {m.itl_ms:.2f} | {m.tokens_per_s:.0f} | "
-                     f"{versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | {m.requests} | {m.errors} | "
+                     f"{predicted} | {error} | {versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | {m.requests} | "
+                     f"{m.errors} | "
                      f"{m.tokens_per_request:.1f} | {r.load:.1f} |")
     return "\n".join(lines)
 
@@ -229,6 +239,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", type=_names(TARGETS), default=list(TARGETS),
                    help="triton: its HTTP generate_stream; v1: the web app's /v1/completions")
     p.add_argument("--no-floor", dest="floor", action="store_false", help="leave out transformers' generate")
+    p.add_argument("--no-predict", dest="predict", action="store_false",
+                   help="leave out the planner's prediction (and the probe model it is measured on)")
     p.add_argument("--train-steps", type=int, default=30, help="steps the default model is trained (0: random)")
     p.add_argument("--client-venv", type=Path, default=DEFAULT_VENV, help="where aiperf is installed")
     p.add_argument("--work-dir", type=Path, default=None, help="keep the entries, logs and aiperf's artifacts here")
@@ -240,13 +252,7 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
     from deploy.hf_export import export_hf
     from deploy.bench_webapp import WebApp
 
-    if args.checkpoint:
-        checkpoint = args.checkpoint
-    elif args.train_steps > 0:
-        say(f"training the bench model {args.train_steps} steps")
-        checkpoint = trained_checkpoint(root / "train", SERVING_MODEL, args.train_steps)
-    else:
-        checkpoint = bench_checkpoint(root / "checkpoint", SERVING_MODEL)
+    checkpoint = _checkpoint(args.checkpoint, args.train_steps, root / "train", SERVING_MODEL, say)
     manifest = read_manifest(checkpoint)
     spec = manifest.model_spec()
     say(f"model: {spec.n_layers} layers, d_model {spec.d_model}, head_dim {spec.d_model // spec.n_heads}, "
@@ -258,11 +264,12 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
     if prompt_tokens < 4:
         raise SystemExit(f"--new-tokens {args.new_tokens} leaves no room for a prompt in the model's context "
                          f"of {spec.seq_len} tokens: ask fewer")
-    prompts = bench_prompts(max(args.streams) * max(1, args.requests_per_stream), hf_folder / "tokenizer.json",
+    levels = sorted(set(args.streams) | (set(PROBE_STREAMS) if args.predict else set()))
+    prompts = bench_prompts(max(levels) * max(1, args.requests_per_stream), hf_folder / "tokenizer.json",
                             prompt_tokens)
     prompts_file = root / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
-    requests = {s: max(4, s * args.requests_per_stream) for s in args.streams}
+    requests = {s: max(4, s * args.requests_per_stream) for s in levels}
     rows: list[Row] = []
 
     if args.floor:
@@ -270,15 +277,23 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
             rows.append(_row(FLOOR, transformers_floor(hf_folder, prompts, s, requests[s], args.new_tokens)))
             say(f"{FLOOR} at {s} streams: {rows[-1].measurement.tokens_per_s:.0f} tokens/s")
 
-    served = []
+    probe, rates = None, None
+    if args.predict:
+        rates = machine_rates()
+        say(f"this machine sustains {rates.flop_rate / 1e9:.0f} GFLOP/s (fp32 matrix multiply) and "
+            f"{rates.bandwidth / 1e9:.1f} GB/s (copy)")
+        probe = probe_spec(spec)
+        say(f"the probe model: {probe.n_layers} layers at d_model {probe.d_model}")
+        probe_checkpoint = _checkpoint(None, args.train_steps, root / "probe", probe, say)
+    served, probes = [], []
     for engine in args.engines:
-        name = f"bench-{engine}"
         try:
-            report = export_entry(engine, checkpoint, root / "models", name, max(args.streams))
+            served.append(_entry(engine, checkpoint, root / "models", f"bench-{engine}", max(levels)))
+            if probe is not None:
+                probes.append(_entry(engine, probe_checkpoint, root / "models", f"probe-{engine}", max(levels)))
         except ExportError as exc:  # e.g. vLLM refuses the model or is not installed: said, the others measured
             say(f"engine {engine} left out: {exc}")
-            continue
-        served.append({"name": name, "engine": engine, "path": str(root / "models" / name), "report": report})
+            served = [m for m in served if m["engine"] != engine]
     if not served:
         return rows
     with ExitStack() as stack:
@@ -286,27 +301,67 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
         stack.callback(server.stop)
         client = server.client(timeout_s=600)
         stack.callback(client.close)
-        for model in served:
+        for model in served + probes:
             client.load(model["name"])
-        targets = []
-        if "triton" in args.targets:
-            targets += [triton_generate_target(f"{m['engine']} · Triton HTTP", server.http_url, m["name"],
-                                               TEMPERATURE) for m in served]
+        web = None
         if "v1" in args.targets:
             web = stack.enter_context(WebApp(root / "web", {"http_url": server.http_url, "grpc_url": server.grpc_url,
                                                             "metrics_url": server.metrics_url},
-                                             root / "models", checkpoint, manifest.to_dict(), manifest.step, served))
-            targets += [openai_completions_target(f"{m['engine']} · /v1", web.base_url, m["name"], web.api_key)
-                        for m in served]
+                                             root / "models", checkpoint, manifest.to_dict(), manifest.step,
+                                             served + probes))
+
+        def measure(target: Target, streams: int, probe: bool = False) -> Measurement:
+            slug = ("probe-" if probe else "") + target.label.replace(" · ", "-").replace(" ", "-").replace("/", "")
+            return profile(target, streams, requests[streams], args.new_tokens, hf_folder, prompts_file,
+                           root / "aiperf" / f"{slug}-{streams}", TEMPERATURE, args.client_venv)
+
+        predictions: dict[str, PathPrediction] = {}
+        for model in probes:
+            for target in _targets(args.targets, [model], server, web):  # labelled as the served model's path
+                measured = [measure(target, s, probe=True) for s in PROBE_STREAMS]
+                predictions[target.label] = predict_path(
+                    spec, probe, rates, prompt_tokens, args.new_tokens,
+                    [(m.streams, m.itl_ms / 1e3, m.ttft_ms / 1e3) for m in measured])
+                host = predictions[target.label].host
+                say(f"probe through {target.label}: " + ", ".join(
+                    f"{m.itl_ms:.2f} ms a token at {m.streams} streams" for m in measured) +
+                    f"; host costs {1e3 * host.step_s:.2f} ms an iteration, {1e3 * host.token_s:.3f} ms a token, "
+                    f"{1e3 * host.request_s:.1f} ms a request")
         for s in args.streams:
-            for target in targets:
-                slug = target.label.replace(" · ", "-").replace(" ", "-").replace("/", "")
-                measured = profile(target, s, requests[s], args.new_tokens, hf_folder, prompts_file,
-                                   root / "aiperf" / f"{slug}-{s}", TEMPERATURE, args.client_venv)
-                rows.append(_row(target.label, measured))
+            for target in _targets(args.targets, served, server, web):
+                measured = measure(target, s)
+                path = predictions.get(target.label)
+                rows.append(_row(target.label, measured, path.tokens_per_s(s) if path else None))
                 say(f"{target.label} at {s} streams: {measured.tokens_per_s:.0f} tokens/s, "
                     f"{measured.errors} errors")
     return rows
+
+
+def _checkpoint(given: Optional[Path], steps: int, root: Path, spec: ModelSpec, say: Callable[[str], None]) -> Path:
+    """``given``, else ``spec`` trained ``steps`` steps in ``root`` (with random weights at 0)."""
+    if given:
+        return given
+    if steps > 0:
+        say(f"training the {spec.name} model {steps} steps")
+        return trained_checkpoint(root, spec, steps)
+    return bench_checkpoint(root / "checkpoint", spec)
+
+
+def _entry(engine: str, checkpoint: Path, repository: Path, name: str, max_streams: int) -> dict:
+    report = export_entry(engine, checkpoint, repository, name, max_streams)
+    return {"name": name, "engine": engine, "path": str(repository / name), "report": report}
+
+
+def _targets(which: list[str], models: list[dict], server: LocalTriton, web) -> list[Target]:
+    """The client's targets for ``models``: Triton's HTTP generate_stream and the web app's /v1, as asked."""
+    targets = []
+    if "triton" in which:
+        targets += [triton_generate_target(f"{m['engine']} · Triton HTTP", server.http_url, m["name"], TEMPERATURE)
+                    for m in models]
+    if "v1" in which:
+        targets += [openai_completions_target(f"{m['engine']} · /v1", web.base_url, m["name"], web.api_key)
+                    for m in models]
+    return targets
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -321,8 +376,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = run_bench(args, root, say)
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps([{"path": r.path, **asdict(r.measurement), "load": r.load} for r in rows],
-                                        indent=2))
+        args.json.write_text(json.dumps([{"path": r.path, **asdict(r.measurement), "load": r.load,
+                                          "predicted": r.predicted} for r in rows], indent=2))
     return 0
 
 

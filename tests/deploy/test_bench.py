@@ -1,6 +1,7 @@
 """The serving benchmark: AIPerf, the standard client, really runs against the workbench engine through Triton's
 HTTP generate_stream and through the web app's /v1 (both started by the benchmark), beside transformers' generate in
-process, and the table's figures parse and agree with each other. The figures themselves are timings, measured by
+process, with the planner's prediction from a probe model measured the same way, and the table's figures parse and
+agree with each other. The figures themselves are timings, measured by
 running the benchmark, not asserted here; aiperf's start (about 12 s a run on two cores) keeps this to one level.
 The first run on a machine installs aiperf in its own environment (a few minutes, once)."""
 from __future__ import annotations
@@ -11,6 +12,7 @@ import pytest
 
 from deploy.aiperf_client import DEFAULT_VENV, Measurement, aiperf_executable
 from deploy.bench import FLOOR, Row, main, table
+from deploy.bench_predict import PROBE_STREAMS
 
 NEW_TOKENS = 8
 
@@ -35,6 +37,7 @@ def test_the_client_measures_triton_and_v1_beside_the_floor_and_the_table_agrees
                  "--requests-per-stream", "2", "--work-dir", str(tmp_path / "work"), "--json", str(results)]) == 0
     rows = parse(capsys.readouterr().out)
     by_path = {row["path"]: row for row in rows}
+    written = {r["path"]: r for r in json.loads(results.read_text())}  # the same rows, unrounded
     assert sorted(by_path) == sorted(["workbench · Triton HTTP", "workbench · /v1", FLOOR])
     floor_rate = float(by_path[FLOOR]["tokens/s"])
     for path, row in by_path.items():
@@ -49,11 +52,19 @@ def test_the_client_measures_triton_and_v1_beside_the_floor_and_the_table_agrees
         assert 1 <= float(row["tokens/request"]) <= 1.5 * NEW_TOKENS, row
         assert float(row["× floor"]) == pytest.approx(rate / floor_rate, abs=0.01)
         assert row["× fewest streams"] == "1.00"
-    # aiperf's own export is where the figures came from
-    export = tmp_path / "work" / "aiperf" / "workbench-Triton-HTTP-2" / "profile_export_aiperf.json"
-    exported = json.loads(export.read_text())
+        if path == FLOOR:
+            assert row["predicted tokens/s"] == row["error"] == "–"
+        else:  # the planner's figure for this path, from the probe's host costs measured through the same path
+            predicted, measured = written[path]["predicted"], written[path]["tokens_per_s"]
+            assert predicted > 0 and float(row["predicted tokens/s"]) == pytest.approx(predicted, abs=0.5)
+            assert float(row["error"].rstrip(" %")) == pytest.approx(100 * (predicted / measured - 1), abs=0.05)
+    # aiperf's own export is where the figures came from; the probe was measured at one stream and at four
+    aiperf_runs = tmp_path / "work" / "aiperf"
+    exported = json.loads((aiperf_runs / "workbench-Triton-HTTP-2" / "profile_export_aiperf.json").read_text())
     assert exported["request_count"]["avg"] == 4 and exported["inter_token_latency"]["avg"] >= 0
-    written = {r["path"]: r for r in json.loads(results.read_text())}
+    for target in ("workbench-Triton-HTTP", "workbench-v1"):
+        for streams in PROBE_STREAMS:
+            assert (aiperf_runs / f"probe-{target}-{streams}" / "profile_export_aiperf.json").is_file()
     assert written["workbench · /v1"]["requests"] == 4 and written[FLOOR]["errors"] == 0
 
 
@@ -61,8 +72,10 @@ def test_the_table_compares_each_path_with_the_floor_and_with_its_own_fewest_str
     def m(streams, rate):
         return Measurement(streams=streams, requests=4, errors=0, ttft_ms=10.0, itl_ms=2.0, tokens_per_s=rate,
                            tokens_per_request=8.0)
-    rows = parse(table([Row(FLOOR, m(1, 50)), Row(FLOOR, m(8, 100)), Row("engine", m(1, 100)),
-                        Row("engine", m(8, 600)), Row("other", m(8, 300))]))
-    got = [(r["streams"], r["path"], r["× floor"], r["× fewest streams"]) for r in rows]
-    assert got == [("1", "engine", "2.00", "1.00"), ("1", FLOOR, "1.00", "1.00"),
-                   ("8", "engine", "6.00", "6.00"), ("8", "other", "3.00", "1.00"), ("8", FLOOR, "1.00", "2.00")]
+    rows = parse(table([Row(FLOOR, m(1, 50)), Row(FLOOR, m(8, 100)), Row("engine", m(1, 100), predicted=110.0),
+                        Row("engine", m(8, 600), predicted=540.0), Row("other", m(8, 300))]))
+    got = [(r["streams"], r["path"], r["× floor"], r["× fewest streams"], r["predicted tokens/s"], r["error"])
+           for r in rows]
+    assert got == [("1", "engine", "2.00", "1.00", "110", "+10.0 %"), ("1", FLOOR, "1.00", "1.00", "–", "–"),
+                   ("8", "engine", "6.00", "6.00", "540", "-10.0 %"), ("8", "other", "3.00", "1.00", "–", "–"),
+                   ("8", FLOOR, "1.00", "2.00", "–", "–")]

@@ -30,6 +30,7 @@ from trainer.planner.estimate import estimate, inference_estimate
 from trainer.planner.estimate.figure import Figure, fig, total, walk
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.published import published_runs
+from trainer.planner.estimate.serving import HostCosts, Load, Rates, serving_estimate
 from trainer.planner.tune.space import SearchSpace, enumerate_plans
 
 REL_TOL = 1e-9
@@ -170,6 +171,13 @@ def inference_estimates():
     return out
 
 
+def serving_estimates():
+    rates = Rates(flop_rate=5e10, bandwidth=1e10)
+    host = HostCosts(step_s=2e-3, token_s=3e-4, request_s=5e-3)
+    return [serving_estimate(MODELS[name], rates, host, Load(streams, 16, 32))
+            for name in ("tiny", "gpt2-small", "mixtral-8x7b") for streams in (1, 8)]
+
+
 def estimate_figures(est):
     """(path, figure) of every figure of a training estimate's tree, each once."""
     tops = [(f"parameters.{k}", v) for k, v in est.parameters.items()]
@@ -194,6 +202,8 @@ def trees():
     serving = inference_estimates()
     figures = [(path, f) for est in training for path, f in estimate_figures(est)]
     figures += [(f"inference.{path}", f) for inf in serving for top, figure in inf.figures.items()
+                for path, _, f in walk(figure, top)]
+    figures += [(f"serving.{path}", f) for served in serving_estimates() for top, figure in served.items()
                 for path, _, f in walk(figure, top)]
     return {"training": training, "serving": serving, "figures": figures,
             "seconds": time.perf_counter() - start}
