@@ -71,17 +71,18 @@ ensure_slurm() {
   # The Slurm tests build a real two-node cluster (tests/slurm_cluster.py) from Debian's packages: as root, install
   # them if a part is missing. Package scripts must start no daemon (the tests start their own): policy-rc.d says no.
   local part missing=0 created=0 status=0
-  for part in /usr/bin/sbatch /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/sbin/slurmrestd; do
+  for part in /usr/bin/sbatch /usr/sbin/slurmctld /usr/sbin/slurmd /usr/sbin/munged /usr/sbin/slurmrestd \
+      /usr/sbin/mariadbd; do
     [ -x "$part" ] || missing=1
   done
   compgen -G "/usr/lib/*/slurm-wlm/auth_jwt.so" >/dev/null || missing=1
   [ "$missing" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null || return 0
-  echo "== installing Slurm (slurmctld, slurmd, slurmrestd, munge)"
+  echo "== installing Slurm (slurmctld, slurmd, slurmrestd, munge) and MariaDB (the test cluster's accounting)"
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d && created=1
   fi
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-      slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin >/dev/null; } || status=$?
+      slurmctld slurmd slurm-client munge slurmrestd slurm-wlm-jwt-plugin mariadb-server >/dev/null; } || status=$?
   [ "$created" = 1 ] && rm -f /usr/sbin/policy-rc.d
   return $status
 }

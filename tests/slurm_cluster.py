@@ -20,8 +20,12 @@ Slurm 24.11 runs from a Debian 13 root that ``debootstrap`` builds from Debian's
 two minutes; ``ensure_slurm_root``, kept under ~/.cache/llm-workbench/). Its daemons and commands run in a mount
 namespace of their own where that root's /usr is mounted over /usr: slurmd starts 24.11's slurmstepd, and the jobs
 still see this machine's /root, /tmp and checkout (programs built for Debian 12 run on Debian 13's newer libraries).
-The cluster's ``bin/`` holds sbatch, squeue, scancel, scontrol, sacct, sinfo and srun doing the same: ``env`` puts
+The cluster's ``bin/`` holds sbatch, squeue, scancel, scontrol, sacct, sacctmgr, sinfo and srun doing the same: ``env`` puts
 it first on PATH, so code under test that calls the commands reaches 24.11.
+
+The 24.11 cluster keeps accounting (``accounting``): slurmdbd from its root over this machine's MariaDB server (a
+database folder in the cluster's folder, a free port of 127.0.0.1), registered with sacctmgr before slurmctld
+starts; each step's memory is sampled every second, so sacct answers with steps, exit codes, times and MaxRSS.
 
 Needs root (namespaces, a bridge, daemons running as root). ``unavailable_reason()`` says why a machine cannot run
 it; anything else that stops the cluster from starting raises ``SlurmClusterError`` with the daemons' log tails.
@@ -29,6 +33,7 @@ it; anything else that stops the cluster from starting raises ``SlurmClusterErro
 from __future__ import annotations
 
 import glob
+import hashlib
 import json
 import os
 import re
@@ -45,8 +50,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd", "slurm-wlm-jwt-plugin")
-PROGRAMS = ("/usr/bin/sbatch", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/sbin/slurmrestd")
+PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "slurmrestd", "slurm-wlm-jwt-plugin", "mariadb-server")
+PROGRAMS = ("/usr/bin/sbatch", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/sbin/munged", "/usr/sbin/slurmrestd",
+            "/usr/sbin/mariadbd")
 # Debian puts the plugin in its multiarch folder (x86_64-linux-gnu, aarch64-linux-gnu, ...).
 JWT_PLUGIN_GLOB = "/usr/lib/*/slurm-wlm/auth_jwt.so"
 POLICY_RC = Path("/usr/sbin/policy-rc.d")
@@ -55,9 +61,10 @@ REST_VERSIONS = {"22.05": "v0.0.38", "24.11": "v0.0.42"}  # the newest each rele
 # Releases that run from a Debian root of their own: the Debian suite, and the packages of the root.
 ROOT_SUITES = {"24.11": "trixie"}
 ROOT_PACKAGES = ("slurmctld", "slurmd", "slurmrestd", "slurm-client", "munge", "slurm-wlm-jwt-plugin",
+                 "slurmdbd",  # accounting, over this machine's MariaDB (Debian 13's 11.8 breaks slurmdbd 24.11)
                  "libffi8")  # the last: what this machine's Python needs besides the base system, for the jobs
 ROOTS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "llm-workbench"
-COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "sacct", "sinfo", "srun")
+COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "sacct", "sacctmgr", "sinfo", "srun")
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 START_TIMEOUT_S = 60
 FINISHED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "DEADLINE",
@@ -108,7 +115,9 @@ def ensure_slurm_installed() -> None:
 
 
 def slurm_root(release: str) -> Path:
-    return ROOTS / f"slurm-{release}-root"
+    """Where ``release``'s root is cached; named by its packages too, so that a root built with fewer is not used."""
+    packages = hashlib.sha256(" ".join(ROOT_PACKAGES).encode()).hexdigest()[:8]
+    return ROOTS / f"slurm-{release}-root-{packages}"
 
 
 def ensure_slurm_root(release: str) -> Path:
@@ -321,9 +330,14 @@ class SlurmCluster:
     cpus_per_node = 8  # more than the machine has (config_overrides): 16 one-CPU jobs run at once
     memory_per_node_mb = 1000
 
-    def __init__(self, nodes: tuple[str, ...] = ("n1", "n2"), gpus_per_node: int = 2, release: str = "22.05"):
+    def __init__(self, nodes: tuple[str, ...] = ("n1", "n2"), gpus_per_node: int = 2, release: str = "22.05",
+                 accounting: bool | None = None):
         if release not in REST_VERSIONS:
             raise SlurmClusterError(f"no test cluster of Slurm {release}: {', '.join(REST_VERSIONS)}")
+        # slurmdbd over MariaDB, so that sacct answers: by default where the release's root carries them
+        self.accounting = release in ROOT_SUITES if accounting is None else accounting
+        if self.accounting and release not in ROOT_SUITES:
+            raise SlurmClusterError(f"accounting runs from a release's own root: {', '.join(ROOT_SUITES)}")
         self.release = release
         self.rest_version = REST_VERSIONS[release]
         # /usr of the release's own root (None: this machine's Slurm)
@@ -338,6 +352,9 @@ class SlurmCluster:
         self._controller: subprocess.Popen | None = None
         self._node_daemons: list[subprocess.Popen] = []
         self._rest: subprocess.Popen | None = None
+        self._database: subprocess.Popen | None = None
+        self._dbd: subprocess.Popen | None = None
+        self.dbd_port: int | None = None
         self.startup_s: float | None = None
 
     # -- what tests use
@@ -460,6 +477,8 @@ class SlurmCluster:
         self._make_commands()
         self._make_gpus()
         self._write_config()
+        if self.accounting:
+            self._start_accounting()
         self._start_daemons()
         self._wait_until_ready()
 
@@ -521,14 +540,14 @@ class SlurmCluster:
             f"SlurmdLogFile={root}/log/slurmd-%n.log",
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
+            *self._accounting_config(),
             "MpiDefault=none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core",
             "SchedulerParameters=batch_sched_delay=0",
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={root}/log/jobcomp.txt",
-            "MinJobAge=3600",  # finished jobs stay in `scontrol show job` (there is no accounting database)
+            "MinJobAge=3600",  # finished jobs stay in `scontrol show job` (without accounting, all there is)
             "ReturnToService=2",
             "SlurmdParameters=config_overrides",  # the nodes declare more CPUs and memory than the machine has
             "SlurmctldTimeout=10",
@@ -548,10 +567,11 @@ class SlurmCluster:
         if _run(["runuser", "-u", "nobody", "--", "test", "-r", str(self.conf)], check=False).returncode != 0:
             raise SlurmClusterError(f"{self.conf} is not readable by nobody, slurmrestd's user: is TMPDIR private?")
 
-    def _daemon(self, args: list[str], log: str, node: str | None = None, **env) -> subprocess.Popen:
-        """A daemon in the foreground (in ``node``'s namespace), as a child of this process: stopping it is a
-        terminate and a wait."""
-        command = in_root(self.usr, self.hosts, args)
+    def _daemon(self, args: list[str], log: str, node: str | None = None, own_usr: bool = True,
+                **env) -> subprocess.Popen:
+        """A daemon in the foreground (in ``node``'s namespace; from the release's root unless not ``own_usr``), as
+        a child of this process: stopping it is a terminate and a wait."""
+        command = in_root(self.usr, self.hosts, args) if own_usr else args
         with open(self.root / "log" / log, "ab") as out:
             return subprocess.Popen(self.network.command(node, command) if node else command, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -567,8 +587,66 @@ class SlurmCluster:
         self.rest_port = _free_port("127.0.0.1")
         self._rest = self._daemon(
             ["/usr/sbin/slurmrestd", "-f", conf, "-u", "nobody", "-g", "nogroup", "-s",
-             "openapi/slurmctld" if self.usr else f"openapi/{self.rest_version}",
+             ("openapi/slurmctld,openapi/slurmdbd" if self.accounting else "openapi/slurmctld") if self.usr
+             else f"openapi/{self.rest_version}",
              "-a", "rest_auth/jwt", f"127.0.0.1:{self.rest_port}"], "slurmrestd.log", SLURM_JWT="daemon")
+
+    def _accounting_config(self) -> list[str]:
+        """slurm.conf's accounting lines: through slurmdbd, with each step's memory and CPU sampled every second
+        (MaxRSS, for a step of a few seconds too); or none gathered."""
+        if not self.accounting:
+            return ["JobAcctGatherType=jobacct_gather/none"]
+        self.dbd_port = _free_port()
+        return ["AccountingStorageType=accounting_storage/slurmdbd",
+                f"AccountingStorageHost={self.network.host_address}", f"AccountingStoragePort={self.dbd_port}",
+                "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherFrequency=task=1"]
+
+    def _start_accounting(self) -> None:
+        """MariaDB (a database folder of the cluster's own, on a free port of 127.0.0.1) and slurmdbd over it, then
+        the cluster registered with sacctmgr, before slurmctld starts and reports to it."""
+        database, sock, db_port = self.root / "db", self.root / "run" / "mysqld.sock", _free_port("127.0.0.1")
+        # MariaDB is this machine's (Debian 12's 10.11): slurmdbd 24.11 fails on Debian 13's MariaDB 11.8 server
+        # ("Number of columns in result … exceeds maximum allowed number of columns (=0)" at its first query)
+        _run(["mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={database}", "--skip-test-db"],
+             timeout=120)
+        self._database = self._daemon(
+            ["mariadbd", "--no-defaults", "--user=root", f"--datadir={database}", f"--socket={sock}",
+             f"--port={db_port}", "--bind-address=127.0.0.1", "--skip-name-resolve", "--innodb-buffer-pool-size=32M",
+             f"--pid-file={self.root / 'run' / 'mysqld.pid'}"], "mariadbd.log", own_usr=False)
+        password = secrets.token_hex(8)
+        grant = (f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+                 f"GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+        client = ["mariadb", "--no-defaults", f"--socket={sock}", "-u", "root", "-e", grant]
+        self._until(lambda: _run(client, check=False).returncode == 0, "MariaDB does not take its first user",
+                    [self._database])
+        dbd_conf = self.root / "etc" / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF; root's alone
+        dbd_conf.touch(mode=0o600)
+        dbd_conf.write_text("\n".join([
+            "DbdHost=localhost", f"DbdPort={self.dbd_port}", "SlurmUser=root", "AuthType=auth/munge",
+            "AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={self.root / 'etc' / 'jwt.key'}",
+            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={db_port}",
+            "StorageUser=slurm", f"StoragePass={password}", "StorageLoc=slurm_acct_db",
+            f"LogFile={self.root / 'log' / 'slurmdbd.log'}", f"PidFile={self.root / 'run' / 'slurmdbd.pid'}"]) + "\n")
+        self._dbd = self._daemon(["/usr/sbin/slurmdbd", "-D"], "slurmdbd.out")
+
+        def registered() -> bool:
+            self.run(["sacctmgr", "--immediate", "add", "cluster", "workbench"], check=False)
+            listed = self.run(["sacctmgr", "--noheader", "--parsable2", "list", "cluster", "format=Cluster"],
+                              check=False)
+            return "workbench" in listed.stdout.split()
+
+        self._until(registered, "slurmdbd does not register the cluster", [self._database, self._dbd])
+
+    def _until(self, done, what: str, daemons: list[subprocess.Popen]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not done():
+            for process in daemons:
+                if process.poll() is not None:
+                    raise SlurmClusterError(f"{what}: {' '.join(map(str, process.args))} exited with "
+                                            f"{process.returncode}")
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(f"{what} within {START_TIMEOUT_S} s")
+            time.sleep(0.2)
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -617,11 +695,13 @@ class SlurmCluster:
         _stop_processes(self._node_daemons, timeout=20)
         if self._controller is not None:
             _stop_processes([self._controller], timeout=20)
+        _stop_processes([p for p in (self._dbd, self._database) if p is not None], timeout=20)
         if self.network is not None:
             self.network.delete()  # also kills whatever a job left running in a namespace
         if self.root is not None:
             shutil.rmtree(self.root, ignore_errors=True)
         self._controller, self._node_daemons, self._rest = None, [], None
+        self._dbd = self._database = None
         self.network = self.root = None
 
     def _cancel_all_jobs(self) -> None:

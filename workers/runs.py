@@ -9,6 +9,7 @@ so that what the pages say of a server is at most one pass old.
 """
 import logging
 import os
+import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -90,12 +91,39 @@ def reconcile_pass() -> PassReport:
                 continue
             if status is not None:
                 report.settled[run.pk] = status
+        ended = [run for run in runs if run.pk in report.settled and run.job_id]
+        if ended and hasattr(launcher, "accounting"):
+            record_accounting(launcher, ended)
     report.ingest_requested = request_ingest([run_id for run_id in grown if run_id not in report.settled])
     for run_id in launchable_run_ids():
         services.enqueue(TaskName.RUN_LAUNCH, run_id)
     resend_unclaimed()  # imports and exports whose task message was lost
     report.triton_ready = triton_readiness_refresh()
     return report
+
+
+ACCOUNTING_WAIT_S = 5.0  # how long a pass waits for slurmctld to hand an ended job's record to slurmdbd
+
+
+def record_accounting(launcher, runs: list[Run]) -> None:
+    """Slurm's accounting of the jobs that ended this pass, one event each: how each step ended, its exit code, its
+    time and peak memory, who cancelled the job, how long it queued and ran. One sacct for all of them, again for a
+    few seconds while a record is not final yet (slurmctld sends the job's end to slurmdbd on its own time)."""
+    deadline = time.monotonic() + ACCOUNTING_WAIT_S
+    waiting = {run.job_id: run for run in runs}
+    while waiting:
+        try:
+            records = launcher.accounting(list(waiting))
+        except LaunchError as exc:
+            log.warning("accounting of jobs %s: %s", ", ".join(waiting), exc)
+            return
+        for job_id, record in records.items():
+            if job_id in waiting and record.state not in JobStates.ACTIVE:
+                record_event(waiting.pop(job_id), Source.SCHEDULER, "accounting", record.summary(),
+                             **record.to_dict())
+        if not records or time.monotonic() > deadline:  # no accounting on this cluster, or it is late: left out
+            return
+        time.sleep(0.5)
 
 
 def reconcile_run(run: Run, job: JobState | None, ingest: bool = True) -> str | None:

@@ -80,6 +80,16 @@ def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(b
     attempt = run.attempt_records.get()
     assert (attempt.backend, attempt.job_id, attempt.state) == (kind, run.job_id, "COMPLETED")
     assert Path(run.run_dir, "logs", f"slurm-{run.job_id}.out").exists()
+    # Slurm's accounting, where the cluster keeps it (24.11's has slurmdbd) and the launcher reads sacct
+    accounted = run.history.filter(source="scheduler", kind="accounting")
+    if kind == "slurm" and any_slurm.accounting:
+        record = accounted.get().data
+        assert (record["job_id"], record["state"], record["exit_code"]) == (run.job_id, "COMPLETED", 0)
+        batch = next(step for step in record["steps"] if step["step"] == "batch")
+        assert batch["exit_code"] == 0 and batch["max_rss_bytes"] > 10 * 2**20  # torchrun and its two ranks
+        assert record["cpu_seconds"] == record["elapsed_s"] * 2 and record["queued_s"] is not None
+    else:
+        assert not accounted.exists()
 
 
 def test_a_two_node_run_trains_across_the_namespaces_with_the_losses_of_one_process(broker, on_slurm):
@@ -110,3 +120,6 @@ def test_cancelling_a_slurm_run_ends_its_job_within_ten_seconds(broker, on_slurm
     assert run.status == "cancelled" and time.monotonic() - asked < 10 + 5
     assert not any_slurm.run(["squeue", "--noheader", f"--jobs={run.job_id}", "--states=RUNNING,COMPLETING"],
                                  check=False).stdout.strip()
+    if any_slurm.accounting:  # who cancelled it: the worker's user, by scancel
+        record = run.history.get(source="scheduler", kind="accounting").data
+        assert (record["state"], record["cancelled_by"]) == ("CANCELLED", "root")

@@ -4,6 +4,7 @@
     find     squeue --name=<run and attempt>          (a launch repeated after a crash finds the job it submitted)
     poll     one squeue for every active job; jobs that have left squeue: one sacct, if accounting is there
     cancel   scancel
+    account  one sacct for the jobs that ended in a pass: steps, exit codes, times, peak memory, who cancelled
 """
 import os
 import shutil
@@ -13,6 +14,7 @@ from typing import Sequence
 
 from .base import Job, JobState, LaunchError, StartedJob
 from .sbatch import output_pattern
+from .slurm_accounting import JobRecord, parse_sacct, sacct_arguments
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
                          write_batch_script)
 from .slurm_states import exit_status, job_state
@@ -96,6 +98,13 @@ class SlurmCLILauncher:
             if job.job_id not in states:
                 states[job.job_id] = forgotten_job_state(job, "Slurm no longer knows the job and keeps no accounting")
         return states
+
+    def accounting(self, job_ids: list[str]) -> dict[str, JobRecord]:
+        """Slurm's accounting record of each ended job (none where the cluster keeps no accounting)."""
+        if not job_ids or shutil.which("sacct") is None:
+            return {}
+        done = self._slurm("sacct", *sacct_arguments(job_ids), check=False)
+        return parse_sacct(done.stdout) if done.returncode == 0 else {}
 
     def cancel(self, job: Job) -> None:
         self._slurm("scancel", job.job_id, check=False)
