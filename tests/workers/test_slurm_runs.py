@@ -80,9 +80,10 @@ def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(b
     attempt = run.attempt_records.get()
     assert (attempt.backend, attempt.job_id, attempt.state) == (kind, run.job_id, "COMPLETED")
     assert Path(run.run_dir, "logs", f"slurm-{run.job_id}.out").exists()
-    # Slurm's accounting, where the cluster keeps it (24.11's has slurmdbd) and the launcher reads sacct
+    # Slurm's accounting, where the cluster keeps it (24.11's has slurmdbd): read with sacct, or through
+    # slurmrestd's slurmdbd endpoints
     accounted = run.history.filter(source="scheduler", kind="accounting")
-    if kind == "slurm" and any_slurm.accounting:
+    if any_slurm.accounting:
         record = accounted.get().data
         assert (record["job_id"], record["state"], record["exit_code"]) == (run.job_id, "COMPLETED", 0)
         batch = next(step for step in record["steps"] if step["step"] == "batch")

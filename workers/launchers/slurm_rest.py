@@ -25,7 +25,8 @@ from .base import Job, JobState, JobStates, LaunchError, StartedJob
 from .sbatch import output_pattern, time_limit_s
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
                          write_batch_script)
-from .slurm_rest_versions import OPENAPI_PATH, Dialect, chosen_version, dialect, offered_versions
+from .slurm_accounting import JobRecord
+from .slurm_rest_versions import LEGACY, OPENAPI_PATH, Dialect, chosen_version, dialect, offered_versions
 from .slurm_states import job_state
 
 # What a job's environment starts with (slurmrestd wants one; the script sets the rest). The worker's own environment
@@ -57,6 +58,10 @@ class SlurmRestError(LaunchError):
     def __init__(self, message: str, answer: dict[str, Any]):
         super().__init__(message)
         self.error_numbers = error_numbers(answer)
+
+
+class NotServed(LaunchError):
+    """slurmrestd lacks an optional path (the slurmdbd endpoints, where it does not load them)."""
 
 
 def error_numbers(answer: dict[str, Any]) -> set[int]:
@@ -149,6 +154,24 @@ class SlurmRestLauncher:
     def log_paths(self, job: Job) -> list[Path]:
         return [output_log(job)]
 
+    def accounting(self, job_ids: list[str]) -> dict[str, JobRecord]:
+        """Slurm's accounting record of each ended job, one GET slurmdb/<version>/job/<id> each: none where
+        slurmrestd does not serve the slurmdbd endpoints (a 404) or speaks v0.0.38, whose shapes are not read."""
+        records: dict[str, JobRecord] = {}
+        if self.dialect is LEGACY:
+            return records
+        for job_id in job_ids:
+            path = f"slurmdb/{self.version}/job/{job_id}"
+            self.calls.append(["GET", path])
+            try:
+                answer = self._send("GET", f"{self.rest_url}/{path}", path, optional=True)
+            except NotServed:
+                return records
+            for entry in answer.get("jobs") or []:
+                if isinstance(entry, dict) and str(entry.get("job_id")) == job_id:
+                    records[job_id] = self.dialect.accounting_record(entry)
+        return records
+
     # -- the API's version
 
     @property
@@ -180,7 +203,9 @@ class SlurmRestLauncher:
         self.calls.append([method, path])
         return self._send(method, url, path, body)
 
-    def _send(self, method: str, url: str, path: str, body: dict | None = None) -> dict[str, Any]:
+    def _send(self, method: str, url: str, path: str, body: dict | None = None,
+              optional: bool = False) -> dict[str, Any]:
+        """``optional``: a path the server may lack (a 404 keeps the version it was asked in)."""
         headers = {**_credentials(), "Accept": "application/json"}
         data = None
         if body is not None:
@@ -190,7 +215,10 @@ class SlurmRestLauncher:
             with urllib.request.urlopen(request, timeout=self.request_timeout_s) as response:
                 text = response.read().decode(errors="replace")
         except urllib.error.HTTPError as error:
-            raise self._refused(method, path, error.code, error.read().decode(errors="replace")) from None
+            text = error.read().decode(errors="replace")
+            if optional and error.code == 404:
+                raise NotServed(f"slurmrestd at {self.rest_url} does not serve {path}") from None
+            raise self._refused(method, path, error.code, text) from None
         except (OSError, http.client.HTTPException) as error:  # refused, unreachable, timed out, cut off
             raise self._unanswered(method, path, error) from None
         answer = _json(text)

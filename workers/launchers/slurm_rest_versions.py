@@ -17,6 +17,9 @@ v0.0.38 to v0.0.40, and stayed through v0.0.42, for what the launcher uses:
                 the environment as ``K=V`` strings; GPUs as ``tres_per_node``; a time limit as a number object
     job state   a list: the base state and its flags (``["PENDING", "REQUEUED"]``, ``["RUNNING", "COMPLETING"]``)
     exit code   an object: ``status``, ``return_code`` and ``signal.id``, each number as ``{set, infinite, number}``
+    accounting  ``GET /slurmdb/<version>/job/<id>`` (where slurmrestd loads openapi/slurmdbd): the job's state as
+                ``state.current``, ``kill_request_user``, ``time`` (submission, start, elapsed), ``tres.allocated``
+                as a list of {type, name, count}, and its steps, each with ``tres.requested.max`` (peak memory)
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .base import JobStates, LaunchError
+from .slurm_accounting import JobRecord, StepRecord
 
 SPOKEN = ("v0.0.42", "v0.0.41", "v0.0.40", "v0.0.38")  # newest first
 OPENAPI_PATH = "openapi/v3"
@@ -102,6 +106,30 @@ class Dialect:
         if signal:
             return 128 + signal
         return _number(code.get("return_code"))
+
+
+    def accounting_record(self, job: dict[str, Any]) -> JobRecord:
+        """slurmdbd's record of a job (an entry of ``jobs`` in GET slurmdb/<version>/job/<id>)."""
+        times = job.get("time") or {}
+        submitted, started = _number(times.get("submission")), _number(times.get("start"))
+        allocated = {(f"{t.get('type')}/{t['name']}" if t.get("name") else str(t.get("type"))): str(t.get("count"))
+                     for t in (job.get("tres") or {}).get("allocated") or []
+                     if isinstance(t, dict) and (_number(t.get("count")) or 0) >= 0}  # energy -2: not measured
+        steps = []
+        for step in job.get("steps") or []:
+            peaks = ((step.get("tres") or {}).get("requested") or {}).get("max") or []
+            rss = next((_number(t.get("count")) for t in peaks if isinstance(t, dict) and t.get("type") == "mem"),
+                       None)
+            steps.append(StepRecord(
+                step=str((step.get("step") or {}).get("id", "")).partition(".")[2],
+                name=str((step.get("step") or {}).get("name", "")), state=self.state({"job_state": step.get("state")}),
+                exit_code=self.exit_code(step), elapsed_s=_number((step.get("time") or {}).get("elapsed")) or 0,
+                max_rss_bytes=rss, nodes=str((step.get("nodes") or {}).get("range", ""))))
+        return JobRecord(
+            job_id=str(job.get("job_id")), state=self.state({"job_state": (job.get("state") or {}).get("current")}),
+            cancelled_by=str(job.get("kill_request_user") or ""), exit_code=self.exit_code(job),
+            queued_s=max(0, started - submitted) if started and submitted else None,
+            elapsed_s=_number(times.get("elapsed")) or 0, allocated=allocated, steps=steps)
 
 
 class _Legacy(Dialect):

@@ -1,6 +1,7 @@
-"""Slurm's accounting as the launcher reads it: sacct's parsable lines become one record per job with its steps,
+"""Slurm's accounting as the launchers read it: sacct's parsable lines become one record per job with its steps,
 who cancelled it and what it held; and on the 24.11 test cluster, which keeps accounting in slurmdbd over MariaDB,
-sacct really answers with every step's exit code, run time and peak memory."""
+sacct really answers with every step's exit code, run time and peak memory, and slurmrestd's slurmdbd endpoints
+answer the same."""
 from __future__ import annotations
 
 import time
@@ -9,6 +10,7 @@ import pytest
 
 from workers.launchers.slurm_accounting import parse_sacct
 from workers.launchers.slurm_cli import SlurmCLILauncher
+from workers.launchers.slurm_rest import SlurmRestLauncher
 
 # what sacct printed on the 24.11 test cluster for a job of two steps (the second exits 3) and a cancelled job
 SACCT = """\
@@ -67,3 +69,9 @@ def test_the_current_cluster_accounts_for_every_step_and_for_who_cancelled(slurm
     assert by_step["0"].max_rss_bytes >= 200 * 2**20  # the 200 MiB the step held, sampled each second
     assert (cancelled.state, cancelled.cancelled_by) == ("CANCELLED", "root")
     assert launcher.calls[-1][0] == "sacct"
+    # slurmrestd's slurmdbd endpoints, at the version the REST launcher negotiated, keep the same record
+    monkeypatch.setenv("SLURM_JWT", cluster.token())
+    monkeypatch.delenv("SLURM_JWT_USER", raising=False)
+    rest = SlurmRestLauncher(cluster.rest_url)
+    assert rest.accounting([str(finished), str(sleeper)]) == records
+    assert [call[1].split("/")[:2] for call in rest.calls] == [["slurmdb", rest.version]] * 2
