@@ -202,9 +202,8 @@ def table(rows: list[Row]) -> str:
         if r.predicted is not None:
             predicted, error = f"{r.predicted:.0f}", f"{100 * (r.predicted / m.tokens_per_s - 1):+.1f} %"
         lines.append(f"| {m.streams} | {r.path} | {m.ttft_ms:.1f} | {m.itl_ms:.2f} | {m.tokens_per_s:.0f} | "
-                     f"{predicted} | {error} | {versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | {m.requests} | "
-                     f"{m.errors} | "
-                     f"{m.tokens_per_request:.1f} | {r.load:.1f} |")
+                     f"{predicted} | {error} | {versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | "
+                     f"{m.requests} | {m.errors} | {m.tokens_per_request:.1f} | {r.load:.1f} |")
     return "\n".join(lines)
 
 
@@ -310,15 +309,15 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
                                              root / "models", checkpoint, manifest.to_dict(), manifest.step,
                                              served + probes))
 
-        def measure(target: Target, streams: int, probe: bool = False) -> Measurement:
-            slug = ("probe-" if probe else "") + target.label.replace(" · ", "-").replace(" ", "-").replace("/", "")
+        def measure(target: Target, streams: int, probing: bool = False) -> Measurement:
+            slug = ("probe-" if probing else "") + target.label.replace(" · ", "-").replace(" ", "-").replace("/", "")
             return profile(target, streams, requests[streams], args.new_tokens, hf_folder, prompts_file,
                            root / "aiperf" / f"{slug}-{streams}", TEMPERATURE, args.client_venv)
 
         predictions: dict[str, PathPrediction] = {}
         for model in probes:
             for target in _targets(args.targets, [model], server, web):  # labelled as the served model's path
-                measured = [measure(target, s, probe=True) for s in PROBE_STREAMS]
+                measured = [measure(target, s, probing=True) for s in PROBE_STREAMS]
                 predictions[target.label] = predict_path(
                     spec, probe, rates, prompt_tokens, args.new_tokens,
                     [(m.streams, m.itl_ms / 1e3, m.ttft_ms / 1e3) for m in measured])
