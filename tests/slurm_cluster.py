@@ -20,8 +20,8 @@ Slurm 24.11 runs from a Debian 13 root that ``debootstrap`` builds from Debian's
 two minutes; ``ensure_slurm_root``, kept under ~/.cache/llm-workbench/). Its daemons and commands run in a mount
 namespace of their own where that root's /usr is mounted over /usr: slurmd starts 24.11's slurmstepd, and the jobs
 still see this machine's /root, /tmp and checkout (programs built for Debian 12 run on Debian 13's newer libraries).
-The cluster's ``bin/`` holds sbatch, squeue, scancel, scontrol, sacct, sacctmgr, sinfo and srun doing the same: ``env`` puts
-it first on PATH, so code under test that calls the commands reaches 24.11.
+The cluster's ``bin/`` holds sbatch, squeue, scancel, scontrol, sacct, sacctmgr, sinfo and srun doing the same:
+``env`` puts it first on PATH, so code under test that calls the commands reaches 24.11.
 
 The 24.11 cluster keeps accounting (``accounting``): slurmdbd from its root over this machine's MariaDB server (a
 database folder in the cluster's folder, a free port of 127.0.0.1), registered with sacctmgr before slurmctld
