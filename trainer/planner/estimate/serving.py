@@ -104,7 +104,7 @@ def serving_estimate(model: ModelSpec, rates: Rates, host: HostCosts, load: Load
     iteration = fig(host.step_s + s * host.token_s + device.value, "s",
                     "step_host + streams · token_host + device", step_host=host.step_s, streams=s,
                     token_host=host.token_s, device=device)
-    prefill = _device(model, rates, 1, load.prompt_tokens, load.prompt_tokens / 2, precision, "a prompt")
+    prefill = device.terms["prefill"]  # the request's own prompt, as the iteration's share of prefills counts it
     wait = fig(iteration.value / 2 if s > 1 else 0.0, "s",
                "iteration / 2 · min(1, streams − 1)  (the running iteration a new request waits for)",
                iteration=iteration, streams=s)
@@ -131,10 +131,10 @@ def fit_host_costs(probe: ModelSpec, rates: Rates, load: Load, measured: list[tu
         raise ValueError(f"two measurements are needed, at 1 stream and at more: got streams "
                          f"{[m[0] for m in measured]}")
     (s1, tpot1, ttft1), (s2, tpot2, _) = measured
-    host1 = tpot1 - iteration_device(probe, rates, load, 1, precision).value
+    alone = iteration_device(probe, rates, load, 1, precision)
+    host1 = tpot1 - alone.value
     host2 = tpot2 - iteration_device(probe, rates, load, s2, precision).value
     token_s = max(0.0, (host2 - host1) / (s2 - s1))
     step_s = max(0.0, host1 - token_s)
-    prefill = _device(probe, rates, 1, load.prompt_tokens, load.prompt_tokens / 2, precision, "a prompt").value
-    request_s = max(0.0, ttft1 - tpot1 - prefill)
+    request_s = max(0.0, ttft1 - tpot1 - alone.terms["prefill"].value)
     return HostCosts(step_s=step_s, token_s=token_s, request_s=request_s)
