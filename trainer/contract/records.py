@@ -3,6 +3,7 @@
     events.jsonl    one ``event`` record a line; ``Event`` names the kinds
     metrics.jsonl   one ``StepMetrics`` record a training step, one ``EvalMetrics`` record an evaluation
     launch.json     one ``LaunchRecord``: how the current attempt was started
+    heartbeats/     rank-<r>.json, one ``Heartbeat`` a rank, rewritten every few seconds
 
 Writers build these records and append their ``to_dict()``; readers (workers, benchmarks, tests) use the
 predicates and keys here instead of spelling field names of their own. Standard library only.
@@ -14,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.contract.runfolder import LAUNCH, read_json, write_json_atomic
+from trainer.contract.runfolder import HEARTBEATS, LAUNCH, read_json, write_json_atomic
 
 
 class Event:
@@ -136,3 +137,46 @@ class LaunchRecord:
             return cls(**{k: data[k] for k in ("backend", "job_id", "attempt", "resume", "command", "time")})
         except KeyError:
             return None
+
+
+class Phase:
+    """What a rank is doing, as its heartbeat says. Only a step waits on the other ranks for as long as it takes:
+    starting (meeting, building, loading), evaluating and saving a checkpoint may rightly take far longer."""
+
+    STARTING, STEP, EVALUATING, SAVING, DONE = "starting", "step", "evaluating", "saving", "done"
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """heartbeats/rank-<r>.json: a rank's sign of life, rewritten every ``every_s`` seconds by a thread of its own.
+
+    The thread goes on beating while the rank waits inside a collective, and stops when the process is frozen,
+    killed or its node lost; ``step``, ``phase`` and ``phase_since`` say how far training got and since when. A
+    watcher outside the job tells a hung collective from a slow step with them (workers.hangs)."""
+
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    process_started: float   # when the process began: a beat left by an earlier attempt is older than its start
+    step: int                # steps done
+    phase: str               # a ``Phase``
+    phase_since: float       # when the phase began; in a step, when the step began
+    median_step_s: float | None   # this rank's recent steps, None before the first
+    every_s: float
+    time: float = field(default_factory=time.time)
+
+    def write(self, run_dir: str | Path) -> None:
+        write_json_atomic(Path(run_dir) / HEARTBEATS / f"rank-{self.rank}.json", asdict(self), durable=False)
+
+    @classmethod
+    def read_all(cls, run_dir: str | Path) -> list["Heartbeat"]:
+        """Every rank's newest beat found in the folder, in rank order; unreadable files are left out."""
+        beats = []
+        for path in sorted(Path(run_dir, HEARTBEATS).glob("rank-*.json")):
+            data = read_json(path)
+            try:
+                beats.append(cls(**data))
+            except TypeError:  # not a dict, or not this record's fields
+                continue
+        return sorted(beats, key=lambda b: b.rank)

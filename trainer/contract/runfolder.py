@@ -19,18 +19,21 @@ LOGS = "logs"
 PROFILES = "profiles"
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
+HEARTBEATS = "heartbeats"
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-    """Write JSON to a temporary file beside ``path`` and rename it into place: readers never see half a file."""
+def write_json_atomic(path: str | os.PathLike, data: Any, durable: bool = True) -> None:
+    """Write JSON to a temporary file beside ``path`` and rename it into place: readers never see half a file.
+    ``durable``: flushed to the disk before the rename (a file rewritten every few seconds need not be)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp makes 0600; run folders are read by workers and other users
         os.replace(tmp, path)
     except BaseException:
@@ -84,7 +87,7 @@ def read_json(path: str | os.PathLike) -> Any | None:
 
 
 # What a run writes (spec.json and launch.json come from the launcher and stay).
-RUN_OUTPUTS = (EVENTS, METRICS, CHECKPOINTS, PROFILES)
+RUN_OUTPUTS = (EVENTS, METRICS, CHECKPOINTS, PROFILES, HEARTBEATS)
 
 
 def used(run_dir: str | os.PathLike) -> bool:

@@ -108,6 +108,7 @@ class Checkpointer:
         manifest = replace(self.manifest, step=step, tokens_seen=tokens_seen)
         folder = self.engine.save(self.run_dir, manifest, self.spec.keep_checkpoints)
         self.last_saved = step
+        seconds = time.perf_counter() - t0
         self.files.event(Event.CHECKPOINT_SAVED, step=step, path=str(folder.relative_to(self.run_dir)),
-                         tokens_seen=tokens_seen)
-        self.files.log(f"checkpoint step {step} saved in {time.perf_counter() - t0:.2f} s")
+                         tokens_seen=tokens_seen, seconds=round(seconds, 3))
+        self.files.log(f"checkpoint step {step} saved in {seconds:.2f} s")

@@ -4,7 +4,8 @@ A step: learning rate for the step → this rank's micro-batches (a pure functio
 dp degree see the same data) → the engine's ``train_step`` (forward, backward, gradient reduction, global norm,
 clipping, update) → its row of metrics (``recorder``) → profiler, evaluation, the stop agreement and the checkpoint
 cadence (``checkpointer``). Around the steps the loop owns what every engine shares: the run's files, stop requests
-(SIGTERM), where the run starts, and the final event.
+(SIGTERM), the rank's heartbeat (``heartbeat``: what it is doing, for a watcher of hung collectives), where the run
+starts, and the final event.
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from trainer.contract import RunSpec, blend_sources
-from trainer.contract.records import Event, EvalMetrics
+from trainer.contract.records import Event, EvalMetrics, Phase
 from trainer.data import BatchSampler, load_tokens, prepare_dataset, validation_batches
 from trainer.data.sampler import BlendSampler
 from trainer.engine.base import Engine
 from trainer.engine.checkpointer import Checkpointer, init_tokenizer, start_from
+from trainer.engine.heartbeat import HeartbeatThread
 from trainer.engine.native import NativeEngine
 from trainer.engine.recorder import StepRecorder
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
@@ -48,17 +50,19 @@ def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
     try:
         engine = build_engine(spec)
         files = RunFiles(run_dir, engine.rank)
+        heartbeat = HeartbeatThread(run_dir, engine.rank, engine.world_size).start()
         with files.failure_recorded():
             try:
-                return _train(spec, run_dir, resume, stop_at, engine, files, stop)
+                return _train(spec, run_dir, resume, stop_at, engine, files, stop, heartbeat)
             finally:
+                heartbeat.stop()
                 engine.close()
     finally:
         stop.restore()
 
 
 def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Engine, files: RunFiles,
-           stop: StopRequest) -> str:
+           stop: StopRequest, heartbeat: HeartbeatThread) -> str:
     plan = spec.plan
     data = prepare_dataset(spec.dataset, spec.model.vocab_size, tokenizer=init_tokenizer(spec))
     # a blend's other datasets are tokenized as the run's own is, so that an id means one token in all of them
@@ -91,23 +95,29 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     step, tokens_seen, outcome = start.step, start.tokens_seen, "finished"
     while step < spec.steps:
         lr = lr_at(step, spec.optimizer, spec.steps)
+        heartbeat.enter(Phase.STEP, step)
         _synchronize(engine.device)
         t0 = time.perf_counter()
         result = engine.train_step(sampler.micro_batches(step), lr, measure=recorder.measuring)
         _synchronize(engine.device)
         step_time = time.perf_counter() - t0
         step += 1
+        heartbeat.step_done(step, step_time)
         tokens_seen += sampler.tokens_per_step
         recorder.record(result, step=step, tokens_seen=tokens_seen, lr=lr, step_time=step_time)
         profile.after_step()
         if spec.eval_every and step % spec.eval_every == 0:
+            heartbeat.enter(Phase.EVALUATING)
             _evaluate(engine, files, step, val, spec)
+            heartbeat.enter(Phase.STEP)  # the stop agreement: a collective, as a step's are
         stopping = stop.agreed(engine.device) or step == stop_at
+        heartbeat.enter(Phase.SAVING)
         checkpointer.after_step(step, tokens_seen, stopping)
         if stopping:
             outcome = "stopped"
             break
     if outcome == "finished":
+        heartbeat.enter(Phase.SAVING)
         checkpointer.at_end(step, tokens_seen)
     profile.close()
     files.event(Event.FINISHED if outcome == "finished" else Event.STOPPED, step=step, tokens_seen=tokens_seen)
