@@ -74,6 +74,8 @@ def worker_process(redis_url, tmp_path_factory, django_db_setup) -> WorkerProces
            # (and the demo corpus, the dataset a first run made in the pages uses)
            "WORKBENCH_DATA_ROOTS": f"{run_temp_root(tmp_path_factory)}:{presets.DEMO_TEXT.parent}",
            "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789",
+           # a rank silent this long in a step is hung (the hang test's; no tiny run's step comes near it)
+           "WORKBENCH_HANG_AFTER_S": "8",
            "DATABASE_URL": worker_database_url()}
     process = WorkerProcess(env, tmp_path_factory.mktemp("worker") / "worker.log")
     process.start()
@@ -92,9 +94,10 @@ def broker(worker, worker_process, redis_url, settings, request):
     """The session's worker, with this process's tasks (run_queue's launch) sent to it; able to submit to the test
     Slurm cluster when the test uses it."""
     from webapp.services import tasks
-    if "slurm_cluster" in request.fixturenames:
-        worker_process.reach(request.getfixturevalue("any_slurm" if "any_slurm" in request.fixturenames
-                                                     else "slurm_cluster"))
+    cluster = next((name for name in ("any_slurm", "slurm_cluster_24", "slurm_cluster")
+                    if name in request.fixturenames), None)
+    if cluster:
+        worker_process.reach(request.getfixturevalue(cluster))
     settings.CELERY_BROKER_URL = settings.CELERY_RESULT_BACKEND = redis_url
     tasks._client.cache_clear()
     yield worker[0]

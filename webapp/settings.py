@@ -230,6 +230,10 @@ WORKBENCH = {
     "URL": os.environ.get("WORKBENCH_URL", "http://127.0.0.1:8000").rstrip("/"),
     # A preparation on a Slurm cluster asks for this many CPUs on one node and encodes with one process each.
     "PREPARE_CPUS": _number("WORKBENCH_PREPARE_CPUS", 8),
+    # A running job none of whose ranks has made progress for this many times its median step (and at least
+    # HANG_AFTER_S seconds) is hung: it is cancelled and requeued, naming the rank the others wait for.
+    "HANG_STEP_MULTIPLE": _number("WORKBENCH_HANG_STEP_MULTIPLE", 10),
+    "HANG_AFTER_S": _number("WORKBENCH_HANG_AFTER_S", 300),
 }
 
 LOGGING = {

@@ -2,8 +2,9 @@
 hold all state; any worker can pick up where another stopped, and every step is safe to repeat.
 
 One reconcile pass: every active run's job is polled with one scheduler call per cluster (not one per run), the
-folders that have grown are handed to ingest tasks (workers.ingesting), and a job seen to end settles its run: completed, requeued (it
-stopped itself with a checkpoint: a time limit near, a preemption), restarted from its newest checkpoint while
+folders that have grown are handed to ingest tasks (workers.ingesting), a running job whose ranks' heartbeats show a
+hung collective is cancelled (workers.hangs), and a job seen to end settles its run: completed, requeued (it stopped
+itself with a checkpoint: a time limit near, a preemption; or it hung), restarted from its newest checkpoint while
 restarts remain, or failed with the scheduler's reason. The same pass asks each Triton server whether it is ready,
 so that what the pages say of a server is at most one pass old.
 """
@@ -15,11 +16,12 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from django.conf import settings as django_settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.utils import timezone
 
-from trainer.contract.records import Event
+from trainer.contract.records import Event, Heartbeat
 from trainer.contract.runfolder import EVENTS, METRICS
 from webapp import services
 from webapp.models import Run, RunStatus
@@ -30,6 +32,7 @@ from webapp.services.tasks import TaskName
 from webapp.services.triton import triton_readiness_refresh
 
 from .converting import resend_unclaimed
+from .hangs import find_hang
 from .launchers import Job, JobState, JobStates, LaunchError, launcher_for
 from .ingesting import request_ingest
 from .launching import WAITING, scheduler_settings
@@ -86,6 +89,8 @@ def reconcile_pass() -> PassReport:
                 grown.append(run.pk)
             try:
                 status = reconcile_run(run, states.get(run.job_id), ingest=False)
+                if status is None and launcher is not None:
+                    cancel_if_hung(run, states.get(run.job_id), launcher)
             except Exception:  # one broken run folder must not stop the others from being watched
                 log.exception("reconciling run %s failed", run.pk)
                 continue
@@ -141,6 +146,34 @@ def reconcile_run(run: Run, job: JobState | None, ingest: bool = True) -> str | 
     return _settle(run.pk, job).status
 
 
+def cancel_if_hung(run: Run, job: JobState | None, launcher) -> None:
+    """A running job whose ranks have all waited in a step for far longer than a step takes (``hangs``): say which
+    rank the others wait for, and cancel the job; when it has ended, ``_settle`` requeues the run."""
+    if job is None or not job.running or run.ingest_state.get("hang") or not run.run_dir:
+        return
+    attempt = run.attempt_records.filter(number=run.attempts).first()
+    if attempt is None:
+        return
+    conf = django_settings.WORKBENCH
+    hang = find_hang(Heartbeat.read_all(run.run_dir), time.time(), attempt.submitted_at.timestamp(),
+                     conf["HANG_STEP_MULTIPLE"], conf["HANG_AFTER_S"])
+    if hang is None:
+        return
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        run.ingest_state = {**run.ingest_state, "hang": hang.to_dict()}
+        run.save(update_fields=["ingest_state", "updated_at"])
+        record_event(run, Source.WORKBENCH, "hang", f"job {run.job_id} {hang.message}: cancelling it to requeue the "
+                                                    f"run from its newest checkpoint", job_id=run.job_id,
+                     **hang.to_dict())
+    try:
+        launcher.cancel(Job(run.job_id, Path(run.run_dir)))
+    except LaunchError as exc:  # asked again on the next pass
+        log.warning("run %s: cancelling its hung job %s: %s", run.pk, run.job_id, exc)
+        state = {k: v for k, v in run.ingest_state.items() if k != "hang"}
+        Run.objects.filter(pk=run.pk).update(ingest_state=state)
+
+
 def _scheduler_says(run: Run, job: JobState) -> None:
     """A new state or reason of the job becomes an event of the run (Slurm's PENDING reason, TIMEOUT, …)."""
     with transaction.atomic():
@@ -159,7 +192,16 @@ def _settle(run_id: int, job: JobState) -> Run:
         run = Run.objects.select_for_update().get(pk=run_id)
         counts_as_restart, was = False, run.status
         if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
-            if run.ingest_state.get("last_event") == Event.STOPPED:
+            if run.ingest_state.get("hang") and _saved_since_start(run):
+                why = "requeued after a hung collective"
+                run.transition(RunStatus.QUEUED, f"attempt {run.attempts} hung and was cancelled; {why}, from its "
+                                                 f"newest checkpoint")
+                run.ingest_state = {**run.ingest_state, "next_why": why}
+            elif run.ingest_state.get("hang"):  # it hung before saving anything: a restart, so it cannot loop
+                counts_as_restart = True
+                run.transition(RunStatus.FAILED, f"attempt {run.attempts} hung before it saved a checkpoint and "
+                                                 f"was cancelled")
+            elif run.ingest_state.get("last_event") == Event.STOPPED:
                 why = "requeued after its time limit" if run.ingest_state.get("time_limit_near") else \
                     "requeued after a stop signal (preemption)"
                 run.transition(RunStatus.QUEUED, f"attempt {run.attempts} stopped with a checkpoint; {why}")
@@ -199,12 +241,16 @@ UNSAVED_REQUEUES = 3  # time-limit stops in a row that saved nothing new, before
 def _may_requeue_unsaved(run: Run) -> bool:
     """Whether an attempt that ended at its time limit without its stop record may be requeued for free: it saved a
     checkpoint beyond where it started, or fewer than UNSAVED_REQUEUES attempts in a row have saved nothing."""
-    started = run.ingest_state.get("started_at_step")
-    newest = run.checkpoints.order_by("-step").values_list("step", flat=True).first()
-    saved = isinstance(started, int) and newest is not None and newest > started
-    unsaved = 0 if saved else run.ingest_state.get("unsaved_requeues", 0) + 1
+    unsaved = 0 if _saved_since_start(run) else run.ingest_state.get("unsaved_requeues", 0) + 1
     run.ingest_state = {**run.ingest_state, "unsaved_requeues": unsaved}
     return unsaved < UNSAVED_REQUEUES
+
+
+def _saved_since_start(run: Run) -> bool:
+    """Whether the current attempt saved a checkpoint beyond the step it started from."""
+    started = run.ingest_state.get("started_at_step")
+    newest = run.checkpoints.order_by("-step").values_list("step", flat=True).first()
+    return isinstance(started, int) and newest is not None and newest > started
 
 
 def _restart(run: Run, job: JobState) -> Run:

@@ -1,0 +1,96 @@
+"""Failures provoked for real on the test Slurm cluster (24.11), each answered without a person: the run ends as an
+uninterrupted run of the same plan ends, and its history says what happened and what was done about it."""
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from rest_framework.authtoken.models import Token
+
+from tests.webapp.conftest import client_for
+from tests.worker_fixtures import log_tails, reconcile_until
+from trainer.contract import ParallelPlan, presets
+from trainer.contract.records import Heartbeat
+from trainer.contract.runfolder import METRICS, read_jsonl
+from webapp import models
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
+
+
+@pytest.fixture
+def two_rank_plan(tiny_run_parts, slurm_cluster_24):
+    """Two ranks on one node of the 24.11 cluster, data parallel, beating every second."""
+    owner, local_plan, dataset = tiny_run_parts
+    cluster = models.Cluster.objects.create(
+        name="slurm-24", kind="slurm", spec=presets.cluster("cpu", nodes=1, gpus_per_node=2).to_dict(),
+        partition=slurm_cluster_24.partition,
+        env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster_24.interface}", "export WORKBENCH_HEARTBEAT_S=1"])
+    cluster.full_clean()
+    plan = models.ParallelismPlan.objects.create(
+        owner=owner, name="dp2", model_config=local_plan.model_config, cluster=cluster,
+        spec=ParallelPlan(dp=2, micro_batch=2, global_batch=4).to_dict())
+    Token.objects.get_or_create(user=owner)
+    owner.refresh_from_db()
+    return client_for(owner), plan, dataset
+
+
+def _start(client, plan, dataset, name: str, **fields) -> int:
+    response = client.post("/api/runs/", {"name": name, "plan": plan.pk, "dataset": dataset.pk, "launch": True,
+                                          "max_restarts": 0, **fields}, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def _final_loss(run: models.Run) -> float:
+    rows = {r["step"]: r["loss"] for _, r in read_jsonl(Path(run.run_dir) / METRICS) if "loss" in r}
+    return rows[max(rows)]
+
+
+def _until(what: str, done, run_id: int, timeout: float = 120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = done()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout} s\n{log_tails(models.Run.objects.get(pk=run_id))}")
+
+
+def test_a_hung_collective_is_cancelled_naming_the_frozen_rank_and_the_run_resumes_to_the_same_loss(
+        broker, two_rank_plan, slurm_cluster_24):
+    client, plan, dataset = two_rank_plan
+    # saved at step 20 and at the end only: a rank frozen in between is frozen in a step, not in a save
+    steps = dict(steps=40, checkpoint_every=20)
+    hung_id = _start(client, plan, dataset, "hangs", **steps)
+    reference_id = _start(client, plan, dataset, "uninterrupted", **steps)
+    folder = Path(reconcile_until(broker, hung_id, lambda r: r.run_dir and r.job_id).run_dir)
+
+    # Rank 1 freezes (SIGSTOP) once step 20 is saved: rank 0 waits for it in the next collective
+    def saved_and_beating():
+        beats = Heartbeat.read_all(folder)
+        ready = (folder / "checkpoints" / "step-20" / "manifest.json").exists() and len(beats) == 2
+        return ready and beats[1].step < 40 and beats
+
+    beats = _until("step 20 saved while both ranks beat", saved_and_beating, hung_id)
+    os.kill(beats[1].pid, signal.SIGSTOP)
+    try:
+        hung = reconcile_until(broker, hung_id, lambda r: r.history.filter(kind="hang").exists(), timeout=60)
+    except BaseException:
+        os.kill(beats[1].pid, signal.SIGCONT)  # not found: the job must not stay frozen on the cluster
+        raise
+    said = hung.history.get(kind="hang")
+    node = slurm_cluster_24.job(int(hung.attempt_records.get(number=1).job_id))["NodeList"]
+    assert said.data["stuck"] == [{"rank": 1, "host": node}] and "frozen" in said.data["why"], said.message
+    assert f"rank 1 on {node}" in said.message and said.data["silent_s"] > said.data["limit_s"] >= 8
+
+    runs = [reconcile_until(broker, pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=240)
+            for pk in (hung_id, reference_id)]
+    hung, reference = runs
+    assert [r.status for r in runs] == ["completed", "completed"], [r.status_message for r in runs]
+    first, second = hung.attempt_records.order_by("number")
+    assert (first.state, first.counts_as_restart) == ("CANCELLED", False)
+    assert second.resume and second.why == "requeued after a hung collective"
+    assert (hung.attempts, hung.restarts, reference.attempts) == (2, 0, 1)
+    assert hung.history.get(source="trainer", kind="started", attempt=2).data["step"] >= 20
+    assert abs(_final_loss(hung) - _final_loss(reference)) <= 1e-6, (_final_loss(hung), _final_loss(reference))
