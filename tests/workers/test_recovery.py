@@ -96,11 +96,11 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
             name=name, kind="slurm", spec=presets.local_cpu_cluster(1).to_dict(), partition=any_slurm.partition,
             env_setup=[f"export GLOO_SOCKET_IFNAME={any_slurm.interface}"], **fields)
 
-    # Slurm's shortest limit is a minute. Asked to stop 30 s before it, the first attempt starts and trains for 30 s,
-    # saves and stops; once it has, the limit is lifted (as staff would for a run that needs longer), so that however
-    # fast or loaded the machine, the run ends in an attempt or two more rather than in many one-minute ones.
-    limited = cluster("one-minute", time_limit="1", stop_before_limit_s=30)
-    steps = 3000  # more than 30 s of training even at 10 ms a step (10-40 ms here, more under load)
+    # Slurm's shortest limit is a minute. Asked to stop 50 s before it, the first attempt starts, trains for what is
+    # left of 10 s, saves and stops; once it has, the limit is lifted (as staff would for a run that needs longer), so
+    # that however fast or loaded the machine, the run ends in an attempt or two more rather than in many short ones.
+    limited = cluster("one-minute", time_limit="1", stop_before_limit_s=50)
+    steps = 1500  # more than 10 s of training even at 10 ms a step (10-40 ms here, more under load)
     run = services.run_create(owner=owner, name="limited", plan=_plan(owner, model, limited), dataset=dataset,
                               steps=steps, checkpoint_every=200, max_restarts=0, launch=True)
     reference = services.run_create(owner=owner, name="unlimited", plan=_plan(owner, model, cluster("unlimited")),
@@ -116,7 +116,7 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
     # The script's own timer signals the attempts under the limit (no Slurm signal on a minute), all but a last one
     # that may finish before it (one launched before the limit was lifted)
     limited_attempts = [a for a in attempts if "#SBATCH --time=1\n" in a.script]
-    assert limited_attempts and all("sleep 30 && kill -USR1" in a.script and "#SBATCH --signal" not in a.script
+    assert limited_attempts and all("sleep 10 && kill -USR1" in a.script and "#SBATCH --signal" not in a.script
                                     for a in limited_attempts)
     signalled = run.history.filter(source="trainer", kind="time_limit_near").count()
     assert len(limited_attempts) - 1 <= signalled <= len(limited_attempts)
