@@ -91,7 +91,8 @@ class Topology:
 def init_distributed(timeout_s: float = 600.0) -> tuple[int, int, torch.device]:
     """Join the job's process group: NCCL on CUDA, gloo on the CPU. Works under torchrun, under srun (SLURM_*
     variables), and alone (a world of one, no launcher needed)."""
-    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:
+    # srun's tasks, one a rank (a single task is a world of one, which needs no rendezvous)
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", "1")) > 1:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")

@@ -148,25 +148,33 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         # reach the batch shell at all: the script keeps its own time as well.
         timer = [f"( sleep {limit - before} && kill -USR1 $$ ) &", "timer=$!"]
     args = ["--spec", str(run_dir / SPEC), *(["--resume"] if request.resume else [])]
-    words = trainer_command(args, nproc_per_node=per_node, nodes=nodes, endpoint=ENDPOINT_FROM_ENV, srun=True,
-                            python="python" if settings.container_image else python)
-    python_at = words.index("python" if settings.container_image else python)
-    srun, torchrun = [words[0], "--kill-on-bad-exit=1", *words[1:python_at]], words[python_at:]
+    interpreter = "python" if settings.container_image else python
+    # a world of one needs no torchrun: srun starts the trainer itself, a second sooner and with one process less
+    alone = nodes == per_node == 1
+    words = trainer_command(args, nproc_per_node=per_node, nodes=nodes, endpoint=ENDPOINT_FROM_ENV, srun=not alone,
+                            launcher_for_one=not alone, python=interpreter)
+    if alone:
+        words = ["srun", "--nodes=1", "--ntasks-per-node=1", *words]
+    python_at = words.index(interpreter)
+    srun, program = [words[0], "--kill-on-bad-exit=1", *words[1:python_at]], words[python_at:]
     if settings.container_image:
         mounts = ",".join(f"{p}:{p}" for p in (str(REPO), str(run_dir.parent)))
         srun += [f"--container-image={settings.container_image}", f"--container-mounts={mounts}",
                  f"--container-workdir={run_dir}"]
-    step = f'{command_line(srun)} bash -c "$per_node" node {command_line(torchrun)}'
-    run = shlex.quote(str(run_dir))
-    lines += [
-        *_environment(settings),
+    step = f"{command_line(srun)} {command_line(program)}" if alone else \
+        f'{command_line(srun)} bash -c "$per_node" node {command_line(program)}'
+    rendezvous = [] if alone else [
         "# torchrun on every node meets the others at the first node of the allocation. That node hosts the",
         "# rendezvous and every node publishes its own address: a node's host name may resolve to the loopback.",
         'export FIRST_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         f"first_addr=$({NODE_ADDRESS.format(node='$FIRST_NODE')})",
         f'export PET_RDZV_ENDPOINT="${{first_addr:-$FIRST_NODE}}:$(( {RDZV_PORT_BASE} + SLURM_JOB_ID % 20000 ))"',
         'export PET_RDZV_ID="$SLURM_JOB_ID"',
-        f"per_node={shlex.quote(PER_NODE)}",
+        f"per_node={shlex.quote(PER_NODE)}"]
+    run = shlex.quote(str(run_dir))
+    lines += [
+        *_environment(settings),
+        *rendezvous,
         f"run_dir={run}",
         *_job_record(request.job_name),
         "time_limit_near() {",
