@@ -26,6 +26,7 @@ from trainer.engine.native import NativeEngine
 from trainer.engine.recorder import StepRecorder
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
 from trainer.optim import lr_at
+from trainer.profiling import profiler
 from trainer.profiling.profiler import StepProfiler
 
 
@@ -47,6 +48,8 @@ def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
     # Listening for SIGTERM from the start: a stop asked for while the ranks meet, build and load (a time limit
     # near, a preemption) is honoured at the first step's end instead of killing a rank that has saved nothing.
     stop = StopRequest()
+    if spec.profile:
+        profiler.prepare()  # before the process group exists (profiler.prepare says why)
     try:
         engine = build_engine(spec)
         files = RunFiles(run_dir, engine.rank)

@@ -27,8 +27,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed import pipelining
-from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 
 from trainer.contract.schedules import V_SCHEDULES
@@ -39,7 +37,6 @@ from trainer.planner.schedule import schedule_orders
 SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved": "ScheduleInterleaved1F1B",
                     "zb-interleaved": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
                     "dualpipev": "ScheduleDualPipeV"}
-SCHEDULES = {kind: getattr(pipelining, name, None) for kind, name in SCHEDULE_CLASSES.items()}
 SINGLE_STAGE = ("gpipe", "1f1b")  # schedules that take a rank's one stage, not a list of its stages
 
 
@@ -67,17 +64,27 @@ def split_stage(full: GPT, stage: int, layers: tuple[range, ...]) -> GPT:
     return model
 
 
-def build_schedule(kind: str, stage_modules: list[nn.Module], ids: list[int], n_stages: int, n_microbatches: int,
-                   loss_fn: Callable, pp_group, device: torch.device):
-    stages = [PipelineStage(module, stage_index=i, num_stages=n_stages, device=device, group=pp_group)
-              for module, i in zip(stage_modules, ids)]
-    cls = SCHEDULES[kind]
+def schedule_class(kind: str) -> type:
+    """torch's class for the schedule ``kind``. torch.distributed.pipelining is imported here: it costs every rank
+    almost a second, and only a pipeline needs it."""
+    from torch.distributed import pipelining
+
+    cls = getattr(pipelining, SCHEDULE_CLASSES[kind], None)
     if cls is None:
         raise RuntimeError(f"the {kind!r} pipeline schedule needs torch.distributed.pipelining."
                            f"{SCHEDULE_CLASSES[kind]}, which torch {torch.__version__} does not have; choose another "
                            f"pipeline_schedule or a newer torch")
-    return cls(stages[0] if kind in SINGLE_STAGE else stages, n_microbatches=n_microbatches, loss_fn=loss_fn,
-               scale_grads=True)
+    return cls
+
+
+def build_schedule(kind: str, stage_modules: list[nn.Module], ids: list[int], n_stages: int, n_microbatches: int,
+                   loss_fn: Callable, pp_group, device: torch.device):
+    from torch.distributed.pipelining import PipelineStage
+
+    stages = [PipelineStage(module, stage_index=i, num_stages=n_stages, device=device, group=pp_group)
+              for module, i in zip(stage_modules, ids)]
+    return schedule_class(kind)(stages[0] if kind in SINGLE_STAGE else stages, n_microbatches=n_microbatches,
+                                loss_fn=loss_fn, scale_grads=True)
 
 
 class TiedEmbeddingSync:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import gzip
+import importlib
 import os
 import shutil
 import sys
@@ -15,18 +16,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-# torch.profiler imports torch._inductor when a profile first starts, and that import reaches
-# torch.distributed.nn.functional, whose functions take ``group=group.WORLD`` as a default, evaluated at import.
-# Imported after the job joined its process group, those defaults hold the group for good: destroy_process_group no
-# longer frees it, gloo's worker threads live on into the interpreter's shutdown, and one that drops a tensor there
-# aborts the rank ("terminate called without an active exception"). Imported here, before any group exists, the
-# defaults are None.
-import torch._inductor.config  # noqa: F401
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from trainer.contract.runfolder import PROFILES, write_json_atomic
 from trainer.profiling.digest import complete_events, summarize_trace
 from trainer.profiling.timeline import write_timeline
+
+
+def prepare() -> None:
+    """Call before the job joins its process group when it is to profile; nothing else needs it, and it costs a
+    rank about 1.5 s of imports.
+
+    torch.profiler imports torch._inductor when a profile first starts, and that import reaches
+    torch.distributed.nn.functional, whose functions take ``group=group.WORLD`` as a default, evaluated at import.
+    Imported after the job joined its process group, those defaults hold the group for good: destroy_process_group no
+    longer frees it, gloo's worker threads live on into the interpreter's shutdown, and one that drops a tensor there
+    aborts the rank ("terminate called without an active exception"). Imported before any group exists, the defaults
+    are None."""
+    importlib.import_module("torch._inductor.config")
 
 
 class StepProfiler:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer.contract import ParallelPlan
-from trainer.parallel.pipeline import SCHEDULES, SINGLE_STAGE, schedule_record, stage_ids
+from trainer.parallel.pipeline import SINGLE_STAGE, schedule_class, schedule_record, stage_ids
 from trainer.contract.presets import MODELS, local_cpu_cluster
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate.core import Planner
@@ -26,7 +26,7 @@ def _torch_order(kind: str, pp: int, microbatches: int, v: int) -> dict:
                                     is_first=i == 0, is_last=i == n_stages - 1, has_backward=True,
                                     submod=torch.nn.Linear(1, 1), stage_index_to_group_rank={}, scale_grads=True)
               for i in stage_ids(0, pp, v, kind)]
-    schedule = SCHEDULES[kind](stages[0] if kind in SINGLE_STAGE else stages, n_microbatches=microbatches)
+    schedule = schedule_class(kind)(stages[0] if kind in SINGLE_STAGE else stages, n_microbatches=microbatches)
     return schedule_record(schedule, kind, pp, 0, v, microbatches)
 
 

@@ -24,9 +24,10 @@ JOB = textwrap.dedent("""
     import torch
     import torch.distributed as dist
     from trainer.profiling.digest import write_summary
-    from trainer.profiling.profiler import StepProfiler
+    from trainer.profiling.profiler import StepProfiler, prepare
     from trainer.contract import ProfileSpec
 
+    prepare()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(rank)
@@ -108,17 +109,17 @@ def test_it_summarizes_a_folder_of_traces_as_the_ranks_did(two_rank_profile):
 
 # ------------------------------------------------------------------ the profiler in one process
 
-# A fresh process, as a rank is: the profiler's module is imported before the group is joined, the profile starts
-# after. destroy_process_group must then free the group, for only then are gloo's worker threads joined while the
+# A fresh process, as a rank is: the profiler is prepared before the group is joined, the profile starts after. destroy_process_group must then free the group, for only then are gloo's worker threads joined while the
 # interpreter still runs (a worker that drops a tensor during its shutdown aborts the rank).
 GROUP_FREED = textwrap.dedent("""
     import sys, weakref
     from pathlib import Path
     import torch
     import torch.distributed as dist
-    from trainer.profiling.profiler import StepProfiler
+    from trainer.profiling.profiler import StepProfiler, prepare
     from trainer.contract import ProfileSpec
 
+    prepare()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     group = weakref.ref(dist.group.WORLD)
     with StepProfiler(ProfileSpec(start_step=0, steps=1, warmup=0, name="p"), Path(sys.argv[1]), 0) as profiler:
