@@ -318,6 +318,11 @@ def _tail(path: Path, lines: int) -> str:
     return "\n".join(text[-lines:])
 
 
+# The QOS of the clusters with accounting: a job of PREEMPTING preempts jobs of PREEMPTIBLE, which have GRACE_S
+# seconds from their SIGTERM to save and end
+PREEMPTIBLE, PREEMPTING, GRACE_S = "low", "high", 30
+
+
 class SlurmCluster:
     """slurmctld, one slurmd per node (each in its namespace) and slurmrestd, in a fresh temporary folder.
 
@@ -560,6 +565,8 @@ class SlurmCluster:
             *(f"NodeName={node} NodeAddr={address} CPUs={self.cpus_per_node} RealMemory={self.memory_per_node_mb}"
               f"{node_gres} State=UNKNOWN" for node, address in self.network.addresses.items()),
             f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+            # a partition of each node alone, for a test that must place a job on a node of its choosing
+            *(f"PartitionName={node} Nodes={node} MaxTime=INFINITE State=UP" for node in self.nodes),
         ]
         self.conf.write_text("\n".join(lines) + "\n")
         self.conf.chmod(0o644)
@@ -599,7 +606,10 @@ class SlurmCluster:
         self.dbd_port = _free_port()
         return ["AccountingStorageType=accounting_storage/slurmdbd",
                 f"AccountingStorageHost={self.network.host_address}", f"AccountingStoragePort={self.dbd_port}",
-                "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherFrequency=task=1"]
+                "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherFrequency=task=1",
+                # QOS-based preemption (the QOS live in slurmdbd): a job of QOS PREEMPTING takes the CPUs of jobs
+                # of QOS PREEMPTIBLE, which get SIGTERM and are cancelled GRACE_S later
+                "PreemptType=preempt/qos", "PreemptMode=CANCEL"]
 
     def _start_accounting(self) -> None:
         """MariaDB (a database folder of the cluster's own, on a free port of 127.0.0.1) and slurmdbd over it, then
@@ -636,6 +646,9 @@ class SlurmCluster:
             return "workbench" in listed.stdout.split()
 
         self._until(registered, "slurmdbd does not register the cluster", [self._database, self._dbd])
+        for qos in ([PREEMPTIBLE, f"GraceTime={GRACE_S}", "PreemptMode=cancel"],
+                    [PREEMPTING, f"Preempt={PREEMPTIBLE}"]):
+            self.run(["sacctmgr", "--immediate", "add", "qos", *qos])
 
     def _until(self, done, what: str, daemons: list[subprocess.Popen]) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S

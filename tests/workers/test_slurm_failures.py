@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
+from tests.slurm_cluster import PREEMPTIBLE, PREEMPTING
 from tests.webapp.conftest import client_for
 from tests.worker_fixtures import log_tails, reconcile_until
 from trainer.contract import ParallelPlan, presets
@@ -19,20 +20,23 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.
 
 
 @pytest.fixture
-def two_rank_plan(tiny_run_parts, slurm_cluster_24):
-    """Two ranks on one node of the 24.11 cluster, data parallel, beating every second."""
+def plans(tiny_run_parts, slurm_cluster_24):
+    """Make plans on the 24.11 cluster, its ranks beating every second: (client, make_plan, dataset)."""
     owner, local_plan, dataset = tiny_run_parts
-    cluster = models.Cluster.objects.create(
-        name="slurm-24", kind="slurm", spec=presets.cluster("cpu", nodes=1, gpus_per_node=2).to_dict(),
-        partition=slurm_cluster_24.partition,
-        env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster_24.interface}", "export WORKBENCH_HEARTBEAT_S=1"])
-    cluster.full_clean()
-    plan = models.ParallelismPlan.objects.create(
-        owner=owner, name="dp2", model_config=local_plan.model_config, cluster=cluster,
-        spec=ParallelPlan(dp=2, micro_batch=2, global_batch=4).to_dict())
     Token.objects.get_or_create(user=owner)
     owner.refresh_from_db()
-    return client_for(owner), plan, dataset
+
+    def make_plan(ranks: int = 1, partition: str = slurm_cluster_24.partition, qos: str = "") -> models.ParallelismPlan:
+        cluster = models.Cluster.objects.create(
+            name=f"slurm-24-{models.Cluster.objects.count()}", kind="slurm", partition=partition, qos=qos,
+            spec=presets.cluster("cpu", nodes=1, gpus_per_node=ranks).to_dict(),
+            env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster_24.interface}", "export WORKBENCH_HEARTBEAT_S=1"])
+        cluster.full_clean()
+        return models.ParallelismPlan.objects.create(
+            owner=owner, name=f"p{cluster.pk}", model_config=local_plan.model_config, cluster=cluster,
+            spec=ParallelPlan(dp=ranks, micro_batch=2, global_batch=4).to_dict())
+
+    return client_for(owner), make_plan, dataset
 
 
 def _start(client, plan, dataset, name: str, **fields) -> int:
@@ -58,8 +62,9 @@ def _until(what: str, done, run_id: int, timeout: float = 120):
 
 
 def test_a_hung_collective_is_cancelled_naming_the_frozen_rank_and_the_run_resumes_to_the_same_loss(
-        broker, two_rank_plan, slurm_cluster_24):
-    client, plan, dataset = two_rank_plan
+        broker, plans, slurm_cluster_24):
+    client, make_plan, dataset = plans
+    plan = make_plan(ranks=2)
     # saved at step 20 and at the end only: a rank frozen in between is frozen in a step, not in a save
     steps = dict(steps=40, checkpoint_every=20)
     hung_id = _start(client, plan, dataset, "hangs", **steps)
@@ -94,3 +99,34 @@ def test_a_hung_collective_is_cancelled_naming_the_frozen_rank_and_the_run_resum
     assert (hung.attempts, hung.restarts, reference.attempts) == (2, 0, 1)
     assert hung.history.get(source="trainer", kind="started", attempt=2).data["step"] >= 20
     assert abs(_final_loss(hung) - _final_loss(reference)) <= 1e-6, (_final_loss(hung), _final_loss(reference))
+
+
+def test_a_preempted_run_saves_on_the_signal_and_resumes_without_a_restart_to_the_same_loss(
+        broker, plans, slurm_cluster_24):
+    client, make_plan, dataset = plans
+    steps = dict(steps=400, checkpoint_every=100)
+    # the preemptible run alone on n1, the uninterrupted one on n2
+    preempted_id = _start(client, make_plan(partition="n1", qos=PREEMPTIBLE), dataset, "preemptible", **steps)
+    reference_id = _start(client, make_plan(partition="n2"), dataset, "uninterrupted", **steps)
+    folder = Path(reconcile_until(broker, preempted_id, lambda r: r.run_dir and r.job_id).run_dir)
+    _until("step 100 saved", lambda: (folder / "checkpoints" / "step-100" / "manifest.json").exists(), preempted_id)
+    # a job of the preempting QOS that wants all of n1's CPUs
+    urgent = slurm_cluster_24.sbatch("-p", "n1", f"--qos={PREEMPTING}", "--cpus-per-task=8", "--output=/dev/null",
+                                     "--wrap", "sleep 3")
+
+    runs = [reconcile_until(broker, pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=240)
+            for pk in (preempted_id, reference_id)]
+    preempted, reference = runs
+    assert [r.status for r in runs] == ["completed", "completed"], [r.status_message for r in runs]
+    assert slurm_cluster_24.job(urgent)["JobState"] == "COMPLETED"
+    first, second = preempted.attempt_records.order_by("number")
+    assert (first.state, first.counts_as_restart) == ("PREEMPTED", False), first.reason
+    assert second.resume and second.why == "requeued after a stop signal (preemption)"
+    assert (preempted.attempts, preempted.restarts, reference.attempts) == (2, 0, 1)
+    # it saved where the signal found it, past its last regular checkpoint, and went on from there
+    stopped = preempted.history.get(source="trainer", kind="stopped", attempt=1).data["step"]
+    assert 100 < stopped < 400
+    assert preempted.history.get(source="trainer", kind="started", attempt=2).data["step"] == stopped
+    assert preempted.history.filter(source="scheduler", kind="preempted", attempt=1).exists()
+    assert abs(_final_loss(preempted) - _final_loss(reference)) <= 1e-6, (_final_loss(preempted),
+                                                                         _final_loss(reference))
