@@ -32,6 +32,7 @@ it; anything else that stops the cluster from starting raises ``SlurmClusterErro
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -361,6 +362,7 @@ class SlurmCluster:
         self._dbd: subprocess.Popen | None = None
         self.dbd_port: int | None = None
         self.startup_s: float | None = None
+        self.slurmd_timeout_s = 10 if self.accounting else 30
 
     # -- what tests use
 
@@ -436,6 +438,32 @@ class SlurmCluster:
                 return error.code, json.loads(text)
             except ValueError:  # a refused token is answered in plain text ("Authentication failure")
                 return error.code, {"text": text}
+
+    def fail_node(self, node: str) -> None:
+        """``node`` dies at once, as at a power loss: its slurmd and every process in its namespace (the steps and
+        tasks of its jobs) are killed. slurmctld learns of it only when the node stops answering (SlurmdTimeout)."""
+        pids = _run(["ip", "netns", "pids", self.network.namespaces[node]]).stdout.split()
+        for pid in map(int, pids):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._node_daemons[self.nodes.index(node)].wait(timeout=10)
+
+    def restore_node(self, node: str, timeout: float = 60) -> None:
+        """``node`` back: its slurmd started again, and up once it has registered (ReturnToService=2): idle, or
+        already running a job the scheduler gave it."""
+        daemon = self._node_daemons[self.nodes.index(node)]
+        if daemon.poll() is None:
+            return
+        self._node_daemons[self.nodes.index(node)] = self._daemon(
+            ["/usr/sbin/slurmd", "-D", "-N", node, "-f", str(self.conf)], f"slurmd-{node}.out", node=node)
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.run(["sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%t"]).stdout.split()[0]
+            if state in ("idle", "mix", "alloc"):
+                return
+            if time.monotonic() > deadline:
+                raise SlurmClusterError(f"{node} is {state} {timeout:.0f} s after its slurmd started again")
+            time.sleep(0.5)
 
     def token(self, user: str = "root", lifespan: int = 3600) -> str:
         """A JWT for slurmrestd (header X-SLURM-USER-TOKEN, with X-SLURM-USER-NAME: ``user``)."""
@@ -556,7 +584,8 @@ class SlurmCluster:
             "ReturnToService=2",
             "SlurmdParameters=config_overrides",  # the nodes declare more CPUs and memory than the machine has
             "SlurmctldTimeout=10",
-            "SlurmdTimeout=30",
+            # how long a node may be silent before it is down and its jobs NODE_FAIL: short where a test fails a node
+            f"SlurmdTimeout={self.slurmd_timeout_s}",
             "MessageTimeout=5",
             "KillWait=5",  # seconds between SIGTERM and SIGKILL when a job is cancelled or runs out of time
             "InactiveLimit=0",

@@ -74,8 +74,9 @@ def worker_process(redis_url, tmp_path_factory, django_db_setup) -> WorkerProces
            # (and the demo corpus, the dataset a first run made in the pages uses)
            "WORKBENCH_DATA_ROOTS": f"{run_temp_root(tmp_path_factory)}:{presets.DEMO_TEXT.parent}",
            "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789",
-           # a rank silent this long in a step is hung (the hang test's; no tiny run's step comes near it)
-           "WORKBENCH_HANG_AFTER_S": "8",
+           # a rank silent this long in a step is hung: no tiny run's step comes near it, and a node the node
+           # failure test kills is found down by Slurm well before (SlurmdTimeout 10 s)
+           "WORKBENCH_HANG_AFTER_S": "25",
            "DATABASE_URL": worker_database_url()}
     process = WorkerProcess(env, tmp_path_factory.mktemp("worker") / "worker.log")
     process.start()

@@ -115,7 +115,7 @@ def _claim(run_id: int) -> Claim | str:
         if problems:
             return _fail(run, "could not launch: " + "; ".join(m for messages in problems.values() for m in messages))
         request = JobRequest(run_id=run.pk, attempt=run.attempts + 1, run_dir=Path(spec.output_dir), spec=spec,
-                             settings=settings)
+                             settings=settings, exclude=tuple(run.ingest_state.get("excluded_nodes", ())))
         why = run.ingest_state.get("next_why") or "first launch"
         now = timezone.now()
         fresh_for = timedelta(seconds=launcher.start_timeout_s + CLAIM_MARGIN_S)

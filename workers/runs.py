@@ -4,8 +4,8 @@ hold all state; any worker can pick up where another stopped, and every step is 
 One reconcile pass: every active run's job is polled with one scheduler call per cluster (not one per run), the
 folders that have grown are handed to ingest tasks (workers.ingesting), a running job whose ranks' heartbeats show a
 hung collective is cancelled (workers.hangs), and a job seen to end settles its run: completed, requeued (it stopped
-itself with a checkpoint: a time limit near, a preemption; or it hung), restarted from its newest checkpoint while
-restarts remain, or failed with the scheduler's reason. The same pass asks each Triton server whether it is ready,
+itself with a checkpoint: a time limit near, a preemption; or it hung; or a node failed under it, which the next
+attempt avoids), restarted from its newest checkpoint while restarts remain, or failed with the scheduler's reason. The same pass asks each Triton server whether it is ready,
 so that what the pages say of a server is at most one pass old.
 """
 import logging
@@ -24,7 +24,7 @@ from django.utils import timezone
 from trainer.contract.records import Event, Heartbeat
 from trainer.contract.runfolder import EVENTS, METRICS
 from webapp import services
-from webapp.models import Run, RunStatus
+from webapp.models import Cluster, Run, RunStatus
 from webapp.selectors.runs import active_runs, run_with_cluster
 from webapp.services.history import Source, attempt_ended, record_event
 from webapp.services.ingest import run_ingest
@@ -214,6 +214,14 @@ def _settle(run_id: int, job: JobState) -> Run:
                 run.transition(RunStatus.QUEUED, f"attempt {run.attempts} was stopped at its time limit before it "
                                                  f"could save; {why}, from its newest checkpoint")
                 run.ingest_state = {**run.ingest_state, "next_why": why}
+            elif job.state == JobStates.NODE_FAIL:  # not the run's doing: no restart is used
+                why = "requeued after a node failure"
+                nodes = ", ".join(job.failed_nodes) or "a node Slurm no longer holds down"
+                excluded = sorted(set(run.ingest_state.get("excluded_nodes", [])) | set(job.failed_nodes))
+                run.transition(RunStatus.QUEUED, f"attempt {run.attempts}: {nodes} failed under the job; {why}"
+                                                 + (f", excluding {', '.join(excluded)}" if excluded else ""))
+                run.ingest_state = {**run.ingest_state, "next_why": why, "excluded_nodes": excluded}
+                _count_node_failures(run.cluster_id, job.failed_nodes)
             elif job.state == JobStates.PREEMPTED:
                 run.transition(RunStatus.QUEUED, f"attempt {run.attempts}: {job.reason}; requeued")
                 run.ingest_state = {**run.ingest_state, "next_why": "requeued after preemption"}
@@ -233,6 +241,15 @@ def _settle(run_id: int, job: JobState) -> Run:
     elif run.status == RunStatus.FAILED and counts_as_restart and run.restarts < run.max_restarts:
         run = _restart(run, job)
     return run
+
+
+def _count_node_failures(cluster_id: int, nodes: tuple[str, ...]) -> None:
+    """Each failed node's count on its cluster (in the transaction that settles the run)."""
+    if nodes:
+        cluster = Cluster.objects.select_for_update().get(pk=cluster_id)
+        cluster.node_failures = {**cluster.node_failures,
+                                 **{node: cluster.node_failures.get(node, 0) + 1 for node in nodes}}
+        cluster.save(update_fields=["node_failures", "updated_at"])
 
 
 UNSAVED_REQUEUES = 3  # time-limit stops in a row that saved nothing new, before the next counts as a failure

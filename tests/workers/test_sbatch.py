@@ -55,3 +55,15 @@ def test_a_launch_finds_the_job_its_script_recorded_after_slurm_has_forgotten_it
     assert started_job_id(request) is None  # the attempt before's job
     (tmp_path / "job.json").write_text('{"name": "wb-run7-a2", "job_id": "42"}')
     assert started_job_id(request) == "42"
+
+
+def test_an_attempt_after_a_node_failure_asks_slurm_to_avoid_the_failed_nodes_named_safely(tmp_path):
+    spec = RunSpec(model=presets.MODELS["tiny"], plan=ParallelPlan(micro_batch=2, global_batch=2),
+                   cluster=presets.local_cpu_cluster(1), dataset=DatasetSpec(path="/data.txt"),
+                   output_dir=str(tmp_path))
+    request = JobRequest(run_id=7, attempt=2, run_dir=Path(tmp_path), spec=spec,
+                         settings=SchedulerSettings(kind="slurm"), exclude=("gpu-017", "gpu-101"))
+    assert "#SBATCH --exclude=gpu-017,gpu-101\n" in batch_script(request)
+    assert "--exclude" not in batch_script(JobRequest(run_id=7, attempt=1, run_dir=Path(tmp_path), spec=spec))
+    with pytest.raises(UnsafeScriptValue, match="is not a Slurm name"):
+        batch_script(JobRequest(run_id=7, attempt=2, run_dir=Path(tmp_path), spec=spec, exclude=("n1\nrm -rf /",)))

@@ -98,8 +98,9 @@ class ClusterSerializer(StrictModelSerializer):
     class Meta:
         model = models.Cluster
         fields = ["id", "name", "kind", "spec", "partition", "account", "qos", "time_limit", "env_setup",
-                  "container_image", "stop_before_limit_s", "rest_url", "runs_root", "created_at", "updated_at"]
-        read_only_fields = ["created_at", "updated_at"]
+                  "container_image", "stop_before_limit_s", "rest_url", "runs_root", "node_failures", "created_at",
+                  "updated_at"]
+        read_only_fields = ["node_failures", "created_at", "updated_at"]
         extra_kwargs = {"stop_before_limit_s": {"min_value": 1, "max_value": 65535}}
 
     def validate(self, attrs):

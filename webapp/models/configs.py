@@ -69,6 +69,9 @@ class Cluster(models.Model):
                                "At least a tenth of the limit is left to train")
     rest_url = models.URLField(blank=True, help_text="slurmrestd's address for slurm-rest clusters, e.g. "
                                                      "http://login1:6820; the token comes from SLURM_JWT")
+    node_failures = models.JSONField(
+        default=dict, blank=True, editable=False,
+        help_text="How many times each node failed under a run's job, by node name (the scheduler's NODE_FAIL)")
     runs_root = models.CharField(max_length=500, blank=True,
                                  help_text="Folder for run folders, under one of WORKBENCH_RUNS_ROOTS; empty: the "
                                            "default")

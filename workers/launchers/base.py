@@ -41,6 +41,7 @@ class JobRequest:
     spec: RunSpec
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
     resume: bool = False
+    exclude: tuple[str, ...] = ()  # nodes an earlier attempt's job failed on: the scheduler is asked to avoid them
 
     @property
     def job_name(self) -> str:
@@ -100,6 +101,7 @@ class JobState:
     state: str
     exit_code: int | None = None  # known once the job has ended, where the scheduler or the job recorded it
     reason: str = ""              # the scheduler's reason, in words a person can read
+    failed_nodes: tuple[str, ...] = ()  # of a job that ended NODE_FAIL: its nodes the scheduler holds down
 
     @property
     def alive(self) -> bool:

@@ -136,7 +136,7 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
              *([f"#SBATCH --gres=gpu:{per_node}"] if on_gpus else []),
              # the workbench starts another attempt itself, from the newest checkpoint, as a new job
              "#SBATCH --no-requeue",
-             *directives(settings)]
+             *directives(settings), *_exclusion(request.exclude)]
     _check_folder(run_dir)
     timer = []
     if settings.time_limit and time_limit_s(settings.time_limit):  # 0 is Slurm's "no limit"
@@ -195,6 +195,15 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         *_exit_record(),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _exclusion(nodes: tuple[str, ...]) -> list[str]:
+    """``#SBATCH --exclude`` for the nodes earlier attempts failed on (names as Slurm gave them, checked again)."""
+    for node in nodes:
+        problem = slurm_name_problem("excluded node", node)
+        if problem:
+            raise UnsafeScriptValue(problem)
+    return [f"#SBATCH --exclude={','.join(nodes)}"] if nodes else []
 
 
 def _check_folder(run_dir: Path) -> None:

@@ -2,17 +2,19 @@
 
     submit   sbatch --parsable … job.sbatch          (the script is stored in the run folder and on the run)
     find     squeue --name=<run and attempt>          (a launch repeated after a crash finds the job it submitted)
-    poll     one squeue for every active job; jobs that have left squeue: one sacct, if accounting is there
+    poll     one squeue for every active job; jobs that have left squeue: one sacct, if accounting is there; a
+             job that ended NODE_FAIL: sinfo, for which of its nodes failed
     cancel   scancel
     account  one sacct for the jobs that ended in a pass: steps, exit codes, times, peak memory, who cancelled
 """
 import os
 import shutil
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from .base import Job, JobState, LaunchError, StartedJob
+from .base import Job, JobState, JobStates, LaunchError, StartedJob
 from .sbatch import output_pattern
 from .slurm_accounting import JobRecord, parse_sacct, sacct_arguments
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
@@ -70,19 +72,32 @@ class SlurmCLILauncher:
             return {}
         by_id = {job.job_id: job for job in jobs}
         done = self._slurm("squeue", "--noheader", "--states=all", f"--jobs={','.join(by_id)}",
-                           "--format=%i|%T|%r", check=False)
+                           "--format=%i|%T|%N|%r", check=False)
         states: dict[str, JobState] = {}
+        node_lists: dict[str, str] = {}
         for line in done.stdout.splitlines():
-            job_id, _, rest = line.strip().partition("|")
-            state, _, reason = rest.partition("|")
+            job_id, state, nodes, reason = (line.strip().split("|", 3) + ["", "", ""])[:4]
             if job_id in by_id:
                 states[job_id] = job_state(state, reason, recorded_exit_code(by_id[job_id]))
+                node_lists[job_id] = nodes
         if done.returncode != 0 and "Invalid job id" not in done.stderr:
             raise SlurmCommandError(f"squeue failed: {done.stderr.strip()}")
+        failed = [job_id for job_id, state in states.items() if state.state == JobStates.NODE_FAIL]
+        if failed:
+            down = self._down_nodes([node_lists[job_id] for job_id in failed])
+            for job_id in failed:
+                mine = set(self._slurm("scontrol", "show", "hostnames", node_lists[job_id]).stdout.split())
+                states[job_id] = replace(states[job_id], failed_nodes=tuple(sorted(mine & down)))
         left = [job for job_id, job in by_id.items() if job_id not in states]
         if left:
             states.update(self._from_accounting(left))
         return states
+
+    def _down_nodes(self, node_lists: list[str]) -> set[str]:
+        """Which of these nodes Slurm holds down, drained, failing or not responding (a job's NODE_FAIL names none)."""
+        done = self._slurm("sinfo", "--noheader", "--Node", f"--nodes={','.join(node_lists)}",
+                           "--states=down,drain,fail,no_respond", "--format=%N", check=False)
+        return set(done.stdout.split())
 
     def _from_accounting(self, jobs: list[Job]) -> dict[str, JobState]:
         """Jobs squeue no longer shows: sacct's record if accounting is configured, else what the job wrote."""

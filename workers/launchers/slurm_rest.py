@@ -18,6 +18,7 @@ import json
 import os
 import urllib.error
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,7 +28,7 @@ from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded
                          write_batch_script)
 from .slurm_accounting import JobRecord
 from .slurm_rest_versions import LEGACY, OPENAPI_PATH, Dialect, chosen_version, dialect, offered_versions
-from .slurm_states import job_state
+from .slurm_states import expand_hostlist, job_state
 
 # What a job's environment starts with (slurmrestd wants one; the script sets the rest). The worker's own environment
 # (its database URL, its secret key, its token) never reaches a job.
@@ -35,7 +36,9 @@ ENVIRONMENT = ("PATH", "HOME", "LANG", "SLURM_CONF")
 # The script's #SBATCH options as slurmrestd's job fields (v0.0.38's names: slurm_rest_versions renames for later).
 FIELDS = {"job-name": "name", "comment": "comment", "nodes": "nodes", "ntasks-per-node": "tasks_per_node",
           "cpus-per-task": "cpus_per_task", "gres": "gres", "partition": "partition", "account": "account",
-          "qos": "qos", "time": "time_limit"}
+          "qos": "qos", "time": "time_limit", "exclude": "excluded_nodes"}
+# A node in one of these states is not to be counted on (slurmrestd's words for them, in any version)
+DOWN_NODE_STATES = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING"})
 COUNTS = {"nodes", "tasks_per_node", "cpus_per_task"}
 # Options of the script slurmrestd cannot take. --signal: "B:USR1@…" (to the batch shell) is refused, and a signal to
 # the steps would reach torchrun, not the script's handler; the script keeps its own timer to the time limit
@@ -141,8 +144,21 @@ class SlurmRestLauncher:
         if not jobs:
             return {}
         listed = {str(entry.get("job_id")): entry for entry in self._jobs()}
-        return {job.job_id: _state(self.dialect, job, listed[job.job_id]) if job.job_id in listed else
-                forgotten_job_state(job, "Slurm no longer lists the job") for job in jobs}
+        states = {job.job_id: _state(self.dialect, job, listed[job.job_id]) if job.job_id in listed else
+                  forgotten_job_state(job, "Slurm no longer lists the job") for job in jobs}
+        failed = [job_id for job_id, state in states.items() if state.state == JobStates.NODE_FAIL]
+        if failed:
+            down = self._down_nodes()
+            for job_id in failed:
+                mine = set(expand_hostlist(str(listed[job_id].get("nodes") or "")))
+                states[job_id] = replace(states[job_id], failed_nodes=tuple(sorted(mine & down)))
+        return states
+
+    def _down_nodes(self) -> set[str]:
+        """The nodes Slurm holds down, drained, failing or not responding (a job's NODE_FAIL names none)."""
+        nodes = self._request("GET", "nodes").get("nodes") or []
+        return {str(node.get("name")) for node in nodes if isinstance(node, dict)
+                and DOWN_NODE_STATES & {str(w).upper() for w in _words(node.get("state"))}}
 
     def cancel(self, job: Job) -> None:
         try:
@@ -288,6 +304,11 @@ def _errors(answer: dict[str, Any]) -> str:
         else:
             said.append(str(error))
     return "; ".join(said)
+
+
+def _words(value: Any) -> list:
+    """A state as v0.0.38 gives it (a word, "down*") or later versions (a list of flags)."""
+    return value if isinstance(value, list) else str(value or "").replace("*", " NOT_RESPONDING").split()
 
 
 def _state(speaking: Dialect, job: Job, entry: dict[str, Any]) -> JobState:

@@ -87,6 +87,8 @@ class Dialect:
             job["nodes"] = str(job["nodes"])
         if "time_limit" in job:
             job["time_limit"] = {"set": True, "infinite": False, "number": job["time_limit"]}
+        if "excluded_nodes" in job:
+            job["excluded_nodes"] = job["excluded_nodes"].split(",")
         return {"job": {**job, "script": script, "environment": [f"{k}={v}" for k, v in environment.items()]}}
 
     def state(self, entry: dict[str, Any]) -> str:

@@ -1,5 +1,6 @@
 """Slurm's job states and reasons in words a person can read, shared by the command-line and REST launchers."""
 import pwd
+import re
 
 from .base import JobState, JobStates
 
@@ -46,3 +47,23 @@ def exit_status(value: str) -> int | None:
     if not code.isdigit():
         return None
     return 128 + int(sig) if sig.isdigit() and int(sig) else int(code)
+
+
+_RANGE = re.compile(r"([^,\[]*)\[([^\]]*)\]([^,]*)|([^,\[\]]+)")
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """A Slurm host list as jobs give it (``n1``, ``n[1-3,7]``, ``gpu[01-02],cpu1``) as node names, as
+    ``scontrol show hostnames`` would (one bracket a name; zero-padded numbers stay padded)."""
+    names = []
+    for prefix, ranges, suffix, plain in _RANGE.findall(hostlist):
+        if plain:
+            names.append(plain)
+            continue
+        for part in ranges.split(","):
+            first, _, last = part.partition("-")
+            if not last:
+                names.append(f"{prefix}{first}{suffix}")
+                continue
+            names += [f"{prefix}{str(i).zfill(len(first))}{suffix}" for i in range(int(first), int(last) + 1)]
+    return names

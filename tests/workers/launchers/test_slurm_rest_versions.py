@@ -25,10 +25,12 @@ def test_a_server_without_a_version_spoken_here_is_refused_naming_both_sides():
 
 
 def test_from_v0_0_40_the_script_goes_inside_the_job_with_the_newer_field_shapes():
-    job = {"name": "wb-run1-a1", "nodes": 2, "gres": "gpu:4", "time_limit": 91, "partition": "debug"}
+    job = {"name": "wb-run1-a1", "nodes": 2, "gres": "gpu:4", "time_limit": 91, "partition": "debug",
+           "excluded_nodes": "n1,n7"}
     body = dialect("v0.0.41").submit_body("#!/bin/bash\n", job, {"PATH": "/usr/bin", "LANG": "C.UTF-8"})
     assert body == {"job": {"name": "wb-run1-a1", "nodes": "2", "tres_per_node": "gres/gpu:4",
                             "time_limit": {"set": True, "infinite": False, "number": 91}, "partition": "debug",
+                            "excluded_nodes": ["n1", "n7"],
                             "script": "#!/bin/bash\n", "environment": ["PATH=/usr/bin", "LANG=C.UTF-8"]}}
     assert LEGACY.submit_body("#!/bin/bash\n", {"nodes": 2}, {"PATH": "/usr/bin"}) == {
         "script": "#!/bin/bash\n", "job": {"nodes": 2, "environment": {"PATH": "/usr/bin"}}}

@@ -1,7 +1,7 @@
 """Slurm's states and reasons, as squeue, sacct and slurmrestd give them, in words a person can act on."""
 import pytest
 
-from workers.launchers.slurm_states import exit_status, job_state
+from workers.launchers.slurm_states import exit_status, expand_hostlist, job_state
 
 
 @pytest.mark.parametrize("state, reason, alive, words", [
@@ -34,3 +34,10 @@ def test_a_failure_says_its_exit_code():
 def test_an_exit_code_and_signal_become_one_number(value, code):
     assert exit_status(value) == code
 
+
+
+@pytest.mark.parametrize(("hostlist", "names"), [
+    ("n1", ["n1"]), ("n[1-3,7]", ["n1", "n2", "n3", "n7"]), ("gpu[08-10],cpu1", ["gpu08", "gpu09", "gpu10", "cpu1"]),
+    ("rack[1-2]-a,login", ["rack1-a", "rack2-a", "login"]), ("", [])])
+def test_a_host_list_is_read_as_node_names_as_scontrol_gives_them(hostlist, names):
+    assert expand_hostlist(hostlist) == names
