@@ -1,12 +1,13 @@
-"""Watching and stopping runs (launching is in workers.launching). The database, the scheduler and the run folder
-hold all state; any worker can pick up where another stopped, and every step is safe to repeat.
+"""Watching and stopping runs (launching is in workers.launching). The database, the scheduler and the run folder hold
+all state; any worker can pick up where another stopped, and every step is safe to repeat.
 
 One reconcile pass: every active run's job is polled with one scheduler call per cluster (not one per run), the
 folders that have grown are handed to ingest tasks (workers.ingesting), a running job whose ranks' heartbeats show a
 hung collective is cancelled (workers.hangs), and a job seen to end settles its run: completed, requeued (it stopped
 itself with a checkpoint: a time limit near, a preemption; or it hung; or a node failed under it, which the next
-attempt avoids), restarted from its newest checkpoint while restarts remain, or failed with the scheduler's reason. The same pass asks each Triton server whether it is ready,
-so that what the pages say of a server is at most one pass old.
+attempt avoids), restarted from its newest checkpoint while restarts remain, or failed with the scheduler's reason.
+The same pass asks each Triton server whether it is ready, so that what the pages say of a server is at most one
+pass old.
 """
 import logging
 import os
@@ -216,7 +217,7 @@ def _settle(run_id: int, job: JobState) -> Run:
                 run.ingest_state = {**run.ingest_state, "next_why": why}
             elif job.state == JobStates.NODE_FAIL:  # not the run's doing: no restart is used
                 why = "requeued after a node failure"
-                nodes = ", ".join(job.failed_nodes) or "a node Slurm no longer holds down"
+                nodes = ", ".join(job.failed_nodes) or "a node"
                 excluded = sorted(set(run.ingest_state.get("excluded_nodes", [])) | set(job.failed_nodes))
                 run.transition(RunStatus.QUEUED, f"attempt {run.attempts}: {nodes} failed under the job; {why}"
                                                  + (f", excluding {', '.join(excluded)}" if excluded else ""))
