@@ -152,12 +152,13 @@ def cancel_if_hung(run: Run, job: JobState | None, launcher) -> None:
     rank the others wait for, and cancel the job; when it has ended, ``_settle`` requeues the run."""
     if job is None or not job.running or run.ingest_state.get("hang") or not run.run_dir:
         return
-    attempt = run.attempt_records.filter(number=run.attempts).first()
+    beats = Heartbeat.read_all(run.run_dir)
+    attempt = run.attempt_records.filter(number=run.attempts).first() if beats else None
     if attempt is None:
         return
     conf = django_settings.WORKBENCH
-    hang = find_hang(Heartbeat.read_all(run.run_dir), time.time(), attempt.submitted_at.timestamp(),
-                     conf["HANG_STEP_MULTIPLE"], conf["HANG_AFTER_S"])
+    hang = find_hang(beats, time.time(), attempt.submitted_at.timestamp(), conf["HANG_STEP_MULTIPLE"],
+                     conf["HANG_AFTER_S"])
     if hang is None:
         return
     with transaction.atomic():

@@ -50,7 +50,39 @@ def test_a_failed_job_without_a_time_limit_uses_a_restart(tiny_run_parts, monkey
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=1)
     run = _running(run)
-    assert reconcile_run(run, JobState(JobStates.NODE_FAIL, None, "a node of the job failed (NODE_FAIL)")) == "queued"
+    assert reconcile_run(run, JobState(JobStates.FAILED, 1, "the job failed with exit code 1")) == "queued"
     run.refresh_from_db()
-    assert (run.restarts, run.ingest_state["next_why"]) == (1, "restart 1 of 1 after node_fail")
+    assert (run.restarts, run.ingest_state["next_why"]) == (1, "restart 1 of 1 after failed")
     assert sent == [("workbench.runs.launch", run.pk)]
+
+
+def test_a_node_failure_requeues_without_a_restart_avoiding_every_node_that_failed_and_counts_them(
+        tiny_run_parts, monkeypatch):
+    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    owner, plan, dataset = tiny_run_parts
+    run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=0)
+    for failed, excluded in ((("n2",), ["n2"]), (("n1", "n2"), ["n1", "n2"]), ((), ["n1", "n2"])):
+        run = _running(run, excluded_nodes=run.ingest_state.get("excluded_nodes", []))
+        assert reconcile_run(run, JobState(JobStates.NODE_FAIL, None, "NODE_FAIL", failed_nodes=failed)) == "queued"
+        run.refresh_from_db()
+        assert (run.restarts, run.ingest_state["next_why"]) == (0, "requeued after a node failure")
+        assert run.ingest_state["excluded_nodes"] == excluded
+        assert f"{', '.join(failed) or 'a node'} failed under the job" in run.status_message, run.status_message
+    plan.cluster.refresh_from_db()
+    assert plan.cluster.node_failures == {"n1": 1, "n2": 2}
+
+
+def test_a_hung_attempt_is_requeued_from_what_it_saved_or_uses_a_restart_if_it_saved_nothing(
+        tiny_run_parts, monkeypatch):
+    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    owner, plan, dataset = tiny_run_parts
+    run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=0)
+    models.Checkpoint.objects.create(run=run, step=40, path="/nowhere")
+    cancelled = JobState(JobStates.CANCELLED, None, "the job was cancelled by root")
+    run = _running(run, hang={"stuck": [{"rank": 1, "host": "n2"}]}, started_at_step=20)
+    assert reconcile_run(run, cancelled) == "queued"
+    run.refresh_from_db()
+    assert (run.restarts, run.ingest_state["next_why"]) == (0, "requeued after a hung collective")
+    run = _running(run, hang={"stuck": [{"rank": 1, "host": "n2"}]}, started_at_step=40)  # nothing newer saved
+    assert reconcile_run(run, cancelled) == "failed"
+    assert "hung before it saved a checkpoint" in models.Run.objects.get(pk=run.pk).status_message
