@@ -3,8 +3,9 @@
 A rank that waits in a collective for a rank that never comes keeps beating but makes no progress; the rank that
 never comes is frozen (its beat has grown old: a stopped process, a kernel that does not return, a lost node) or
 behind the others. The job is hung when no rank has made progress for longer than ``multiple`` × the median step
-time, and never less than ``least_s`` (nor before the first step, whose time is not known: then ``least_s`` alone).
-Starting, evaluating and saving are not judged: they may rightly take far longer than a step.
+time, and never less than ``least_s``. Starting, evaluating and saving are not judged: they may rightly take far
+longer than a step; nor is the first step of an attempt, which compiles, allocates and warms up for as long as it
+takes (a collective that hangs there ends at the process group's own timeout, ten minutes, as a failure).
 """
 from __future__ import annotations
 
@@ -22,14 +23,13 @@ class Hang:
     step: int                            # the step the job is stuck in (steps done before it)
     silent_s: float                      # since the last progress of any rank
     limit_s: float
-    median_step_s: float | None
+    median_step_s: float
 
     @property
     def message(self) -> str:
         ranks = ", ".join(f"rank {rank} on {host}" for rank, host in self.stuck)
-        typical = f"{self.median_step_s:.3g} s" if self.median_step_s else "not yet known"
         return (f"hung in step {self.step + 1}: no progress for {self.silent_s:.0f} s (limit {self.limit_s:.0f} s; "
-                f"a step takes {typical}); stuck: {ranks} ({self.why})")
+                f"a step takes {self.median_step_s:.3g} s); stuck: {ranks} ({self.why})")
 
     def to_dict(self) -> dict:
         return {"stuck": [{"rank": rank, "host": host} for rank, host in self.stuck], "why": self.why,
@@ -46,9 +46,11 @@ def find_hang(beats: list[Heartbeat], now: float, since: float, multiple: float,
     frozen = [b for b in beats if now - b.time > STALE_BEATS * b.every_s]
     if any(b.phase != Phase.STEP for b in beats if b not in frozen):
         return None  # a live rank is starting, evaluating, saving or done: not waiting in a collective
-    medians = [b.median_step_s for b in beats if b.median_step_s]
-    median = sorted(medians)[len(medians) // 2] if medians else None
-    limit = max(least_s, multiple * median) if median else least_s
+    medians = sorted(b.median_step_s for b in beats if b.median_step_s)
+    if not medians:
+        return None  # no step done yet in this attempt: the first is not judged
+    median = medians[len(medians) // 2]
+    limit = max(least_s, multiple * median)
     silent = now - max(b.phase_since for b in beats)
     if silent <= limit:
         return None

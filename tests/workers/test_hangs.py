@@ -53,6 +53,6 @@ def test_beats_of_an_earlier_attempt_or_of_too_few_ranks_are_not_judged():
     assert hang([beat(0)]) is None  # rank 1 has not written yet: its rendezvous may take its time
 
 
-def test_before_the_first_step_the_least_silence_alone_is_the_limit():
-    found = hang([beat(0, step=0, median=None), beat(1, step=0, median=None, last=NOW - 40)], least_s=30)
-    assert found.limit_s == 30 and found.median_step_s is None and "not yet known" in found.message
+def test_the_first_step_of_an_attempt_is_not_judged_however_long_it_takes():
+    assert hang([beat(0, step=0, median=None, since=NOW - 3600), beat(1, step=0, median=None)]) is None
+    assert hang([beat(0, step=1, median=2.0, since=NOW - 3600), beat(1, step=0, median=None)]) is not None
