@@ -121,6 +121,11 @@ def reconcile_until(broker, run_id, done, timeout=180) -> models.Run:
     raise AssertionError(f"run {run_id} stuck in {run.status}: {run.status_message}\n{log_tails(run)}")
 
 
+def final_loss(run: models.Run) -> float:
+    """The loss of a finished run's last step, as ingested (a step redone after a resume keeps its last record)."""
+    return run.metrics.get(kind="train", step=run.steps).loss
+
+
 def log_tails(run: models.Run) -> str:
     """The end of each of the run's log files, for an assertion's message."""
     logs = sorted(Path(run.run_dir, "logs").glob("*")) if run.run_dir else []

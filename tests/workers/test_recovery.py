@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.worker_fixtures import log_tails, reconcile_until
+from tests.worker_fixtures import final_loss, log_tails, reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.runfolder import METRICS, SPEC, read_jsonl
 from webapp import models, services
@@ -25,10 +25,6 @@ def _plan(owner, model, cluster: models.Cluster, **fields) -> models.Parallelism
 def _train_records(run: models.Run) -> list[dict]:
     """Every step record in the order written: an attempt that resumes writes its steps again after the last."""
     return [r for _, r in read_jsonl(Path(run.run_dir) / METRICS) if "loss" in r and "step" in r]
-
-
-def _final_loss(run: models.Run) -> float:
-    return run.metrics.get(kind="train", step=run.steps).loss
 
 
 def _steps_redone(run: models.Run) -> int:
@@ -82,7 +78,7 @@ def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with
     assert killed.history.filter(source="trainer", kind="started", data__resumed_from__isnull=False).exists()
     reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=300)
     assert reference.status == "completed" and reference.attempts == 1, reference.status_message
-    assert abs(_final_loss(killed) - _final_loss(reference)) <= 1e-6, (_final_loss(killed), _final_loss(reference))
+    assert abs(final_loss(killed) - final_loss(reference)) <= 1e-6, (final_loss(killed), final_loss(reference))
 
 
 @pytest.mark.once
@@ -122,5 +118,5 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
     assert len(limited_attempts) - 1 <= signalled <= len(limited_attempts)
     reference = reconcile_until(broker, reference.pk, lambda r: r.is_finished, timeout=300)
     assert reference.status == "completed" and reference.attempts == 1, reference.status_message
-    assert abs(_final_loss(run) - _final_loss(reference)) <= 1e-6
+    assert abs(final_loss(run) - final_loss(reference)) <= 1e-6
     assert json.loads(Path(run.run_dir, "launch.json").read_text())["resume"] is True

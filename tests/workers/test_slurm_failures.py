@@ -10,10 +10,9 @@ from rest_framework.authtoken.models import Token
 
 from tests.slurm_cluster import PREEMPTIBLE, PREEMPTING
 from tests.webapp.conftest import client_for
-from tests.worker_fixtures import log_tails, reconcile_until
+from tests.worker_fixtures import final_loss, log_tails, reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.records import Heartbeat
-from trainer.contract.runfolder import METRICS, read_jsonl
 from webapp import models
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
@@ -44,11 +43,6 @@ def _start(client, plan, dataset, name: str, **fields) -> int:
                                           "max_restarts": 0, **fields}, format="json")
     assert response.status_code == 201, response.json()
     return response.json()["id"]
-
-
-def _final_loss(run: models.Run) -> float:
-    rows = {r["step"]: r["loss"] for _, r in read_jsonl(Path(run.run_dir) / METRICS) if "loss" in r}
-    return rows[max(rows)]
 
 
 def _until(what: str, done, run_id: int, timeout: float = 120):
@@ -98,7 +92,7 @@ def test_a_hung_collective_is_cancelled_naming_the_frozen_rank_and_the_run_resum
     assert second.resume and second.why == "requeued after a hung collective"
     assert (hung.attempts, hung.restarts, reference.attempts) == (2, 0, 1)
     assert hung.history.get(source="trainer", kind="started", attempt=2).data["step"] >= 20
-    assert abs(_final_loss(hung) - _final_loss(reference)) <= 1e-6, (_final_loss(hung), _final_loss(reference))
+    assert abs(final_loss(hung) - final_loss(reference)) <= 1e-6, (final_loss(hung), final_loss(reference))
 
 
 def test_a_preempted_run_saves_on_the_signal_and_resumes_without_a_restart_to_the_same_loss(
@@ -128,8 +122,8 @@ def test_a_preempted_run_saves_on_the_signal_and_resumes_without_a_restart_to_th
     assert 100 < stopped < 400
     assert preempted.history.get(source="trainer", kind="started", attempt=2).data["step"] == stopped
     assert preempted.history.filter(source="scheduler", kind="preempted", attempt=1).exists()
-    assert abs(_final_loss(preempted) - _final_loss(reference)) <= 1e-6, (_final_loss(preempted),
-                                                                         _final_loss(reference))
+    assert abs(final_loss(preempted) - final_loss(reference)) <= 1e-6, (final_loss(preempted),
+                                                                         final_loss(reference))
 
 
 def test_a_node_failure_requeues_the_run_without_that_node_counts_it_and_the_run_ends_with_the_same_loss(
@@ -162,4 +156,4 @@ def test_a_node_failure_requeues_the_run_without_that_node_counts_it_and_the_run
     # counted on the cluster, and shown with it
     shown = client.get(f"/api/clusters/{plan.cluster_id}/").json()
     assert shown["node_failures"] == {node: 1}, shown
-    assert abs(_final_loss(failing) - _final_loss(reference)) <= 1e-6, (_final_loss(failing), _final_loss(reference))
+    assert abs(final_loss(failing) - final_loss(reference)) <= 1e-6, (final_loss(failing), final_loss(reference))

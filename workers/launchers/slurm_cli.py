@@ -10,15 +10,14 @@
 import os
 import shutil
 import subprocess
-from dataclasses import replace
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
-from .base import Job, JobState, JobStates, LaunchError, StartedJob
+from .base import Job, JobState, LaunchError, StartedJob
 from .sbatch import output_pattern
 from .slurm_accounting import JobRecord, parse_sacct, sacct_arguments
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
-                         write_batch_script)
+                         with_failed_nodes, write_batch_script)
 from .slurm_states import exit_status, job_state
 
 # What a job's environment starts with; the script sets the rest. The worker's own environment (its database URL,
@@ -82,20 +81,15 @@ class SlurmCLILauncher:
                 node_lists[job_id] = nodes
         if done.returncode != 0 and "Invalid job id" not in done.stderr:
             raise SlurmCommandError(f"squeue failed: {done.stderr.strip()}")
-        failed = [job_id for job_id, state in states.items() if state.state == JobStates.NODE_FAIL]
-        if failed:
-            down = self._down_nodes([node_lists[job_id] for job_id in failed])
-            for job_id in failed:
-                mine = set(self._slurm("scontrol", "show", "hostnames", node_lists[job_id]).stdout.split())
-                states[job_id] = replace(states[job_id], failed_nodes=tuple(sorted(mine & down)))
+        states = with_failed_nodes(states, node_lists, lambda: self._down_nodes(node_lists.values()))
         left = [job for job_id, job in by_id.items() if job_id not in states]
         if left:
             states.update(self._from_accounting(left))
         return states
 
-    def _down_nodes(self, node_lists: list[str]) -> set[str]:
+    def _down_nodes(self, node_lists: Iterable[str]) -> set[str]:
         """Which of these nodes Slurm holds down, drained, failing or not responding (a job's NODE_FAIL names none)."""
-        done = self._slurm("sinfo", "--noheader", "--Node", f"--nodes={','.join(node_lists)}",
+        done = self._slurm("sinfo", "--noheader", "--Node", f"--nodes={','.join(n for n in node_lists if n)}",
                            "--states=down,drain,fail,no_respond", "--format=%N", check=False)
         return set(done.stdout.split())
 

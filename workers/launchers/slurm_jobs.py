@@ -1,12 +1,15 @@
 """What the two Slurm launchers (commands and slurmrestd) do alike with a run's batch job: the script stored in the
 run folder before it is submitted, the exit code the script records as it ends, where Slurm writes its output, and
 the state of a job Slurm has forgotten, and the job its script says it was."""
+from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 from trainer.contract.runfolder import LOGS, read_json
 
 from .base import CommandRequest, Job, JobRequest, JobState, JobStates, LaunchError
 from .sbatch import UnsafeScriptValue, batch_script, command_script, output_pattern
+from .slurm_states import expand_hostlist
 from ..supervise import EXIT_FILE, JOB_FILE
 
 SCRIPT = "job.sbatch"
@@ -54,3 +57,16 @@ def forgotten_job_state(job: Job, why: str) -> JobState:
 def output_log(job: Job) -> Path:
     """The file Slurm writes the batch script's output to."""
     return Path(output_pattern(job.run_dir).replace("%j", job.job_id))
+
+
+def with_failed_nodes(states: dict[str, JobState], node_lists: dict[str, str],
+                      down_nodes: Callable[[], set[str]]) -> dict[str, JobState]:
+    """Each job that ended NODE_FAIL with the nodes of its list (``node_lists``, Slurm's host lists by job) that
+    ``down_nodes`` says Slurm holds down: Slurm's NODE_FAIL names none. The scheduler is asked only when such a job
+    is there."""
+    failed = [job_id for job_id, state in states.items() if state.state == JobStates.NODE_FAIL]
+    if not failed:
+        return states
+    down = down_nodes()
+    return {**states, **{job_id: replace(states[job_id], failed_nodes=tuple(
+        sorted(set(expand_hostlist(node_lists.get(job_id, ""))) & down))) for job_id in failed}}

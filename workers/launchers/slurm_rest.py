@@ -18,17 +18,16 @@ import json
 import os
 import urllib.error
 import urllib.request
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from .base import Job, JobState, JobStates, LaunchError, StartedJob
 from .sbatch import output_pattern, time_limit_s
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
-                         write_batch_script)
+                         with_failed_nodes, write_batch_script)
 from .slurm_accounting import JobRecord
 from .slurm_rest_versions import LEGACY, OPENAPI_PATH, Dialect, chosen_version, dialect, offered_versions
-from .slurm_states import expand_hostlist, job_state
+from .slurm_states import job_state
 
 # What a job's environment starts with (slurmrestd wants one; the script sets the rest). The worker's own environment
 # (its database URL, its secret key, its token) never reaches a job.
@@ -146,13 +145,8 @@ class SlurmRestLauncher:
         listed = {str(entry.get("job_id")): entry for entry in self._jobs()}
         states = {job.job_id: _state(self.dialect, job, listed[job.job_id]) if job.job_id in listed else
                   forgotten_job_state(job, "Slurm no longer lists the job") for job in jobs}
-        failed = [job_id for job_id, state in states.items() if state.state == JobStates.NODE_FAIL]
-        if failed:
-            down = self._down_nodes()
-            for job_id in failed:
-                mine = set(expand_hostlist(str(listed[job_id].get("nodes") or "")))
-                states[job_id] = replace(states[job_id], failed_nodes=tuple(sorted(mine & down)))
-        return states
+        node_lists = {job_id: str(entry.get("nodes") or "") for job_id, entry in listed.items()}
+        return with_failed_nodes(states, node_lists, self._down_nodes)
 
     def _down_nodes(self) -> set[str]:
         """The nodes Slurm holds down, drained, failing or not responding (a job's NODE_FAIL names none)."""
