@@ -23,7 +23,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from trainer.contract.records import Event, Heartbeat
-from trainer.contract.runfolder import EVENTS, METRICS
+from trainer.contract.runfolder import EVENTS, JOBS, METRICS
 from webapp import services
 from webapp.models import Cluster, Run, RunStatus
 from webapp.selectors.runs import active_runs, run_with_cluster
@@ -50,7 +50,7 @@ def run_stop(run_id: int) -> None:
 
 def _folder_grew(run: Run) -> bool:
     state = run.ingest_state
-    for name, key in ((METRICS, "metrics_offset"), (EVENTS, "events_offset")):
+    for name, key in ((METRICS, "metrics_offset"), (EVENTS, "events_offset"), (JOBS, "jobs_offset")):
         try:
             if os.stat(Path(run.run_dir) / name).st_size > state.get(key, 0):
                 return True

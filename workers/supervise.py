@@ -5,7 +5,8 @@
 The parent prints the supervisor's pid and returns at once; the supervisor (a new session, so the worker's
 restart or Ctrl-C does not touch it) first writes RUN_DIR/job.json (the job's name and id: a launch repeated after a
 crash finds the job there), runs COMMAND with its output in RUN_DIR/logs/launcher.log and writes RUN_DIR/exit.json
-when it ends. SIGTERM to the session reaches every rank.
+when it ends. As a Slurm batch script does, it marks the job's start and end in RUN_DIR/jobs.jsonl (job_started,
+job_ended, with the attempt the launcher gave in WORKBENCH_ATTEMPT). SIGTERM to the session reaches every rank.
 """
 import os
 import signal
@@ -14,7 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.contract.runfolder import LOGS, write_json_atomic
+from trainer.contract.records import Event, event
+from trainer.contract.runfolder import ATTEMPT_ENV, JOBS, LOGS, append_jsonl, write_json_atomic
 
 EXIT_FILE = "exit.json"
 JOB_FILE = "job.json"
@@ -30,6 +32,8 @@ def own_job_id() -> str:
 def _supervise(run_dir: Path, name: str, command: list[str]) -> None:
     job_id = own_job_id()
     write_json_atomic(run_dir / JOB_FILE, {"name": name, "job_id": job_id})
+    attempt = int(os.environ.get(ATTEMPT_ENV) or 0)
+    append_jsonl(run_dir / JOBS, event(Event.JOB_STARTED, -1, attempt=attempt, job_id=job_id))
     log_path = run_dir / LOGS / LOG_FILE
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -42,6 +46,7 @@ def _supervise(run_dir: Path, name: str, command: list[str]) -> None:
         except OSError as exc:
             log.write(f"could not start {command[0]}: {exc}\n".encode())
             code = 127
+    append_jsonl(run_dir / JOBS, event(Event.JOB_ENDED, -1, attempt=attempt, job_id=job_id, exit_code=code))
     write_json_atomic(run_dir / EXIT_FILE, {"job_id": job_id, "exit_code": code, "started": started,
                                             "ended": time.time()})
 

@@ -1,6 +1,9 @@
 """What a run folder's files hold, as named constants and small typed records (docs/architecture.md, The run folder).
 
     events.jsonl    one ``event`` record a line; ``Event`` names the kinds
+    jobs.jsonl      one ``event`` record a line of kind ``Event.JOB_STARTED`` or ``JOB_ENDED``, written by each
+                    attempt's job itself (its batch script, or the local supervisor) as it begins on its
+                    allocation and as it leaves it
     metrics.jsonl   one ``StepMetrics`` record a training step, one ``EvalMetrics`` record an evaluation
     launch.json     one ``LaunchRecord``: how the current attempt was started
     heartbeats/     rank-<r>.json, one ``Heartbeat`` a rank, rewritten every few seconds
@@ -29,8 +32,20 @@ class Event:
     STOPPED = "stopped"  # SIGTERM or --until-step: a checkpoint was saved, the run can resume
     FAILED = "failed"
     TIME_LIMIT_NEAR = "time_limit_near"  # written by a Slurm batch script when its time-limit signal came
+    # jobs.jsonl's kinds: the bounds of the time an attempt held its nodes
+    JOB_STARTED = "job_started"
+    JOB_ENDED = "job_ended"
     # Events that say where a run stands (the web app's status follows the last of these)
     MILESTONES = (STARTED, FINISHED, STOPPED, FAILED)
+
+
+# Every record rank 0 writes (events and metrics rows) carries, besides its own fields:
+#   "attempt"  the attempt of the run that wrote it (ATTEMPT_ENV, set by the launcher; absent when run by hand)
+#   "since_s"  the seconds since the rank's previous record (the first: since its files were opened), so that the
+#              records split the process's time between them: a step row the time of that step and of what ran
+#              between it and the record before, an evaluation row the evaluation's, a checkpoint_saved the save's
+SINCE = "since_s"
+ATTEMPT = "attempt"
 
 
 def event(kind: str, rank: int, **fields: Any) -> dict[str, Any]:

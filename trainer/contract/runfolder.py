@@ -14,12 +14,15 @@ from typing import Any, Iterator
 SPEC = "spec.json"
 LAUNCH = "launch.json"
 EVENTS = "events.jsonl"
+JOBS = "jobs.jsonl"  # written by the job around the trainer (batch script, supervisor), not by the trainer
 METRICS = "metrics.jsonl"
 LOGS = "logs"
 PROFILES = "profiles"
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 HEARTBEATS = "heartbeats"
+# The environment variable that tells a job's processes which attempt of their run they are (a positive integer)
+ATTEMPT_ENV = "WORKBENCH_ATTEMPT"
 
 
 def write_json_atomic(path: str | os.PathLike, data: Any, durable: bool = True) -> None:

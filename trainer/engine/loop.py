@@ -81,9 +81,11 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     else:
         sampler = BatchSampler(load_tokens(data.train_path), *shape, dp_rank=engine.dp_rank, dp_size=plan.dp,
                                seed=spec.seed)
+    loading = time.perf_counter()
     start = start_from(engine, run_dir, resume, spec, files)
+    load_s = time.perf_counter() - loading
     started, layout = engine.describe()
-    files.event(Event.STARTED, step=start.step, world_size=engine.world_size,
+    files.event(Event.STARTED, step=start.step, world_size=engine.world_size, load_s=round(load_s, 6),
                 resumed_from=str(start.resumed_from) if start.resumed_from else None,
                 started_from=str(start.started_from) if start.started_from else None, **started)
     files.log(layout)

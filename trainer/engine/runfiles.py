@@ -12,17 +12,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.contract.records import Event, EvalMetrics, StepMetrics, event
-from trainer.contract.runfolder import EVENTS, LOGS, METRICS, append_jsonl, write_json_atomic
+from trainer.contract.records import ATTEMPT, SINCE, Event, EvalMetrics, StepMetrics, event
+from trainer.contract.runfolder import ATTEMPT_ENV, EVENTS, LOGS, METRICS, append_jsonl, write_json_atomic
 from trainer.profiling.digest import write_summary
 from trainer.profiling.profiler import StepProfiler
 
 
 class RunFiles:
-    """Events and metrics (rank 0, or any rank for failures) and this rank's own log file."""
+    """Events and metrics (rank 0, or any rank for failures) and this rank's own log file. Each record is stamped
+    with the attempt and the seconds since the rank's previous one (records.SINCE)."""
 
     def __init__(self, run_dir: Path, rank: int):
         self.run_dir, self.rank = Path(run_dir), rank
+        self._attempt = _attempt_from_env()
+        self._last_record = time.perf_counter()
         self.log_path = self.run_dir / LOGS / f"rank-{rank}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         # When the launcher already sends stdout into our log file, printing too would write every line twice.
@@ -40,7 +43,7 @@ class RunFiles:
 
     def event(self, kind: str, any_rank: bool = False, **fields: Any) -> None:
         if self.rank == 0 or any_rank:
-            append_jsonl(self.run_dir / EVENTS, event(kind, self.rank, **fields))
+            append_jsonl(self.run_dir / EVENTS, self._stamped(event(kind, self.rank, **fields)))
 
     @contextlib.contextmanager
     def failure_recorded(self):
@@ -54,7 +57,18 @@ class RunFiles:
 
     def metric(self, record: StepMetrics | EvalMetrics) -> None:
         if self.rank == 0:
-            append_jsonl(self.run_dir / METRICS, record.to_dict())
+            append_jsonl(self.run_dir / METRICS, self._stamped(record.to_dict()))
+
+    def _stamped(self, record: dict[str, Any]) -> dict[str, Any]:
+        now = time.perf_counter()
+        since, self._last_record = now - self._last_record, now
+        return {"time": time.time(), **record, SINCE: round(since, 6),
+                **({ATTEMPT: self._attempt} if self._attempt else {})}
+
+
+def _attempt_from_env() -> int | None:
+    value = os.environ.get(ATTEMPT_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else None
 
 
 class StopRequest:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from trainer.contract.command import trainer_command
-from trainer.contract.runfolder import SPEC, read_json
+from trainer.contract.runfolder import ATTEMPT_ENV, SPEC, read_json
 
 from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
 from ..supervise import EXIT_FILE, JOB_FILE, LOG_FILE
@@ -52,7 +52,7 @@ class LocalLauncher:
             raise LaunchError("environment setup lines apply to Slurm clusters; clear them on a local cluster")
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", ATTEMPT_ENV: str(request.attempt)}
         env.pop("DJANGO_SETTINGS_MODULE", None)
         run_dir = request.run_dir
         (run_dir / EXIT_FILE).unlink(missing_ok=True)

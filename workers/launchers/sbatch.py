@@ -30,7 +30,7 @@ from typing import Sequence
 
 from trainer.contract.command import ENDPOINT_FROM_ENV, trainer_command
 from trainer.contract.records import Event
-from trainer.contract.runfolder import EVENTS, LOGS, SPEC
+from trainer.contract.runfolder import ATTEMPT_ENV, EVENTS, JOBS, LOGS, SPEC
 from webapp.models.clusterfields import (RUNS_ROOT_CHARACTERS, env_setup_problems, slurm_name_problem,
                                          time_limit_problem)
 
@@ -177,6 +177,8 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         *rendezvous,
         f"run_dir={run}",
         *_job_record(request.job_name),
+        f"export {ATTEMPT_ENV}={int(request.attempt)}",
+        *_job_event(Event.JOB_STARTED, request.attempt),
         "time_limit_near() {",
         '  [ -n "$stopping" ] && return; stopping=1  # Slurm\'s signal and the script\'s own timer: the first counts',
         f"  printf '{{\"event\":\"{Event.TIME_LIMIT_NEAR}\",\"time\":%s,\"rank\":-1}}\\n' \"$(date +%s)\" "
@@ -192,6 +194,7 @@ def batch_script(request: JobRequest, python: str = sys.executable) -> str:
         "# wait returns early when the trap runs: wait again until the step has really ended",
         'while :; do wait "$step"; code=$?; kill -0 "$step" 2>/dev/null || break; done',
         *(['kill "$timer" 2>/dev/null'] if timer else []),
+        *_job_event(Event.JOB_ENDED, request.attempt, exit_code='"$code"'),
         *_exit_record(),
     ]
     return "\n".join(lines) + "\n"
@@ -228,6 +231,15 @@ def _job_record(name: str) -> list[str]:
     return ["# the job's name and id in its folder: a submission repeated after Slurm forgot the job still finds it",
             f'printf \'{{"name":"{name}","job_id":"%s"}}\\n\' "$SLURM_JOB_ID" > "$run_dir/.{JOB_FILE}.tmp" '
             f'&& mv "$run_dir/.{JOB_FILE}.tmp" "$run_dir/{JOB_FILE}"']
+
+
+def _job_event(kind: str, attempt: int, exit_code: str = "") -> list[str]:
+    """A jobs.jsonl line, timed to the nanosecond: the job began on its allocation, or is about to leave it."""
+    fields = f'"event":"{kind}","rank":-1,"attempt":{int(attempt)},"job_id":"%s"'
+    values = ['"$SLURM_JOB_ID"']
+    if exit_code:
+        fields, values = fields + ',"exit_code":%d', values + [exit_code]
+    return [f"printf '{{{fields},\"time\":%s}}\\n' {' '.join(values)} \"$(date +%s.%N)\" >> \"$run_dir/{JOBS}\""]
 
 
 def _exit_record() -> list[str]:
