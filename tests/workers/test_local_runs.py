@@ -13,6 +13,7 @@ from tests.worker_fixtures import reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.records import LaunchRecord
 from webapp import models, services
+from webapp.selectors.goodput import goodput_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -21,7 +22,7 @@ def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, 
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="e2e", plan=plan, dataset=dataset, steps=6, checkpoint_every=3,
                               eval_every=3, launch=True)
-    run = reconcile_until(broker, run.pk, lambda r: r.is_finished)
+    run = reconcile_until(broker, run.pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"))
     assert run.status == "completed", run.status_message
     assert run.attempts == 1 and run.last_step == 6 and run.started_at and run.finished_at
     folder = Path(run.run_dir)
@@ -33,6 +34,12 @@ def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, 
     assert run.metrics.filter(kind="val").count() == 2
     assert sorted(run.checkpoints.values_list("step", flat=True)) == [3, 6]
     assert run.checkpoints.get(step=6).manifest["step"] == 6
+    # every record says its attempt, and the time the job held this machine is accounted for
+    assert {m.values["attempt"] for m in run.metrics.all()} == {1}
+    goodput = goodput_of(run)
+    measured = sum(seconds for name, seconds in goodput.parts.items() if name != "unaccounted")
+    assert goodput.allocated_s > 0 and abs(measured - goodput.allocated_s) <= 0.01 * goodput.allocated_s, goodput
+    assert set(goodput.parts) >= {"training", "startup", "evaluation", "checkpoint_save", "shutdown"}, goodput
 
 
 def test_it_retries_a_failing_run_until_its_attempts_are_used(broker, tiny_run_parts, tmp_path):

@@ -3,6 +3,7 @@ uninterrupted run of the same plan ends, and its history says what happened and 
 import os
 import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,19 @@ def test_a_node_failure_requeues_the_run_without_that_node_counts_it_and_the_run
     shown = client.get(f"/api/clusters/{plan.cluster_id}/").json()
     assert shown["node_failures"] == {node: 1}, shown
     assert abs(final_loss(failing) - final_loss(reference)) <= 1e-6, (final_loss(failing), final_loss(reference))
+
+    # Goodput adds up: its parts, each measured apart, come to the time the two jobs held their node (1 %), and
+    # each attempt's allocation is the one Slurm gives (its times are whole seconds)
+    goodput = client.get(f"/api/runs/{failing_id}/goodput/").json()
+    parts = {part["name"]: part["seconds"] for part in goodput["parts"]}
+    measured = sum(seconds for name, seconds in parts.items() if name != "unaccounted")
+    assert abs(measured - goodput["allocated_s"]) <= 0.01 * goodput["allocated_s"], goodput
+    held = sum(_slurm_elapsed(slurm_cluster_24.job(int(a.job_id))) for a in (first, second))
+    assert abs(goodput["allocated_s"] - held) <= 2 * 1.5, (goodput["allocated_s"], held)
+    assert min(parts["training"], parts["checkpoint_load"], parts["lost_node_failure"]) > 0, parts
+    assert goodput["goodput"] == pytest.approx(parts["training"] / goodput["allocated_s"])
+
+
+def _slurm_elapsed(job: dict) -> float:
+    started, ended = (datetime.fromisoformat(job[key]) for key in ("StartTime", "EndTime"))
+    return (ended - started).total_seconds()

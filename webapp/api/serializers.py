@@ -13,6 +13,7 @@ from trainer.contract import (MAIN_SOURCE, ClusterSpec, ModelSpec, OptimizerSpec
                               SpecError, check_plan)
 
 from .. import models, services
+from ..goodput import PARTS
 from ..models.clusterfields import ENV_SETUP_LINE_LENGTH, ENV_SETUP_LINES
 from ..models.configs import sharing_problem
 from ..selectors.lineage import checkpoint_lineage, run_started_from
@@ -287,6 +288,24 @@ class RunSerializer(OwnedSerializer):
     def create(self, validated_data):
         launch = validated_data.pop("launch", False)
         return services.run_create(owner=self.context["request"].user, launch=launch, **validated_data)
+
+
+class GoodputPartSerializer(serializers.Serializer):
+    name = serializers.ChoiceField(choices=list(PARTS))
+    label = serializers.CharField(help_text="The part in words")
+    seconds = serializers.FloatField(help_text="Wall seconds (a cluster's: GPU seconds)")
+    share = serializers.FloatField(allow_null=True, help_text="Of the allocated time")
+
+
+class GoodputSerializer(serializers.Serializer):
+    goodput = serializers.FloatField(allow_null=True, help_text="The share of the allocated time spent in steps "
+                                                                "that were kept (not redone after a failure)")
+    gpus = serializers.IntegerField(help_text="GPUs the run held (a cluster's figures are GPU seconds already: 1)")
+    allocated_s = serializers.FloatField(help_text="Seconds the attempts held their nodes")
+    allocated_gpu_hours = serializers.FloatField()
+    queue_s = serializers.FloatField(help_text="Seconds the attempts waited in the queue (not allocated)")
+    parts = GoodputPartSerializer(many=True, help_text="Where the allocated time went: parts measured apart, so "
+                                                       "what does not add up is shown as `unaccounted`")
 
 
 class MetricSerializer(serializers.ModelSerializer):

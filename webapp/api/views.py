@@ -2,12 +2,14 @@
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound
 from rest_framework.parsers import MultiPartParser
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
 from .. import models, services
 from ..selectors.checkpoints import checkpoints_visible_to
+from ..selectors.goodput import clusters_goodput, goodput_of
 from ..selectors.owned import visible_with_owners
 from ..selectors.runs import records_of_visible_runs, runs_listed
 from ..services.datasets import NotReadable, UploadTooLarge, upload_limit
@@ -21,8 +23,8 @@ from .preparations import DatasetPreparationActions
 from .permissions import IsOwnerOrStaffToChange, IsStaffOrReadOnly
 from .serving_serializers import CheckpointRegisterSerializer
 from .serializers import (CheckpointSerializer, ClusterSerializer, DatasetSerializer, DatasetUploadSerializer,
-                          MetricSerializer, ModelConfigSerializer, ParallelismPlanSerializer, ProfileSerializer,
-                          RunSerializer)
+                          GoodputSerializer, MetricSerializer, ModelConfigSerializer, ParallelismPlanSerializer,
+                          ProfileSerializer, RunSerializer)
 
 FORM_OVERHEAD_BYTES = 64 * 1024  # a multipart body's boundaries, headers and form fields beside the file
 
@@ -91,6 +93,16 @@ class ClusterViewSet(ClusterCalibrationActions, viewsets.ModelViewSet):
     filterset_fields = ["kind", "name"]
     ordering_fields = ["name", "created_at"]
 
+    @extend_schema(responses=GoodputSerializer)
+    @action(detail=True, methods=["get"])
+    def goodput(self, request, pk=None):
+        """The goodput of all runs on the cluster together, in GPU seconds; 404 while none has held nodes."""
+        cluster = self.get_object()
+        found = clusters_goodput([cluster]).get(cluster.pk)
+        if found is None:
+            raise NotFound("no run on this cluster has held nodes yet")
+        return Response(found.to_dict())
+
 
 class CancelSerializer(serializers.Serializer):
     reason = StrictCharField(required=False, max_length=500,
@@ -127,6 +139,13 @@ class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mi
         body.is_valid(raise_exception=True)
         run = services.run_cancel(run, body.validated_data.get("reason") or f"cancelled by {request.user.username}")
         return Response(RunSerializer(run, context={"request": request}).data)
+
+    @extend_schema(responses=GoodputSerializer)
+    @action(detail=True, methods=["get"])
+    def goodput(self, request, pk=None):
+        """How much of the time the run's attempts held their nodes went into steps that were kept, and where the
+        rest went: queue, start-up, checkpoint load and save, evaluation, steps redone, time lost to each failure."""
+        return Response(goodput_of(self.get_object()).to_dict())
 
 
 class RunChildViewSet(viewsets.ReadOnlyModelViewSet):

@@ -4,7 +4,9 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.shortcuts import render
 
-from ..models import RunStatus
+from ..goodput import PARTS
+from ..models import Cluster, RunStatus
+from ..selectors.goodput import clusters_goodput
 from ..selectors.runs import SPARK_HEIGHT, SPARK_WIDTH, dashboard_rows, dashboard_runs
 from ..services.demo import demo_ready
 
@@ -19,6 +21,24 @@ def _runs(request):
                           order=SORTS.get(request.GET.get("sort", "newest"), SORTS["newest"]))
 
 
+def _clusters() -> list[dict]:
+    """Each cluster's goodput over all its runs, with its largest loss named; clusters no run has used yet left out."""
+    clusters = list(Cluster.objects.order_by("name"))
+    found = clusters_goodput(clusters)
+    rows = []
+    for cluster in clusters:
+        goodput = found.get(cluster.pk)
+        if goodput is None:
+            continue
+        waste = {name: s for name, s in goodput.parts.items() if name not in ("training", "unaccounted")}
+        worst = max(waste, key=waste.get) if waste else None
+        rows.append({"cluster": cluster, "goodput": goodput, "gpu_hours": goodput.allocated_s / 3600,
+                     "queue_hours": goodput.queue_s / 3600, "worst": PARTS[worst] if worst else "",
+                     "worst_share": waste[worst] / goodput.allocated_s if worst else None,
+                     "node_failures": sum(cluster.node_failures.values())})
+    return rows
+
+
 @login_required
 def dashboard(request):
     demo_ready(request.user)
@@ -28,5 +48,6 @@ def dashboard(request):
     context = {"page": page, "rows": dashboard_rows(list(page.object_list)), "statuses": RunStatus.choices,
                "sorts": list(SORTS), "filters": request.GET, "filter_query": filters.urlencode(),
                "spark_width": SPARK_WIDTH, "spark_height": SPARK_HEIGHT}
-    template = "pages/dashboard_rows.html" if request.headers.get("HX-Request") else "pages/dashboard.html"
-    return render(request, template, context)
+    if request.headers.get("HX-Request"):
+        return render(request, "pages/dashboard_rows.html", context)
+    return render(request, "pages/dashboard.html", {**context, "clusters": _clusters()})

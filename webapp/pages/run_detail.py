@@ -22,6 +22,7 @@ from trainer.contract import MAIN_SOURCE
 from ..models import Evaluation, EvaluationSet, Run, RunStatus, SeriesStep
 from ..models.evaluations import EVAL_SERIES_PREFIX, HEADLINE
 from ..models.series import SOURCE_SERIES_PREFIX
+from ..selectors.goodput import goodput_of
 from ..selectors.jobs import checkpoints_with_scores, run_evaluation_sets, run_is_evaluating
 from ..selectors.run_logs import log_files
 from ..selectors.runs import runs_with_parts
@@ -140,6 +141,24 @@ def _scores_line(evaluation) -> str:
     return f"{evaluation.eval_set.name}{target}: {figures or 'no figures'}"
 
 
+def _duration(seconds: float) -> str:
+    sign, seconds = ("−" if seconds < 0 else ""), abs(seconds)
+    if seconds < 60:
+        return f"{sign}{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{sign}{hours} h {minutes:02d} min" if hours else f"{sign}{minutes} min {secs:02d} s"
+
+
+def _goodput(run: Run) -> dict:
+    found = goodput_of(run)
+    parts = [{**part, "duration": _duration(part["seconds"]), "percent": _percent(part["share"]),
+              "width": round(100 * max(part["share"] or 0, 0), 2)} for part in found.to_dict()["parts"]]
+    return {"allocated_s": found.allocated_s, "allocated": _duration(found.allocated_s), "gpus": found.gpus,
+            "gpu_hours": f"{found.allocated_s * found.gpus / 3600:.3g}", "queue": _duration(found.queue_s),
+            "percent": _percent(found.share), "parts": parts}
+
+
 def _history(request, run: Run) -> dict:
     # newest first by when each happened: the trainer's events are read in from the run folder a reconcile pass
     # after they happened, so their ids say when they were read, behind the workbench's own events of the meantime
@@ -150,7 +169,7 @@ def _history(request, run: Run) -> dict:
     return {"run": run, "events": events[:EVENTS_SHOWN], "more_events": len(events) > EVENTS_SHOWN,
             "attempts": list(run.attempt_records.order_by("-number")), "checkpoints": checkpoints,
             "eval_sets": list(EvaluationSet.objects.visible_to(request.user).order_by("name", "id")),
-            "evaluating": run_is_evaluating(run)}
+            "evaluating": run_is_evaluating(run), "goodput": _goodput(run)}
 
 
 # -- profile digest -----------------------------------------------------------------------------------------------

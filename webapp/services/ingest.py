@@ -12,9 +12,10 @@ from django.utils import timezone
 
 from trainer.contract.manifest import read_manifest
 from trainer.contract.records import Event, is_eval_row, is_step_row
-from trainer.contract.runfolder import EVENTS, METRICS, read_json, read_jsonl
+from trainer.contract.runfolder import EVENTS, JOBS, METRICS, read_json, read_jsonl
 
 from ..finite import finite
+from ..goodput import ledger_add
 from ..models import Checkpoint, Metric, Profile, Run, RunStatus
 from ..selectors.checkpoints import checkpoints_without_deployments
 from .calibration import calibration_record_add
@@ -100,6 +101,13 @@ def _event_message(event: dict) -> str:
     return f"{kind.replace('_', ' ')} at step {step}" if step is not None else kind.replace("_", " ")
 
 
+def _job_message(record: dict) -> str:
+    job = f"job {record.get('job_id')}"
+    if record["event"] == Event.JOB_STARTED:
+        return f"{job} began on its nodes"
+    return f"{job} left its nodes, exit code {record.get('exit_code')}"
+
+
 def _apply_event(run: Run, event: dict) -> None:
     kind = event.get("event")
     if isinstance(kind, str) and kind:
@@ -126,9 +134,23 @@ def run_ingest(run_id: int) -> Run:
     state = dict(run.ingest_state or {})
     folder = Path(run.run_dir)
 
+    ledger = state.setdefault("ledger", {})  # goodput's sums, per attempt (webapp.goodput)
+
+    def to_ledger(record: dict) -> None:
+        ledger_add(ledger, record, run.checkpoint_every, run.attempts)
+
+    offset = state.get("jobs_offset", 0)
+    for offset, record in read_jsonl(folder / JOBS, offset):
+        to_ledger(record)
+        if record.get("event") in (Event.JOB_STARTED, Event.JOB_ENDED):
+            record_event(run, Source.SCHEDULER, record["event"], _job_message(record), at=record.get("time"),
+                         **{k: v for k, v in record.items() if k not in ("event", "time", "rank")})
+    state["jobs_offset"] = offset
+
     metrics, offset = [], state.get("metrics_offset", 0)
     for offset, record in read_jsonl(folder / METRICS, offset):
         metrics.append(record)
+        to_ledger(record)
     upsert(Metric, METRIC_COLUMNS, ["run_id", "kind", "step"], _metric_rows(run, metrics))
     series_write(run, metrics)
     state["metrics_offset"] = offset
@@ -139,6 +161,7 @@ def run_ingest(run_id: int) -> Run:
     completed_before = run.status == RunStatus.COMPLETED
     offset, saved = state.get("events_offset", 0), False
     for offset, event in read_jsonl(folder / EVENTS, offset):
+        to_ledger(event)
         _apply_event(run, event)
         saved = saved or event.get("event") == Event.CHECKPOINT_SAVED
         if event.get("event") in Event.MILESTONES:
