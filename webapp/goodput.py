@@ -17,7 +17,8 @@ What is measured, and by whom:
   a hang, a preemption, a failure) or, for an attempt that ended as it should, its shut-down.
 
 Steps are kept or redone: the steps an attempt ran past the checkpoint the next attempt resumed from were done
-again, so their time is "redone", not training. Goodput is the kept steps' share of the allocated time. The parts
+again, so their time is "redone", not training; so were the steps a loss spike sent the run back over (the step
+rows go back), "lost to loss spikes". Goodput is the kept steps' share of the allocated time. The parts
 are measured separately (three clocks: the job's, the trainer's wall clock, its step timer), so their sum is checked
 against the allocation, not made to match it: what does not add up is shown as "unaccounted".
 """
@@ -47,6 +48,7 @@ PARTS = {
     "lost_time_limit": "lost to the time limit",
     "lost_failure": "lost to a failure",
     "lost_cancelled": "lost to a cancel",
+    "lost_loss_spike": "lost to loss spikes (steps rolled back)",
     "unaccounted": "unaccounted",
 }
 
@@ -77,10 +79,7 @@ def ledger_add(ledger: dict[str, dict], record: dict[str, Any], checkpoint_every
     if since is None or not (step_or_eval or "started" in entry):
         return
     if is_step_row(record):
-        entry["steps_s"] = entry.get("steps_s", 0.0) + since
-        entry["last_step"] = record["step"]
-        if checkpoint_every and record["step"] % checkpoint_every == 0:  # where a later attempt may resume
-            entry.setdefault("steps_s_at", {})[str(record["step"])] = entry["steps_s"]
+        _step_row(entry, record["step"], since, checkpoint_every)
         part = None
     elif is_eval_row(record):
         part = "evaluation"
@@ -91,6 +90,23 @@ def ledger_add(ledger: dict[str, dict], record: dict[str, Any], checkpoint_every
     if part:
         entry[part] = entry.get(part, 0.0) + since
     entry["last"] = max(entry.get("last") or 0.0, at or 0.0)
+
+
+def _step_row(entry: dict, step: int, since: float, checkpoint_every: int) -> None:
+    """A step's seconds. ``steps_s_at``: the attempt's step seconds so far at each step it may go back to (its
+    start, its checkpoints), for the steps a rollback or a later attempt's resume sets aside."""
+    at = entry.setdefault("steps_s_at", {})
+    if not at:
+        at[str(step - 1)] = 0.0  # where the attempt started
+    elif step <= entry.get("last_step", step):  # it went back to a checkpoint after a loss spike
+        back = at.get(str(step - 1), 0.0)
+        entry["lost_loss_spike"] = entry.get("lost_loss_spike", 0.0) + entry.get("steps_s", 0.0) - back
+        entry["steps_s"] = back
+        entry["steps_s_at"] = at = {s: seconds for s, seconds in at.items() if int(s) < step}
+    entry["steps_s"] = entry.get("steps_s", 0.0) + since
+    entry["last_step"] = step
+    if checkpoint_every and step % checkpoint_every == 0:
+        at[str(step)] = entry["steps_s"]
 
 
 @dataclass(frozen=True)
@@ -161,7 +177,7 @@ def account(ledger: dict[str, dict], attempts: list[AttemptTimes], gpus: int, no
         kept = _kept_steps_s(entry, _next_resume(ledger, ordered[i + 1:]))
         _add(parts, "training", kept)
         _add(parts, "redone", entry.get("steps_s", 0.0) - kept)
-        for part in ("evaluation", "checkpoint_save", "other"):
+        for part in ("evaluation", "checkpoint_save", "other", "lost_loss_spike"):
             _add(parts, part, entry.get(part, 0.0))
         tail = "shutdown" if attempt.ending == "completed" else \
             "running" if attempt.ending == "running" else f"lost_{attempt.ending}"

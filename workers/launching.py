@@ -38,7 +38,8 @@ CLAIM_MARGIN_S = 60.0  # beyond the launcher's own timeout: writing spec.json, a
 WAITING = "waiting_for_slots"
 # What an attempt's record says about that attempt alone, cleared when the next one is submitted: the last
 # milestone event (a stop of the previous attempt must not requeue this one), the scheduler's word, why it started.
-ATTEMPT_STATE = ("next_why", "job_state", "job_reason", "last_event", "time_limit_near", "started_at_step", "hang")
+ATTEMPT_STATE = ("next_why", "job_state", "job_reason", "last_event", "time_limit_near", "started_at_step", "hang",
+                 "no_retry")
 
 
 def scheduler_settings(cluster: Cluster) -> SchedulerSettings:

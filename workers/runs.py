@@ -232,7 +232,8 @@ def _settle(run_id: int, job: JobState) -> Run:
                 run.transition(RunStatus.FAILED, f"attempt {run.attempts} ended without finishing: "
                                                  f"{job.reason or job.state.lower()}")
         elif run.status == RunStatus.FAILED:  # the trainer said so itself (its failed event) before its job ended
-            counts_as_restart = True
+            # unless it said another attempt would fail the same way (a loss that spikes again where it spiked)
+            counts_as_restart = not run.ingest_state.get("no_retry")
         attempt_ended(run, job.state, job.exit_code, job.reason, counts_as_restart)
         run.ingest_state = {**run.ingest_state, "job_ended": True}
         run.save()

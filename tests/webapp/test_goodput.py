@@ -158,3 +158,14 @@ def test_a_folder_read_in_is_shown_as_goodput_by_the_api_on_the_runs_page_and_by
     assert 'data-testid="cluster-goodput"' in dashboard and plan222.cluster.name in dashboard
     by_cluster = api(bob).get(f"/api/clusters/{plan222.cluster_id}/goodput/").json()
     assert by_cluster["allocated_s"] == pytest.approx(76.6 * 8) and by_cluster["goodput"] == pytest.approx(40 / 76.6)
+
+
+def test_steps_a_loss_spike_sent_the_run_back_over_are_lost_to_it_not_kept():
+    rows, last = _steps(1, 1, 14, 2.0, save_at=(10,))  # a spike at step 14: back to step 10
+    again, last = _steps(1, 11, 20, last)
+    ledger = _fold([_job(Event.JOB_STARTED, 1, 0.0),
+                    {"event": Event.STARTED, "rank": 0, "step": 0, "load_s": 0.0, "time": 2.0, "since_s": 1.0,
+                     "attempt": 1}, *rows, *again, _job(Event.JOB_ENDED, 1, last)])
+    found = account(ledger, [AttemptTimes(1, 0.0, last, "completed")], gpus=1, now=1e9)
+    assert found.parts == pytest.approx({"training": 20.0, "startup": 2.0, "checkpoint_save": 0.5,
+                                         "lost_loss_spike": 4.0})

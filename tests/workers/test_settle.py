@@ -86,3 +86,14 @@ def test_a_hung_attempt_is_requeued_from_what_it_saved_or_uses_a_restart_if_it_s
     run = _running(run, hang={"stuck": [{"rank": 1, "host": "n2"}]}, started_at_step=40)  # nothing newer saved
     assert reconcile_run(run, cancelled) == "failed"
     assert "hung before it saved a checkpoint" in models.Run.objects.get(pk=run.pk).status_message
+
+
+def test_a_run_whose_trainer_said_another_attempt_would_fail_alike_is_not_restarted(tiny_run_parts, monkeypatch):
+    sent = []
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args: sent.append(args))
+    owner, plan, dataset = tiny_run_parts
+    run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=2)
+    run = _running(run, "failed", no_retry=True)  # a loss that spiked again where it had spiked (its failed event)
+    assert reconcile_run(run, JobState(JobStates.FAILED, 1, "the job failed with exit code 1")) == "failed"
+    run.refresh_from_db()
+    assert run.restarts == 0 and sent == []

@@ -10,6 +10,7 @@ import pytest
 from rest_framework.authtoken.models import Token
 
 from tests.slurm_cluster import PREEMPTIBLE, PREEMPTING
+from tests.trainer.spiky_data import spiky_dataset
 from tests.webapp.conftest import client_for
 from tests.worker_fixtures import final_loss, log_tails, reconcile_until
 from trainer.contract import ParallelPlan, presets
@@ -169,6 +170,28 @@ def test_a_node_failure_requeues_the_run_without_that_node_counts_it_and_the_run
     assert abs(goodput["allocated_s"] - held) <= 2 * 1.5, (goodput["allocated_s"], held)
     assert min(parts["training"], parts["checkpoint_load"], parts["lost_node_failure"]) > 0, parts
     assert goodput["goodput"] == pytest.approx(parts["training"] / goodput["allocated_s"])
+
+
+
+def test_a_loss_spike_sends_the_run_back_to_its_checkpoint_and_the_batches_it_skipped_are_listed(broker, plans):
+    client, make_plan, corpus = plans
+    # a dataset whose batch 44 (step 45's) holds random ids in a cycle the model has learnt by then
+    data = spiky_dataset(Path(corpus.path).parent / "spiky", 512, 64, 4, 1234, 120, [44])
+    dataset = models.Dataset.objects.create(owner=corpus.owner, name="spiky", path=data.path, tokenizer=data.tokenizer)
+    run_id = _start(client, make_plan(), dataset, "spiky", steps=60, checkpoint_every=10,
+                    optimizer={"lr": 1e-2, "min_lr": 1e-3, "warmup_steps": 5})
+    run = reconcile_until(broker, run_id, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=240)
+    assert (run.status, run.attempts, run.restarts) == ("completed", 1, 0), run.status_message
+    said = client.get(f"/api/runs/{run_id}/events/").json()["results"]
+    (spike,) = [e for e in said if e["kind"] == "loss_spike"]
+    assert (spike["data"]["rolled_back_to"], spike["data"]["skipped_steps"]) == (40, [41, 45])
+    assert "back to step 40, the batches of steps 41–45 skipped" in spike["message"]
+    # the rows of steps 41–45 are those done again, past the skipped batches: as low as before the spike
+    redone = run.metrics.get(kind="train", step=45).loss
+    assert redone < spike["data"]["loss"] / 100 and run.last_step == 60
+    goodput = client.get(f"/api/runs/{run_id}/goodput/").json()
+    lost = next(part["seconds"] for part in goodput["parts"] if part["name"] == "lost_loss_spike")
+    assert 0 < lost < goodput["allocated_s"] / 2, goodput
 
 
 def _slurm_elapsed(job: dict) -> float:

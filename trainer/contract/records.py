@@ -7,6 +7,7 @@
     metrics.jsonl   one ``StepMetrics`` record a training step, one ``EvalMetrics`` record an evaluation
     launch.json     one ``LaunchRecord``: how the current attempt was started
     heartbeats/     rank-<r>.json, one ``Heartbeat`` a rank, rewritten every few seconds
+    skipped_batches.json   the run's ``Skip`` records, oldest first: where it went back after a loss spike
 
 Writers build these records and append their ``to_dict()``; readers (workers, benchmarks, tests) use the
 predicates and keys here instead of spelling field names of their own. Standard library only.
@@ -18,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from trainer.contract.runfolder import HEARTBEATS, LAUNCH, read_json, write_json_atomic
+from trainer.contract.runfolder import HEARTBEATS, LAUNCH, SKIPPED_BATCHES, read_json, write_json_atomic
 
 
 class Event:
@@ -32,6 +33,7 @@ class Event:
     STOPPED = "stopped"  # SIGTERM or --until-step: a checkpoint was saved, the run can resume
     FAILED = "failed"
     TIME_LIMIT_NEAR = "time_limit_near"  # written by a Slurm batch script when its time-limit signal came
+    LOSS_SPIKE = "loss_spike"  # the run went back to its newest checkpoint, skipping the batches since (records.Skip)
     # jobs.jsonl's kinds: the bounds of the time an attempt held its nodes
     JOB_STARTED = "job_started"
     JOB_ENDED = "job_ended"
@@ -195,3 +197,34 @@ class Heartbeat:
             except TypeError:  # not a dict, or not this record's fields
                 continue
         return sorted(beats, key=lambda b: b.rank)
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A loss spike at step ``spike_step`` sent the run back to its checkpoint of step ``after_step``, and the
+    batches of steps after_step + 1 … spike_step were skipped: from there on, step n trains on the batch that step
+    n + (spike_step − after_step) would have drawn, on top of the earlier skips."""
+
+    after_step: int
+    spike_step: int
+    loss: Optional[float] = None    # the spike's loss (None: not finite)
+    median: Optional[float] = None  # the median loss of the steps before it that it was judged against
+
+    @property
+    def batches(self) -> int:
+        return self.spike_step - self.after_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def read_all(run_dir: str | Path) -> list["Skip"]:
+        data = read_json(Path(run_dir) / SKIPPED_BATCHES)
+        fields = ("after_step", "spike_step", "loss", "median")
+        return [Skip(**{k: item.get(k) for k in fields}) for item in (data or [])
+                if isinstance(item, dict) and isinstance(item.get("after_step"), int)
+                and isinstance(item.get("spike_step"), int)]
+
+    @staticmethod
+    def write_all(run_dir: str | Path, skips: list["Skip"]) -> None:
+        write_json_atomic(Path(run_dir) / SKIPPED_BATCHES, [s.to_dict() for s in skips])

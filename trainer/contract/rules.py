@@ -95,6 +95,8 @@ LIMITS: dict[str, dict[str, tuple[float, str]]] = {
         "keep_checkpoints": (10_000, "checkpoints kept on disk"), "eval_batches": (1_000_000, "batches per evaluation"),
         "seed": (2 ** 63 - 1, "a 64-bit seed"),
         "dataset_weight": (1e9, "a blend weight; a source's share is its weight over their sum"),
+        "spike_factor": (1e6, "a loss that many times the recent median is a spike"),
+        "spike_window": (1_000_000, "steps a loss is judged against"),
     },
     "BlendSource": {"weight": (1e9, "a blend weight; a source's share is its weight over their sum")},
 }

@@ -21,6 +21,7 @@ PROFILES = "profiles"
 CHECKPOINTS = "checkpoints"
 MANIFEST = "manifest.json"
 HEARTBEATS = "heartbeats"
+SKIPPED_BATCHES = "skipped_batches.json"  # the batches a run skipped after loss spikes (records.Skip)
 # The environment variable that tells a job's processes which attempt of their run they are (a positive integer)
 ATTEMPT_ENV = "WORKBENCH_ATTEMPT"
 
@@ -90,7 +91,7 @@ def read_json(path: str | os.PathLike) -> Any | None:
 
 
 # What a run writes (spec.json and launch.json come from the launcher and stay).
-RUN_OUTPUTS = (EVENTS, METRICS, CHECKPOINTS, PROFILES, HEARTBEATS)
+RUN_OUTPUTS = (EVENTS, METRICS, CHECKPOINTS, PROFILES, HEARTBEATS, SKIPPED_BATCHES)
 
 
 def used(run_dir: str | os.PathLike) -> bool:

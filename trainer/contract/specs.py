@@ -546,6 +546,9 @@ class RunSpec(_Spec):
 
     ``blend``: other datasets trained on beside ``dataset`` (whose weight is ``dataset_weight`` and whose name in
     the blend is "main"); empty: ``dataset`` alone.
+    ``spike_factor``, ``spike_window``: a step whose loss is not finite, or above ``spike_factor`` × the median of
+    the ``spike_window`` steps before it, is a loss spike: the run goes back to its newest checkpoint and skips the
+    batches from there to the spike (trainer/engine/spikes.py). 0: only a loss that is not finite is one.
     """
 
     model: ModelSpec
@@ -566,11 +569,18 @@ class RunSpec(_Spec):
     init_from: Optional[InitFrom] = None
     blend: tuple[BlendSource, ...] = ()
     dataset_weight: float = 1.0
+    spike_factor: float = 3.0
+    spike_window: int = 20
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
         within_limits(p, self)
         _positive(p, self, "steps", "eval_batches", "log_every")
+        if not (self.spike_factor == 0 or (self.spike_factor > 1 and math.isfinite(self.spike_factor))):
+            _add(p, "spike_factor", f"spike_factor={self.spike_factor} must be above 1 (a loss that many times the "
+                                    f"recent median is a spike), or 0 to judge only losses that are not finite")
+        if self.spike_window < 2:
+            _add(p, "spike_window", f"spike_window={self.spike_window} must be at least 2 steps")
         for name in ("checkpoint_every", "eval_every", "seed"):
             if getattr(self, name) < 0:
                 _add(p, name, f"{name}={getattr(self, name)} must not be negative")

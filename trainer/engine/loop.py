@@ -25,6 +25,7 @@ from trainer.engine.heartbeat import HeartbeatThread
 from trainer.engine.native import NativeEngine
 from trainer.engine.recorder import StepRecorder
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
+from trainer.engine.spikes import DataSkips, Spike, SpikeGuard
 from trainer.optim import lr_at
 from trainer.profiling import profiler
 from trainer.profiling.profiler import StepProfiler
@@ -97,19 +98,26 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
            for source, d in zip(blend_sources(spec), prepared)} if spec.eval_every else {}
     recorder = StepRecorder(spec, engine, files)
     checkpointer = Checkpointer(spec, engine, run_dir, files, data.tokenizer_path, start)
+    guard, skips = SpikeGuard(spec.spike_factor, spec.spike_window), DataSkips(run_dir)
     step, tokens_seen, outcome = start.step, start.tokens_seen, "finished"
     while step < spec.steps:
         lr = lr_at(step, spec.optimizer, spec.steps)
         heartbeat.enter(Phase.STEP, step)
         _synchronize(engine.device)
         t0 = time.perf_counter()
-        result = engine.train_step(sampler.micro_batches(step), lr, measure=recorder.measuring)
+        result = engine.train_step(sampler.micro_batches(skips.data_step(step)), lr, measure=recorder.measuring)
         _synchronize(engine.device)
         step_time = time.perf_counter() - t0
         step += 1
         heartbeat.step_done(step, step_time)
         tokens_seen += sampler.tokens_per_step
         recorder.record(result, step=step, tokens_seen=tokens_seen, lr=lr, step_time=step_time)
+        spike = guard.check(step, result.loss)
+        if spike:
+            heartbeat.enter(Phase.STARTING)  # loading, as when an attempt starts
+            # the guard keeps its window: the steps before the spike are the measure of the steps after it
+            step, tokens_seen = _roll_back(spike, spec, engine, files, skips)
+            continue
         profile.after_step()
         if spec.eval_every and step % spec.eval_every == 0:
             heartbeat.enter(Phase.EVALUATING)
@@ -130,6 +138,17 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     if engine.world_size > 1:
         dist.barrier()
     return outcome
+
+
+def _roll_back(spike: Spike, spec: RunSpec, engine: Engine, files: RunFiles, skips: DataSkips) -> tuple[int, int]:
+    """Back to the newest checkpoint, the batches since skipped (spikes.py); (steps done, tokens seen) there."""
+    folder, skip = skips.roll_back(spike, spec.spike_factor, engine.checkpoint_format, write=engine.rank == 0)
+    manifest = engine.load(folder)
+    files.event(Event.LOSS_SPIKE, step=spike.step, loss=skip.loss, median=spike.median, factor=spec.spike_factor,
+                rolled_back_to=manifest.step, skipped_steps=[skip.after_step + 1, skip.spike_step])
+    files.log(f"loss spike: {spike.describe(spec.spike_factor)}; back to step {manifest.step} ({folder}), "
+              f"skipping the batches of steps {skip.after_step + 1}–{skip.spike_step}")
+    return manifest.step, manifest.tokens_seen
 
 
 def _evaluate(engine: Engine, files: RunFiles, step: int, batches: dict[str, list], spec: RunSpec) -> None:

@@ -52,7 +52,9 @@ class RunFiles:
             yield
         except Exception as exc:
             self.log(f"failed: {exc!r}")
-            self.event(Event.FAILED, any_rank=True, error=repr(exc), traceback=traceback.format_exc())
+            # an error that another attempt would only repeat says so (retry False): the workbench does not restart
+            self.event(Event.FAILED, any_rank=True, error=repr(exc), traceback=traceback.format_exc(),
+                       **({} if getattr(exc, "retry", True) else {"retry": False}))
             raise
 
     def metric(self, record: StepMetrics | EvalMetrics) -> None:

@@ -247,7 +247,8 @@ class RunSerializer(OwnedSerializer):
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
-                  "eval_every", "blend", "dataset_weight", "evaluation_sets", "optimizer", "profile", "init_from",
+                  "eval_every", "blend", "dataset_weight", "spike_factor", "evaluation_sets", "optimizer", "profile",
+                  "init_from",
                   "keep_tokenizer",
                   "started_from", "spec",
                   "launch", "shared", "owner", "status", "attempts",
@@ -262,6 +263,7 @@ class RunSerializer(OwnedSerializer):
                             "that the run leaves one checkpoint, at its end, to generate from, export and deploy")},
                         "eval_every": {"max_value": 10_000_000},
                         "dataset_weight": {"min_value": 1e-9, "max_value": 1e9},
+                        "spike_factor": {"min_value": 0, "max_value": 1e6},
                         "max_restarts": {"min_value": 0, "max_value": 100}}
 
     def get_started_from(self, run) -> str:

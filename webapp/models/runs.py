@@ -57,6 +57,10 @@ class Run(Owned):
                              help_text='Other datasets trained on beside the run\'s own: [{"dataset": id, "weight": w, '
                                        '"name": "…"}]; empty: the run\'s dataset alone')
     dataset_weight = models.FloatField(default=1.0, help_text="The run's own dataset's weight in its blend")
+    spike_factor = models.FloatField(
+        default=3.0, help_text="A step whose loss is above this many times the median of the steps before it (or "
+                               "not finite) is a spike: the run goes back to its newest checkpoint and skips the "
+                               "batches from there to the spike. 0: only a loss that is not finite is one")
     evaluation_sets = models.ManyToManyField("EvaluationSet", blank=True, related_name="runs",
                                              help_text="Sets each checkpoint the run saves is evaluated on")
     optimizer = models.JSONField(default=dict, blank=True, help_text="trainer.contract.OptimizerSpec as JSON")

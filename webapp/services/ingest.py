@@ -96,6 +96,11 @@ def _event_message(event: dict) -> str:
     kind, step = event.get("event"), event.get("step")
     if kind == Event.FAILED:
         return f"rank {event.get('rank')} failed: {event.get('error', 'unknown error')}"
+    if kind == Event.LOSS_SPIKE:
+        first, last = (event.get("skipped_steps") or [None, None])[:2]
+        return (f"loss spike at step {step} (loss {event.get('loss')}, median of the steps before "
+                f"{event.get('median')}): back to step {event.get('rolled_back_to')}, the batches of steps "
+                f"{first}–{last} skipped")
     if kind == Event.STARTED and event.get("resumed_from"):
         return f"started at step {step}, resumed from {event['resumed_from']}"
     return f"{kind.replace('_', ' ')} at step {step}" if step is not None else kind.replace("_", " ")
@@ -170,6 +175,8 @@ def run_ingest(run_id: int) -> Run:
             state["started_at_step"] = event.get("step")
         elif event.get("event") == Event.TIME_LIMIT_NEAR:  # the stop that follows requeues the run
             state["time_limit_near"] = True
+        elif event.get("event") == Event.FAILED and event.get("retry") is False:  # another attempt would do the same
+            state["no_retry"] = True
     state["events_offset"] = offset
     if saved:  # retention prunes when a checkpoint is saved
         checkpoints_follow_retention(run)

@@ -129,6 +129,7 @@ def run_check(run: Run) -> RunSpec:
             seed=run.seed,
             checkpoint_every=run.checkpoint_every,
             eval_every=run.eval_every,
+            spike_factor=run.spike_factor,
             optimizer=_part("optimizer", OptimizerSpec, run.optimizer or {}),
             profile=_part("profile", ProfileSpec, run.profile) if run.profile else None,
         ).validate()
