@@ -234,6 +234,9 @@ WORKBENCH = {
     # HANG_AFTER_S seconds) is hung: it is cancelled and requeued, naming the rank the others wait for.
     "HANG_STEP_MULTIPLE": _number("WORKBENCH_HANG_STEP_MULTIPLE", 10),
     "HANG_AFTER_S": _number("WORKBENCH_HANG_AFTER_S", 300),
+    # A run's next attempt on Slurm also avoids the nodes its trainer named stragglers (off: a small partition
+    # could be left without room for the job).
+    "EXCLUDE_STRAGGLERS": _flag("WORKBENCH_EXCLUDE_STRAGGLERS", False),
 }
 
 LOGGING = {

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from django.conf import settings as django_settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -60,6 +61,14 @@ class Claim:
     @property
     def run_id(self) -> int:
         return self.request.run_id
+
+
+def avoided_nodes(run: Run) -> tuple[str, ...]:
+    """The nodes the run's earlier attempts failed on, and those its trainer named stragglers where staff asked for
+    them to be avoided too (WORKBENCH_EXCLUDE_STRAGGLERS)."""
+    state = run.ingest_state
+    stragglers = state.get("straggler_nodes", []) if django_settings.WORKBENCH["EXCLUDE_STRAGGLERS"] else []
+    return tuple(sorted(set(state.get("excluded_nodes", [])) | set(stragglers)))
 
 
 def run_launch(run_id: int) -> str:
@@ -116,7 +125,7 @@ def _claim(run_id: int) -> Claim | str:
         if problems:
             return _fail(run, "could not launch: " + "; ".join(m for messages in problems.values() for m in messages))
         request = JobRequest(run_id=run.pk, attempt=run.attempts + 1, run_dir=Path(spec.output_dir), spec=spec,
-                             settings=settings, exclude=tuple(run.ingest_state.get("excluded_nodes", ())))
+                             settings=settings, exclude=avoided_nodes(run))
         why = run.ingest_state.get("next_why") or "first launch"
         now = timezone.now()
         fresh_for = timedelta(seconds=launcher.start_timeout_s + CLAIM_MARGIN_S)

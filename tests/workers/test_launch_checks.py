@@ -1,10 +1,11 @@
 """The worker checks a run's parts once more right before it starts the job: sharing may have been withdrawn, or the
-dataset's file re-pointed, since the run was queued. A refused launch starts nothing and says why."""
+dataset's file re-pointed, since the run was queued. A refused launch starts nothing and says why. An
+attempt avoids the nodes earlier ones failed on."""
 import pytest
 from django.contrib.auth.models import User
 
 from webapp import models, services
-from workers.launching import run_launch
+from workers.launching import avoided_nodes, run_launch
 from workers.launchers import JobState, JobStates
 from workers.runs import reconcile_run
 
@@ -77,3 +78,11 @@ def test_it_does_not_restart_a_failed_run_whose_owner_may_no_longer_use_its_part
     assert run.status_message == ("attempt 1 ended without finishing: the job exited with code 1; not restarted: "
                                   "dataset 'shakespeare' is not shared with borrower: ask its owner to share it "
                                   "(again), or register a dataset of your own")
+
+
+def test_a_next_attempt_avoids_the_nodes_that_failed_and_the_stragglers_only_where_staff_asked(settings):
+    run = models.Run(ingest_state={"excluded_nodes": ["n3"], "straggler_nodes": ["n1", "n3"]})
+    settings.WORKBENCH = {**settings.WORKBENCH, "EXCLUDE_STRAGGLERS": False}
+    assert avoided_nodes(run) == ("n3",)
+    settings.WORKBENCH = {**settings.WORKBENCH, "EXCLUDE_STRAGGLERS": True}
+    assert avoided_nodes(run) == ("n1", "n3")

@@ -2,6 +2,7 @@
 uninterrupted run of the same plan ends, and its history says what happened and what was done about it."""
 import os
 import signal
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -27,10 +28,11 @@ def plans(tiny_run_parts, slurm_cluster_24):
     Token.objects.get_or_create(user=owner)
     owner.refresh_from_db()
 
-    def make_plan(ranks: int = 1, partition: str = slurm_cluster_24.partition, qos: str = "") -> models.ParallelismPlan:
+    def make_plan(ranks: int = 1, partition: str = slurm_cluster_24.partition, qos: str = "",
+                  nodes: int = 1) -> models.ParallelismPlan:
         cluster = models.Cluster.objects.create(
             name=f"slurm-24-{models.Cluster.objects.count()}", kind="slurm", partition=partition, qos=qos,
-            spec=presets.cluster("cpu", nodes=1, gpus_per_node=ranks).to_dict(),
+            spec=presets.cluster("cpu", nodes=nodes, gpus_per_node=ranks // nodes).to_dict(),
             env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster_24.interface}", "export WORKBENCH_HEARTBEAT_S=1"])
         cluster.full_clean()
         return models.ParallelismPlan.objects.create(
@@ -192,6 +194,48 @@ def test_a_loss_spike_sends_the_run_back_to_its_checkpoint_and_the_batches_it_sk
     goodput = client.get(f"/api/runs/{run_id}/goodput/").json()
     lost = next(part["seconds"] for part in goodput["parts"] if part["name"] == "lost_loss_spike")
     assert 0 < lost < goodput["allocated_s"] / 2, goodput
+
+
+
+def test_a_straggling_rank_is_named_with_its_host_and_the_run_ends_with_the_loss_of_one_that_did_not_straggle(
+        broker, plans, slurm_cluster_24):
+    client, make_plan, dataset = plans
+    steps = dict(steps=300, checkpoint_every=300)
+    straggling_id = _start(client, make_plan(ranks=2, nodes=2), dataset, "straggles", **steps)
+    reference_id = _start(client, make_plan(ranks=2, partition="n1"), dataset, "uninterrupted", **steps)
+    folder = Path(reconcile_until(broker, straggling_id, lambda r: r.run_dir and r.job_id).run_dir)
+    beats = _until("both ranks stepping", lambda: len(b := Heartbeat.read_all(folder)) == 2 and b[1].step > 0 and b,
+                   straggling_id)
+    # rank 1 runs half the time, stopped and continued every 3 ms (its own work takes 4 ms a step), as a GPU that
+    # throttles itself
+    done = threading.Event()
+
+    def throttle():
+        while not done.is_set():
+            os.kill(beats[1].pid, signal.SIGSTOP)
+            time.sleep(0.003)
+            os.kill(beats[1].pid, signal.SIGCONT)
+            time.sleep(0.003)
+
+    throttling = threading.Thread(target=throttle, daemon=True)
+    throttling.start()
+    try:
+        named = reconcile_until(broker, straggling_id, lambda r: r.history.filter(kind="straggler").exists(),
+                                timeout=120)
+    finally:
+        done.set()
+        throttling.join()
+    said = named.history.get(kind="straggler")
+    assert said.data["straggler"] == {"rank": 1, "host": beats[1].host} and said.data["ratio"] > 1.5, said.message
+    assert f"rank 1 on {beats[1].host} is a straggler" in said.message
+    assert named.ingest_state["straggler_nodes"] == [beats[1].host]
+    runs = [reconcile_until(broker, pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=240)
+            for pk in (straggling_id, reference_id)]
+    assert [r.status for r in runs] == ["completed", "completed"], [r.status_message for r in runs]
+    assert abs(final_loss(runs[0]) - final_loss(runs[1])) <= 1e-6, [final_loss(r) for r in runs]
+    # every rank's own compute time is among the run's rank figures
+    ranks = client.get(f"/api/runs/{straggling_id}/ranks/").json()
+    assert len(ranks["figures"]["compute_s"]["per_rank"]) == 2 and min(ranks["figures"]["compute_s"]["per_rank"]) > 0
 
 
 def _slurm_elapsed(job: dict) -> float:

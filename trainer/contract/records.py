@@ -34,6 +34,7 @@ class Event:
     FAILED = "failed"
     TIME_LIMIT_NEAR = "time_limit_near"  # written by a Slurm batch script when its time-limit signal came
     LOSS_SPIKE = "loss_spike"  # the run went back to its newest checkpoint, skipping the batches since (records.Skip)
+    STRAGGLER = "straggler"  # a rank whose own work is slower than the others' (trainer/engine/stragglers.py)
     # jobs.jsonl's kinds: the bounds of the time an attempt held its nodes
     JOB_STARTED = "job_started"
     JOB_ENDED = "job_ended"
@@ -88,7 +89,9 @@ class StepMetrics:
 
 
 # Each rank's own figures of a step, gathered into StepMetrics.ranks: the slowest rank sets the pace of all.
-RANK_FIGURES = ("step_time_s", "tokens_per_s", "max_allocated_bytes")
+# compute_s: the rank's own forward and backward, before it waited for the others (null where not measured: see
+# trainer/engine/stragglers.py); step times are alike on every rank, since each step ends in the same collectives.
+RANK_FIGURES = ("step_time_s", "tokens_per_s", "max_allocated_bytes", "compute_s")
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,8 @@ LIMITS: dict[str, dict[str, tuple[float, str]]] = {
         "dataset_weight": (1e9, "a blend weight; a source's share is its weight over their sum"),
         "spike_factor": (1e6, "a loss that many times the recent median is a spike"),
         "spike_window": (1_000_000, "steps a loss is judged against"),
+        "straggler_factor": (1e6, "a rank that many times slower than the others is a straggler"),
+        "straggler_window": (1_000_000, "steps a rank's compute time is judged over"),
     },
     "BlendSource": {"weight": (1e9, "a blend weight; a source's share is its weight over their sum")},
 }

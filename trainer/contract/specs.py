@@ -549,6 +549,9 @@ class RunSpec(_Spec):
     ``spike_factor``, ``spike_window``: a step whose loss is not finite, or above ``spike_factor`` × the median of
     the ``spike_window`` steps before it, is a loss spike: the run goes back to its newest checkpoint and skips the
     batches from there to the spike (trainer/engine/spikes.py). 0: only a loss that is not finite is one.
+    ``straggler_factor``, ``straggler_window``: a rank whose own forward and backward take, as a median over the
+    window, that many times the other ranks' is named in a straggler event (trainer/engine/stragglers.py); 0: not
+    judged.
     """
 
     model: ModelSpec
@@ -571,6 +574,8 @@ class RunSpec(_Spec):
     dataset_weight: float = 1.0
     spike_factor: float = 3.0
     spike_window: int = 20
+    straggler_factor: float = 1.5
+    straggler_window: int = 20
 
     def problems(self) -> dict[str, list[str]]:
         p: dict[str, list[str]] = {}
@@ -581,6 +586,11 @@ class RunSpec(_Spec):
                                     f"recent median is a spike), or 0 to judge only losses that are not finite")
         if self.spike_window < 2:
             _add(p, "spike_window", f"spike_window={self.spike_window} must be at least 2 steps")
+        if not (self.straggler_factor == 0 or (self.straggler_factor > 1 and math.isfinite(self.straggler_factor))):
+            _add(p, "straggler_factor", f"straggler_factor={self.straggler_factor} must be above 1 (a rank whose own "
+                                        f"work takes that many times the others' is a straggler), or 0: not judged")
+        if self.straggler_window < 2:
+            _add(p, "straggler_window", f"straggler_window={self.straggler_window} must be at least 2 steps")
         for name in ("checkpoint_every", "eval_every", "seed"):
             if getattr(self, name) < 0:
                 _add(p, name, f"{name}={getattr(self, name)} must not be negative")

@@ -37,6 +37,9 @@ class StepResult:
     loss_scale: float           # as the step leaves it (1 without fp16)
     routing: dict[str, Any] = field(default_factory=dict)  # mixture-of-experts figures, summed over ranks; {} dense
     state_bytes: Optional[dict[str, int]] = None  # a measured step: params, grads, optimizer and activations bytes
+    # Seconds this rank spent on its own forward and backward, before it waited for any other rank (None where the
+    # plan's backward waits on other ranks on the way: stragglers.ComputeClock)
+    compute_s: Optional[float] = None
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from trainer.engine.native import NativeEngine
 from trainer.engine.recorder import StepRecorder
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
 from trainer.engine.spikes import DataSkips, Spike, SpikeGuard
+from trainer.engine.stragglers import StragglerWatch
 from trainer.optim import lr_at
 from trainer.profiling import profiler
 from trainer.profiling.profiler import StepProfiler
@@ -99,6 +100,7 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     recorder = StepRecorder(spec, engine, files)
     checkpointer = Checkpointer(spec, engine, run_dir, files, data.tokenizer_path, start)
     guard, skips = SpikeGuard(spec.spike_factor, spec.spike_window), DataSkips(run_dir)
+    stragglers = StragglerWatch(spec.straggler_factor, spec.straggler_window, _hosts(engine, heartbeat.host))
     step, tokens_seen, outcome = start.step, start.tokens_seen, "finished"
     while step < spec.steps:
         lr = lr_at(step, spec.optimizer, spec.steps)
@@ -111,7 +113,11 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
         step += 1
         heartbeat.step_done(step, step_time)
         tokens_seen += sampler.tokens_per_step
-        recorder.record(result, step=step, tokens_seen=tokens_seen, lr=lr, step_time=step_time)
+        figures = recorder.record(result, step=step, tokens_seen=tokens_seen, lr=lr, step_time=step_time)
+        for straggler in stragglers.observe(figures.get("compute_s", [])):
+            files.event(Event.STRAGGLER, step=step, straggler={"rank": straggler.rank, "host": straggler.host},
+                        compute_s=straggler.compute_s, others_s=straggler.others_s, ratio=straggler.ratio,
+                        window=spec.straggler_window, message=straggler.describe(spec.straggler_window))
         spike = guard.check(step, result.loss)
         if spike:
             heartbeat.enter(Phase.STARTING)  # loading, as when an attempt starts
@@ -138,6 +144,15 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
     if engine.world_size > 1:
         dist.barrier()
     return outcome
+
+
+def _hosts(engine: Engine, mine: str) -> list[str]:
+    """Every rank's host, in rank order (one gather as the run starts)."""
+    if engine.world_size == 1:
+        return [mine]
+    hosts = [None] * engine.world_size
+    dist.all_gather_object(hosts, mine)
+    return hosts
 
 
 def _roll_back(spike: Spike, spec: RunSpec, engine: Engine, files: RunFiles, skips: DataSkips) -> tuple[int, int]:

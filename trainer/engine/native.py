@@ -24,6 +24,7 @@ from trainer.contract import RunSpec
 from trainer.contract.manifest import FORMAT_DCP, CheckpointManifest
 from trainer.engine.base import Backward, MicroBatches, StepResult
 from trainer.engine.runfiles import RunFiles
+from trainer.engine.stragglers import ComputeClock
 from trainer.model import loss_fn
 from trainer.model.moe import aux_loss, moe_layers, step_stats
 from trainer.optim import LossScaler, build_optimizer, set_lr
@@ -82,6 +83,7 @@ class NativeEngine:
         self.optimizers = [build_optimizer(m, spec.optimizer) for m in self.pm.modules]
         self.params = self.pm.parameters()
         self.moe_layers = moe_layers(self.pm.modules)  # found once: a dense model's step walks no module tree
+        self._compute_clock = ComputeClock.for_plan(spec.plan, self.pm.modules[0], self.pm.fsdp)
 
     def describe(self) -> tuple[dict[str, Any], str]:
         plan, pm = self.spec.plan, self.pm
@@ -116,6 +118,7 @@ class NativeEngine:
     def train_step(self, micro: MicroBatches, lr: float, measure: bool) -> StepResult:
         pm = self.pm
         set_lr(self.optimizers, lr)
+        self._compute_clock.start()
         passed = self._forward_backward(micro, measure)
         # Gradients as backward leaves them (their peak): the syncs below may reshard some (tied pipeline embedding).
         grads_bytes = gradient_bytes(pm.modules) if measure else 0
@@ -135,7 +138,7 @@ class NativeEngine:
             opt.zero_grad(set_to_none=True)
         return StepResult(loss=self._mean_loss(passed.loss), grad_norm=float(norm), applied=finite,
                           loss_scale=self.scaler.scale, routing=routing_metrics(passed.routing, self.topo.dp_group),
-                          state_bytes=state)
+                          state_bytes=state, compute_s=self._compute_clock.read())
 
     def _forward_backward(self, micro: MicroBatches, measure: bool) -> Backward:
         """Gradients of this rank's micro-batches, left unreduced where DDP and FSDP2 do not reduce them."""

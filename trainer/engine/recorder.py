@@ -31,8 +31,9 @@ class StepRecorder:
         """Whether the next step is to measure the bytes of every state (the first this process runs)."""
         return self.state_bytes is None
 
-    def record(self, result: StepResult, step: int, tokens_seen: int, lr: float, step_time: float) -> None:
-        """``step``: the number of steps done, this one included; ``step_time``: its seconds, synchronised."""
+    def record(self, result: StepResult, step: int, tokens_seen: int, lr: float, step_time: float) -> dict[str, list]:
+        """``step``: the number of steps done, this one included; ``step_time``: its seconds, synchronised. Returns
+        every rank's RANK_FIGURES of the step (empty in a world of one)."""
         engine, spec = self.engine, self.spec
         first = self.state_bytes is None
         if first:
@@ -41,7 +42,7 @@ class StepRecorder:
         if first and engine.world_size > 1:
             memory["per_rank"] = _gather_objects(self.state_bytes, engine.world_size)
         tokens_per_s = self.tokens_per_step / step_time
-        ranks = _gather_figures(engine, (step_time, tokens_per_s, memory["max_allocated_bytes"]))
+        ranks = _gather_figures(engine, (step_time, tokens_per_s, memory["max_allocated_bytes"], result.compute_s))
         self.files.metric(StepMetrics(
             step=step, loss=result.loss, lr=lr, grad_norm=result.grad_norm, tokens_per_s=tokens_per_s,
             step_time_s=step_time, tokens_seen=tokens_seen, flops_per_step=self.flops_per_step,
@@ -51,6 +52,7 @@ class StepRecorder:
         if step % spec.log_every == 0:
             self.files.log(f"step {step} loss {result.loss:.4f} lr {lr:.2e} grad_norm {result.grad_norm:.3f} "
                            f"{step_time * 1000:.1f} ms")
+        return ranks
 
 
 def _gather_objects(state_bytes: dict, world_size: int) -> list[dict]:
@@ -60,8 +62,8 @@ def _gather_objects(state_bytes: dict, world_size: int) -> list[dict]:
     return everyone
 
 
-def _gather_figures(engine: Engine, figures: tuple[float, float, int | None]) -> dict[str, list]:
-    """Every rank's RANK_FIGURES of this step, in one all-gather of three float64s (exact for bytes below 2^53);
+def _gather_figures(engine: Engine, figures: tuple[float, float, int | None, float | None]) -> dict[str, list]:
+    """Every rank's RANK_FIGURES of this step, in one all-gather of four float64s (exact for bytes below 2^53);
     a world of one sends nothing."""
     if engine.world_size == 1:
         return {}
@@ -72,4 +74,5 @@ def _gather_figures(engine: Engine, figures: tuple[float, float, int | None]) ->
     table = torch.stack(everyone).tolist()
     out = {name: [row[i] for row in table] for i, name in enumerate(RANK_FIGURES)}
     out["max_allocated_bytes"] = [None if math.isnan(b) else int(b) for b in out["max_allocated_bytes"]]
+    out["compute_s"] = [None if math.isnan(c) else c for c in out["compute_s"]]
     return out

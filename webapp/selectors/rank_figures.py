@@ -13,8 +13,9 @@ from trainer.contract.records import RANK_FIGURES
 
 from ..models import Metric, Run
 
-# Which end of a figure is the bad one: the longest step, the lowest throughput, the most memory.
-WORST = {"step_time_s": max, "tokens_per_s": min, "max_allocated_bytes": max}
+# Which end of a figure is the bad one: the longest step, the lowest throughput, the most memory, the longest own
+# work (compute_s: what tells the rank that holds the others back, whose step times are all alike).
+WORST = {"step_time_s": max, "tokens_per_s": min, "max_allocated_bytes": max, "compute_s": max}
 
 
 def _number(value) -> bool:
@@ -34,6 +35,8 @@ def _figures(record: dict) -> dict[str, list[float | None]] | None:
     out = {}
     for name in RANK_FIGURES:
         values = ranks.get(name)
+        if values is None and name == "compute_s":  # recorded before ranks measured it, or a world of one
+            values = [record.get("compute_s")] * len(ranks.get("step_time_s") or [None])
         if not isinstance(values, list) or not values or not all(v is None or _number(v) for v in values):
             return None
         out[name] = [None if v is None else float(v) for v in values]
@@ -68,6 +71,6 @@ def rank_summary(run: Run, steps: int = 100) -> dict:
         if figure is not None:
             folded[name] = figure
     steps_read = [step for step, _ in read]
-    slowest = folded["step_time_s"]["worst_rank"] if "step_time_s" in folded else None
+    slowest = next((folded[name]["worst_rank"] for name in ("compute_s", "step_time_s") if name in folded), None)
     return {"steps": {"first": min(steps_read), "last": max(steps_read), "count": len(steps_read)},
             "world_size": world, "slowest_rank": slowest, "figures": folded}

@@ -94,6 +94,8 @@ def profile_register(run: Run, event: dict) -> Profile:
 
 def _event_message(event: dict) -> str:
     kind, step = event.get("event"), event.get("step")
+    if isinstance(event.get("message"), str):  # the trainer said it in words already
+        return event["message"]
     if kind == Event.FAILED:
         return f"rank {event.get('rank')} failed: {event.get('error', 'unknown error')}"
     if kind == Event.LOSS_SPIKE:
@@ -116,7 +118,7 @@ def _job_message(record: dict) -> str:
 def _apply_event(run: Run, event: dict) -> None:
     kind = event.get("event")
     if isinstance(kind, str) and kind:
-        details = {k: v for k, v in event.items() if k not in ("event", "time", "traceback")}
+        details = {k: v for k, v in event.items() if k not in ("event", "time", "traceback", "message")}
         record_event(run, Source.TRAINER, kind[:32], _event_message(event), at=event.get("time"), **details)
     if kind == Event.STARTED and run.status == RunStatus.SUBMITTED:
         run.transition(RunStatus.RUNNING)
@@ -177,6 +179,10 @@ def run_ingest(run_id: int) -> Run:
             state["time_limit_near"] = True
         elif event.get("event") == Event.FAILED and event.get("retry") is False:  # another attempt would do the same
             state["no_retry"] = True
+        elif event.get("event") == Event.STRAGGLER:  # its host is kept over attempts
+            host = (event.get("straggler") or {}).get("host")
+            if isinstance(host, str):
+                state["straggler_nodes"] = sorted({*state.get("straggler_nodes", []), host})
     state["events_offset"] = offset
     if saved:  # retention prunes when a checkpoint is saved
         checkpoints_follow_retention(run)
