@@ -322,6 +322,8 @@ def _tail(path: Path, lines: int) -> str:
 # The QOS of the clusters with accounting: a job of PREEMPTING preempts jobs of PREEMPTIBLE, which have GRACE_S
 # seconds from their SIGTERM to save and end
 PREEMPTIBLE, PREEMPTING, GRACE_S = "low", "high", 30
+# The accounting cluster's partition of little memory a job (each CPU's): its jobs go over it sooner
+SMALL_MEMORY, SMALL_MEMORY_MB = "small", 1100
 
 
 class SlurmCluster:
@@ -334,7 +336,7 @@ class SlurmCluster:
     partition = "debug"
     interface = "wb0"
     cpus_per_node = 8  # more than the machine has (config_overrides): 16 one-CPU jobs run at once
-    memory_per_node_mb = 1000
+    memory_per_node_mb = 64000  # declared, as the CPUs are: 8 GB a one-CPU job unless it asks
 
     def __init__(self, nodes: tuple[str, ...] = ("n1", "n2"), gpus_per_node: int = 2, release: str = "22.05",
                  accounting: bool | None = None):
@@ -576,7 +578,7 @@ class SlurmCluster:
             *self._accounting_config(),
             "MpiDefault=none",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
+            *self._memory_config(),
             "SchedulerParameters=batch_sched_delay=0",
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={root}/log/jobcomp.txt",
@@ -596,6 +598,9 @@ class SlurmCluster:
             f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
             # a partition of each node alone, for a test that must place a job on a node of its choosing
             *(f"PartitionName={node} Nodes={node} MaxTime=INFINITE State=UP" for node in self.nodes),
+            # where a job's memory is its limit (with accounting): a partition whose jobs get little of it
+            *([f"PartitionName={SMALL_MEMORY} Nodes={','.join(self.nodes)} DefMemPerCPU={SMALL_MEMORY_MB} "
+               f"MaxTime=INFINITE State=UP"] if self.accounting else []),
         ]
         self.conf.write_text("\n".join(lines) + "\n")
         self.conf.chmod(0o644)
@@ -626,6 +631,15 @@ class SlurmCluster:
              ("openapi/slurmctld,openapi/slurmdbd" if self.accounting else "openapi/slurmctld") if self.usr
              else f"openapi/{self.rest_version}",
              "-a", "rest_auth/jwt", f"127.0.0.1:{self.rest_port}"], "slurmrestd.log", SLURM_JWT="daemon")
+
+    def _memory_config(self) -> list[str]:
+        """With accounting, memory is a resource each job holds (DefMemPerCPU a CPU unless it asks), and a step
+        that goes over its job's is killed and the job ends OUT_OF_MEMORY: slurmstepd reads each task's memory every
+        second (OverMemoryKill), as a cgroup would hold it. Without, CPUs alone."""
+        if not self.accounting:
+            return ["SelectTypeParameters=CR_Core"]
+        return ["SelectTypeParameters=CR_Core_Memory", f"DefMemPerCPU={self.memory_per_node_mb // self.cpus_per_node}",
+                "JobAcctGatherParams=OverMemoryKill"]
 
     def _accounting_config(self) -> list[str]:
         """slurm.conf's accounting lines: through slurmdbd, with each step's memory and CPU sampled every second

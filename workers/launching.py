@@ -40,7 +40,7 @@ WAITING = "waiting_for_slots"
 # What an attempt's record says about that attempt alone, cleared when the next one is submitted: the last
 # milestone event (a stop of the previous attempt must not requeue this one), the scheduler's word, why it started.
 ATTEMPT_STATE = ("next_why", "job_state", "job_reason", "last_event", "time_limit_near", "started_at_step", "hang",
-                 "no_retry")
+                 "no_retry", "out_of_memory")
 
 
 def scheduler_settings(cluster: Cluster) -> SchedulerSettings:
@@ -216,7 +216,8 @@ def _release(claim: Claim, reason: str) -> None:
 
 
 def _write_spec_once(run_dir: Path, spec: RunSpec) -> None:
-    """spec.json is written once before the first launch; later attempts must find the same spec."""
+    """spec.json is written once before the first launch; later attempts must find the same spec (a re-plan after
+    running out of memory rewrites the run's spec and spec.json together: workers/replanning.py)."""
     path = run_dir / SPEC
     if path.exists():
         if json.loads(path.read_text()) != spec.to_dict():

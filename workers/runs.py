@@ -37,6 +37,7 @@ from .hangs import find_hang
 from .launchers import Job, JobState, JobStates, LaunchError, launcher_for
 from .ingesting import request_ingest
 from .launching import WAITING, scheduler_settings
+from .replanning import no_replan_reason, replan
 
 log = logging.getLogger(__name__)
 
@@ -193,7 +194,10 @@ def _settle(run_id: int, job: JobState) -> Run:
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
         counts_as_restart, was = False, run.status
-        if run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
+        out_of_memory = job.state == JobStates.OUT_OF_MEMORY or run.ingest_state.get("out_of_memory")
+        if out_of_memory and run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING, RunStatus.FAILED):
+            _answer_out_of_memory(run, job)  # the plan's doing: another plan, or no more attempts
+        elif run.status in (RunStatus.SUBMITTED, RunStatus.RUNNING):
             if run.ingest_state.get("hang") and _saved_since_start(run):
                 why = "requeued after a hung collective"
                 run.transition(RunStatus.QUEUED, f"attempt {run.attempts} hung and was cancelled; {why}, from its "
@@ -244,6 +248,24 @@ def _settle(run_id: int, job: JobState) -> Run:
     elif run.status == RunStatus.FAILED and counts_as_restart and run.restarts < run.max_restarts:
         run = _restart(run, job)
     return run
+
+
+def _answer_out_of_memory(run: Run, job: JobState) -> None:
+    """Re-planned and queued again (no restart used), or failed for good: the same plan would run out again."""
+    was = run.run_spec().plan
+    said = job.reason if job.state == JobStates.OUT_OF_MEMORY else run.status_message
+    found = replan(run)
+    if found is None:
+        message = f"attempt {run.attempts} ran out of memory ({said}); {no_replan_reason(run)}"
+        if run.status == RunStatus.FAILED:  # the trainer said so first: the message says what to do about it
+            run.status_message = message
+        else:
+            run.transition(RunStatus.FAILED, message)
+        return
+    run.transition(RunStatus.QUEUED, f"attempt {run.attempts} ran out of memory; {found.describe(was)}")
+    run.ingest_state = {**run.ingest_state, "next_why": "re-planned after running out of memory"}
+    record_event(run, Source.WORKBENCH, "replanned", found.describe(was), reason=said, was=was.to_dict(),
+                 **found.to_dict())
 
 
 def _count_node_failures(cluster_id: int, nodes: tuple[str, ...]) -> None:

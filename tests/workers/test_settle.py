@@ -1,6 +1,10 @@
 """What a job's end means for its run, decided by reconcile from the job's state and what the run folder said."""
+import json
+from pathlib import Path
+
 import pytest
 
+from trainer.contract import ParallelPlan, presets
 from webapp import models, services
 from workers.launchers import JobState, JobStates
 from workers.runs import UNSAVED_REQUEUES, reconcile_run
@@ -97,3 +101,48 @@ def test_a_run_whose_trainer_said_another_attempt_would_fail_alike_is_not_restar
     assert reconcile_run(run, JobState(JobStates.FAILED, 1, "the job failed with exit code 1")) == "failed"
     run.refresh_from_db()
     assert run.restarts == 0 and sent == []
+
+
+@pytest.fixture
+def wide_plan(tiny_run_parts):
+    """A plan whose activations are most of its memory (a 512-wide model on sequences of 512, 16 a micro-batch):
+    the planner has somewhere to step down to."""
+    owner, plan, dataset = tiny_run_parts
+    model = models.ModelConfig.objects.create(owner=owner, name="wide", spec=presets.MODELS["tiny"].replace(
+        n_layers=2, seq_len=512, d_model=512, n_heads=8).to_dict())
+    return owner, models.ParallelismPlan.objects.create(
+        owner=owner, name="wide", model_config=model, cluster=plan.cluster,
+        spec=ParallelPlan(micro_batch=16, global_batch=16).to_dict()), dataset
+
+
+@pytest.mark.parametrize("said_by", ["the scheduler", "the trainer"])
+def test_a_run_that_ran_out_of_memory_is_replanned_within_its_global_batch_and_queued_without_a_restart(
+        wide_plan, monkeypatch, said_by):
+    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    owner, plan, dataset = wide_plan
+    run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=10, max_restarts=0)
+    Path(run.run_dir).mkdir(parents=True)
+    if said_by == "the scheduler":
+        run, job = _running(run), JobState(JobStates.OUT_OF_MEMORY, 137, "StepId=7.0 exceeded memory limit")
+    else:  # CUDA's allocator raised: the trainer's failed event, read in before the job ended
+        run, job = _running(run, "failed", out_of_memory=True), JobState(JobStates.FAILED, 1)
+    assert reconcile_run(run, job) == "queued"
+    run.refresh_from_db()
+    replanned = ParallelPlan.from_dict(run.spec["plan"])
+    assert (replanned.micro_batch, replanned.global_batch, run.restarts) == (8, 16, 0)
+    assert json.loads((Path(run.run_dir) / "spec.json").read_text()) == run.spec
+    said = run.history.get(kind="replanned")
+    assert "micro_batch 16 → 8" in said.message and said.data["peak_bytes"] < 0.85 * said.data["was_peak_bytes"]
+    assert run.ingest_state["next_why"] == "re-planned after running out of memory"
+
+
+def test_a_run_whose_owner_forbade_replanning_fails_when_it_runs_out_of_memory_and_says_what_to_change(
+        wide_plan, monkeypatch):
+    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    owner, plan, dataset = wide_plan
+    run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=10, max_restarts=2,
+                              replan_on_oom=False)
+    before = run.spec
+    assert reconcile_run(_running(run), JobState(JobStates.OUT_OF_MEMORY, 137)) == "failed"
+    run.refresh_from_db()
+    assert run.spec == before and run.restarts == 0 and "re-planning is off" in run.status_message

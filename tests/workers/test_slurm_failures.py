@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rest_framework.authtoken.models import Token
 
-from tests.slurm_cluster import PREEMPTIBLE, PREEMPTING
+from tests.slurm_cluster import PREEMPTIBLE, PREEMPTING, SMALL_MEMORY
 from tests.trainer.spiky_data import spiky_dataset
 from tests.webapp.conftest import client_for
 from tests.worker_fixtures import final_loss, log_tails, reconcile_until
@@ -28,16 +28,16 @@ def plans(tiny_run_parts, slurm_cluster_24):
     Token.objects.get_or_create(user=owner)
     owner.refresh_from_db()
 
-    def make_plan(ranks: int = 1, partition: str = slurm_cluster_24.partition, qos: str = "",
-                  nodes: int = 1) -> models.ParallelismPlan:
+    def make_plan(ranks: int = 1, partition: str = slurm_cluster_24.partition, qos: str = "", nodes: int = 1,
+                  model: models.ModelConfig | None = None, plan: ParallelPlan | None = None) -> models.ParallelismPlan:
         cluster = models.Cluster.objects.create(
             name=f"slurm-24-{models.Cluster.objects.count()}", kind="slurm", partition=partition, qos=qos,
             spec=presets.cluster("cpu", nodes=nodes, gpus_per_node=ranks // nodes).to_dict(),
             env_setup=[f"export GLOO_SOCKET_IFNAME={slurm_cluster_24.interface}", "export WORKBENCH_HEARTBEAT_S=1"])
         cluster.full_clean()
         return models.ParallelismPlan.objects.create(
-            owner=owner, name=f"p{cluster.pk}", model_config=local_plan.model_config, cluster=cluster,
-            spec=ParallelPlan(dp=ranks, micro_batch=2, global_batch=4).to_dict())
+            owner=owner, name=f"p{cluster.pk}", model_config=model or local_plan.model_config, cluster=cluster,
+            spec=(plan or ParallelPlan(dp=ranks, micro_batch=2, global_batch=4)).to_dict())
 
     return client_for(owner), make_plan, dataset
 
@@ -236,6 +236,31 @@ def test_a_straggling_rank_is_named_with_its_host_and_the_run_ends_with_the_loss
     # every rank's own compute time is among the run's rank figures
     ranks = client.get(f"/api/runs/{straggling_id}/ranks/").json()
     assert len(ranks["figures"]["compute_s"]["per_rank"]) == 2 and min(ranks["figures"]["compute_s"]["per_rank"]) > 0
+
+
+
+def test_a_run_that_runs_out_of_memory_is_replanned_and_ends_as_a_run_of_the_new_plan_from_the_start(broker, plans):
+    client, make_plan, dataset = plans
+    # activations are most of this model's memory: 1.3 GB at 16 sequences a micro-batch, 0.9 GB at 8
+    wide = models.ModelConfig.objects.create(owner=dataset.owner, name="wide", spec=presets.MODELS["tiny"].replace(
+        n_layers=2, seq_len=512, d_model=512, n_heads=8).to_dict())
+    steps = dict(steps=3, checkpoint_every=3)
+    # on the partition of 1.1 GB a CPU, and the plan the planner steps down to, alone on a node of more
+    oom_id = _start(client, make_plan(partition=SMALL_MEMORY, model=wide,
+                                      plan=ParallelPlan(micro_batch=16, global_batch=16)), dataset, "big", **steps)
+    reference_id = _start(client, make_plan(partition="n2", model=wide,
+                                            plan=ParallelPlan(micro_batch=8, global_batch=16)), dataset, "fits", **steps)
+    runs = [reconcile_until(broker, pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=240)
+            for pk in (oom_id, reference_id)]
+    replanned, reference = runs
+    assert [r.status for r in runs] == ["completed", "completed"], [r.status_message for r in runs]
+    first, second = replanned.attempt_records.order_by("number")
+    assert (first.state, first.counts_as_restart) == ("OUT_OF_MEMORY", False) and "memory limit" in first.reason
+    assert second.why == "re-planned after running out of memory" and replanned.restarts == 0
+    said = replanned.history.get(kind="replanned")
+    assert "micro_batch 16 → 8" in said.message and said.data["plan"]["global_batch"] == 16, said.message
+    assert replanned.spec["plan"] == reference.spec["plan"]
+    assert abs(final_loss(replanned) - final_loss(reference)) <= 1e-6, (final_loss(replanned), final_loss(reference))
 
 
 def _slurm_elapsed(job: dict) -> float:

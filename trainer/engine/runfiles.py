@@ -52,9 +52,11 @@ class RunFiles:
             yield
         except Exception as exc:
             self.log(f"failed: {exc!r}")
-            # an error that another attempt would only repeat says so (retry False): the workbench does not restart
+            # an error that another attempt would only repeat says so (retry False): the workbench does not restart;
+            # one that ran out of memory too (out_of_memory): the workbench may re-plan
             self.event(Event.FAILED, any_rank=True, error=repr(exc), traceback=traceback.format_exc(),
-                       **({} if getattr(exc, "retry", True) else {"retry": False}))
+                       **({} if getattr(exc, "retry", True) else {"retry": False}),
+                       **({"out_of_memory": True} if _out_of_memory(exc) else {}))
             raise
 
     def metric(self, record: StepMetrics | EvalMetrics) -> None:
@@ -66,6 +68,11 @@ class RunFiles:
         since, self._last_record = now - self._last_record, now
         return {"time": time.time(), **record, SINCE: round(since, 6),
                 **({ATTEMPT: self._attempt} if self._attempt else {})}
+
+
+def _out_of_memory(exc: Exception) -> bool:
+    """A GPU's allocator, or the host's, could not give the memory asked for."""
+    return isinstance(exc, (torch.OutOfMemoryError, MemoryError)) or "can't allocate memory" in str(exc)
 
 
 def _attempt_from_env() -> int | None:

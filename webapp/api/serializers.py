@@ -247,13 +247,10 @@ class RunSerializer(OwnedSerializer):
     class Meta:
         model = models.Run
         fields = ["id", "name", "model_config", "plan", "cluster", "dataset", "steps", "seed", "checkpoint_every",
-                  "eval_every", "blend", "dataset_weight", "spike_factor", "evaluation_sets", "optimizer", "profile",
-                  "init_from",
-                  "keep_tokenizer",
-                  "started_from", "spec",
-                  "launch", "shared", "owner", "status", "attempts",
-                  "max_restarts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
-                  "queued_at", "started_at", "finished_at", "batch_script"]
+                  "eval_every", "blend", "dataset_weight", "spike_factor", "replan_on_oom", "evaluation_sets",
+                  "optimizer", "profile", "init_from", "keep_tokenizer", "started_from", "spec", "launch", "shared",
+                  "owner", "status", "attempts", "max_restarts", "restarts", "run_dir", "job_id", "status_message",
+                  "last_step", "created_at", "queued_at", "started_at", "finished_at", "batch_script"]
         read_only_fields = ["status", "attempts", "restarts", "run_dir", "job_id", "status_message", "last_step", "created_at",
                             "queued_at", "started_at", "finished_at"]
         extra_kwargs = {"steps": {"min_value": 1, "max_value": 10_000_000},

@@ -57,6 +57,10 @@ class Run(Owned):
                              help_text='Other datasets trained on beside the run\'s own: [{"dataset": id, "weight": w, '
                                        '"name": "…"}]; empty: the run\'s dataset alone')
     dataset_weight = models.FloatField(default=1.0, help_text="The run's own dataset's weight in its blend")
+    replan_on_oom = models.BooleanField(
+        default=True, help_text="When a job runs out of memory, let the planner choose the next plan that needs "
+                                "less (a smaller micro-batch, more recompute; the same layout and global batch) and "
+                                "go on from the newest checkpoint; off: the run fails")
     spike_factor = models.FloatField(
         default=3.0, help_text="A step whose loss is above this many times the median of the steps before it (or "
                                "not finite) is a spike: the run goes back to its newest checkpoint and skips the "

@@ -179,6 +179,8 @@ def run_ingest(run_id: int) -> Run:
             state["time_limit_near"] = True
         elif event.get("event") == Event.FAILED and event.get("retry") is False:  # another attempt would do the same
             state["no_retry"] = True
+        elif event.get("event") == Event.FAILED and event.get("out_of_memory"):  # the run may be re-planned
+            state["out_of_memory"] = True
         elif event.get("event") == Event.STRAGGLER:  # its host is kept over attempts
             host = (event.get("straggler") or {}).get("host")
             if isinstance(host, str):

@@ -41,7 +41,7 @@ class JobRecord:
     exit_code: int | None
     queued_s: int | None       # from submission to start
     elapsed_s: int
-    allocated: dict[str, str]  # AllocTRES: cpu, mem, node, gres/gpu, billing
+    allocated: dict[str, str]  # AllocTRES: cpu, mem (megabytes), node, gres/gpu, billing
     steps: list[StepRecord] = field(default_factory=list)
 
     @property
@@ -115,7 +115,11 @@ def _bytes(text: str) -> int | None:
 
 
 def _tres(text: str) -> dict[str, str]:
-    return dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+    """AllocTRES as slurmrestd gives it too: memory in whole megabytes (sacct writes 8000M, or 7.81G)."""
+    tres = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+    if "mem" in tres and (size := _bytes(tres["mem"])) is not None:
+        tres["mem"] = str(round(size / _UNITS["M"]))
+    return tres
 
 
 def _seconds_between(start: str, end: str) -> int | None:

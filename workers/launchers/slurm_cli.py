@@ -17,7 +17,7 @@ from .base import Job, JobState, LaunchError, StartedJob
 from .sbatch import output_pattern
 from .slurm_accounting import JobRecord, parse_sacct, sacct_arguments
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
-                         with_failed_nodes, write_batch_script)
+                         with_failed_nodes, with_memory_kills, write_batch_script)
 from .slurm_states import exit_status, job_state
 
 # What a job's environment starts with; the script sets the rest. The worker's own environment (its database URL,
@@ -85,7 +85,7 @@ class SlurmCLILauncher:
         left = [job for job_id, job in by_id.items() if job_id not in states]
         if left:
             states.update(self._from_accounting(left))
-        return states
+        return with_memory_kills(states, by_id)
 
     def _down_nodes(self, node_lists: Iterable[str]) -> set[str]:
         """Which of these nodes Slurm holds down, drained, failing or not responding (a job's NODE_FAIL names none)."""

@@ -1,6 +1,7 @@
 """What the two Slurm launchers (commands and slurmrestd) do alike with a run's batch job: the script stored in the
-run folder before it is submitted, the exit code the script records as it ends, where Slurm writes its output, and
-the state of a job Slurm has forgotten, and the job its script says it was."""
+run folder before it is submitted, the exit code the script records as it ends, where Slurm writes its output, the
+state of a job Slurm has forgotten, and the job its script says it was; and what Slurm's state leaves out (the
+nodes that failed under a job, a step killed for going over its memory)."""
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -70,3 +71,31 @@ def with_failed_nodes(states: dict[str, JobState], node_lists: dict[str, str],
     down = down_nodes()
     return {**states, **{job_id: replace(states[job_id], failed_nodes=tuple(
         sorted(set(expand_hostlist(node_lists.get(job_id, ""))) & down))) for job_id in failed}}
+
+
+# What slurmstepd writes to a job's output when it kills a step for its memory: over the limit it reads every
+# accounting period (JobAcctGatherParams=OverMemoryKill), or the kernel's OOM killer in the job's cgroup
+MEMORY_KILLED = ("exceeded memory limit", "Exceeded job memory limit", "oom_kill event", "oom-kill event")
+OUTPUT_TAIL_BYTES = 64 * 1024
+
+
+def with_memory_kills(states: dict[str, JobState], jobs: dict[str, Job]) -> dict[str, JobState]:
+    """Each job that ended FAILED or CANCELLED because slurmstepd killed a step for its memory, as OUT_OF_MEMORY:
+    Slurm says so itself only where a cgroup's OOM killer did it."""
+    out = dict(states)
+    for job_id, state in states.items():
+        if state.state in (JobStates.FAILED, JobStates.CANCELLED) and job_id in jobs:
+            said = next((line for line in _output_tail(jobs[job_id]) if any(m in line for m in MEMORY_KILLED)), None)
+            if said:
+                out[job_id] = replace(state, state=JobStates.OUT_OF_MEMORY, reason=said.strip())
+    return out
+
+
+def _output_tail(job: Job) -> list[str]:
+    try:
+        with open(output_log(job), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - OUTPUT_TAIL_BYTES))
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from .base import Job, JobState, JobStates, LaunchError, StartedJob
 from .sbatch import output_pattern, time_limit_s
 from .slurm_jobs import (SlurmRequest, forgotten_job_state, output_log, recorded_exit_code, started_job_id,
-                         with_failed_nodes, write_batch_script)
+                         with_failed_nodes, with_memory_kills, write_batch_script)
 from .slurm_accounting import JobRecord
 from .slurm_rest_versions import LEGACY, OPENAPI_PATH, Dialect, chosen_version, dialect, offered_versions
 from .slurm_states import job_state
@@ -146,7 +146,8 @@ class SlurmRestLauncher:
         states = {job.job_id: _state(self.dialect, job, listed[job.job_id]) if job.job_id in listed else
                   forgotten_job_state(job, "Slurm no longer lists the job") for job in jobs}
         node_lists = {job_id: str(entry.get("nodes") or "") for job_id, entry in listed.items()}
-        return with_failed_nodes(states, node_lists, self._down_nodes)
+        states = with_failed_nodes(states, node_lists, self._down_nodes)
+        return with_memory_kills(states, {job.job_id: job for job in jobs})
 
     def _down_nodes(self) -> set[str]:
         """The nodes Slurm holds down, drained, failing or not responding (a job's NODE_FAIL names none)."""
