@@ -323,7 +323,7 @@ def _tail(path: Path, lines: int) -> str:
 # seconds from their SIGTERM to save and end
 PREEMPTIBLE, PREEMPTING, GRACE_S = "low", "high", 30
 # The accounting cluster's partition of little memory a job (each CPU's): its jobs go over it sooner
-SMALL_MEMORY, SMALL_MEMORY_MB = "small", 1100
+SMALL_MEMORY, SMALL_MEMORY_MB = "small", 950
 
 
 class SlurmCluster:
@@ -573,8 +573,6 @@ class SlurmCluster:
             f"SlurmdSpoolDir={root}/spool/%n",
             f"SlurmdPidFile={root}/run/slurmd-%n.pid",
             f"SlurmdLogFile={root}/log/slurmd-%n.log",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
             *self._accounting_config(),
             "MpiDefault=none",
             "SelectType=select/cons_tres",
@@ -633,13 +631,16 @@ class SlurmCluster:
              "-a", "rest_auth/jwt", f"127.0.0.1:{self.rest_port}"], "slurmrestd.log", SLURM_JWT="daemon")
 
     def _memory_config(self) -> list[str]:
-        """With accounting, memory is a resource each job holds (DefMemPerCPU a CPU unless it asks), and a step
-        that goes over its job's is killed and the job ends OUT_OF_MEMORY: slurmstepd reads each task's memory every
-        second (OverMemoryKill), as a cgroup would hold it. Without, CPUs alone."""
+        """With accounting, memory is a resource each job holds (DefMemPerCPU a CPU unless it asks), in a cgroup of
+        its own (this machine mounts cgroup v1's memory controller): a step that goes over it is OOM-killed by the
+        kernel and ends OUT_OF_MEMORY. Without accounting, CPUs alone, and no cgroups."""
         if not self.accounting:
-            return ["SelectTypeParameters=CR_Core"]
+            return ["SelectTypeParameters=CR_Core", "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]
+        (self.conf.parent / "cgroup.conf").write_text(
+            "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\nAllowedSwapSpace=0\n"
+            "ConstrainCores=no\nConstrainDevices=no\n")
         return ["SelectTypeParameters=CR_Core_Memory", f"DefMemPerCPU={self.memory_per_node_mb // self.cpus_per_node}",
-                "JobAcctGatherParams=OverMemoryKill"]
+                "ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup"]
 
     def _accounting_config(self) -> list[str]:
         """slurm.conf's accounting lines: through slurmdbd, with each step's memory and CPU sampled every second
