@@ -2,10 +2,11 @@
 
 A step: learning rate for the step → this rank's micro-batches (a pure function of seed and step, so resume and any
 dp degree see the same data) → the engine's ``train_step`` (forward, backward, gradient reduction, global norm,
-clipping, update) → its row of metrics (``recorder``) → profiler, evaluation, the stop agreement and the checkpoint
-cadence (``checkpointer``). Around the steps the loop owns what every engine shares: the run's files, stop requests
-(SIGTERM), the rank's heartbeat (``heartbeat``: what it is doing, for a watcher of hung collectives), where the run
-starts, and the final event.
+clipping, update) → its row of metrics (``recorder``), every rank's own compute time watched for stragglers
+(``stragglers``) and the loss for spikes (``spikes``: back to the newest checkpoint, the batches since skipped) →
+profiler, evaluation, the stop agreement and the checkpoint cadence (``checkpointer``). Around the steps the loop
+owns what every engine shares: the run's files, stop requests (SIGTERM), the rank's heartbeat (``heartbeat``: what
+it is doing, for a watcher of hung collectives), where the run starts, and the final event.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from trainer.engine.native import NativeEngine
 from trainer.engine.recorder import StepRecorder
 from trainer.engine.runfiles import ProfileReport, RunFiles, StopRequest
 from trainer.engine.spikes import DataSkips, Spike, SpikeGuard
-from trainer.engine.stragglers import StragglerWatch
+from trainer.engine.stragglers import Straggler, StragglerWatch
 from trainer.optim import lr_at
 from trainer.profiling import profiler
 from trainer.profiling.profiler import StepProfiler
@@ -114,10 +115,7 @@ def _train(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int, engine: Eng
         heartbeat.step_done(step, step_time)
         tokens_seen += sampler.tokens_per_step
         figures = recorder.record(result, step=step, tokens_seen=tokens_seen, lr=lr, step_time=step_time)
-        for straggler in stragglers.observe(figures.get("compute_s", [])):
-            files.event(Event.STRAGGLER, step=step, straggler={"rank": straggler.rank, "host": straggler.host},
-                        compute_s=straggler.compute_s, others_s=straggler.others_s, ratio=straggler.ratio,
-                        window=spec.straggler_window, message=straggler.describe(spec.straggler_window))
+        _name_stragglers(stragglers.observe(figures.get("compute_s", [])), step, spec, files)
         spike = guard.check(step, result.loss)
         if spike:
             heartbeat.enter(Phase.STARTING)  # loading, as when an attempt starts
@@ -153,6 +151,13 @@ def _hosts(engine: Engine, mine: str) -> list[str]:
     hosts = [None] * engine.world_size
     dist.all_gather_object(hosts, mine)
     return hosts
+
+
+def _name_stragglers(found: list[Straggler], step: int, spec: RunSpec, files: RunFiles) -> None:
+    for straggler in found:
+        files.event(Event.STRAGGLER, step=step, straggler={"rank": straggler.rank, "host": straggler.host},
+                    compute_s=straggler.compute_s, others_s=straggler.others_s, ratio=straggler.ratio,
+                    window=spec.straggler_window, message=straggler.describe(spec.straggler_window))
 
 
 def _roll_back(spike: Spike, spec: RunSpec, engine: Engine, files: RunFiles, skips: DataSkips) -> tuple[int, int]:

@@ -132,6 +132,25 @@ def _apply_event(run: Run, event: dict) -> None:
         run.transition(RunStatus.FAILED, f"attempt {run.attempts} failed: {event.get('error', 'unknown error')}")
 
 
+def _note(state: dict, event: dict) -> None:
+    """What settling the attempt's job will want to know of an event (workers/runs.py)."""
+    kind = event.get("event")
+    if kind in Event.MILESTONES:
+        state["last_event"] = kind
+    if kind == Event.STARTED:  # where this attempt began: did it get further before it ended?
+        state["started_at_step"] = event.get("step")
+    elif kind == Event.TIME_LIMIT_NEAR:  # the stop that follows requeues the run
+        state["time_limit_near"] = True
+    elif kind == Event.FAILED and event.get("retry") is False:  # another attempt would fail the same way
+        state["no_retry"] = True
+    elif kind == Event.FAILED and event.get("out_of_memory"):  # the run may be re-planned
+        state["out_of_memory"] = True
+    elif kind == Event.STRAGGLER:  # its host is kept over attempts
+        host = (event.get("straggler") or {}).get("host")
+        if isinstance(host, str):
+            state["straggler_nodes"] = sorted({*state.get("straggler_nodes", []), host})
+
+
 @transaction.atomic
 def run_ingest(run_id: int) -> Run:
     """Bring the database up to date with the run folder of run ``run_id``."""
@@ -171,20 +190,7 @@ def run_ingest(run_id: int) -> Run:
         to_ledger(event)
         _apply_event(run, event)
         saved = saved or event.get("event") == Event.CHECKPOINT_SAVED
-        if event.get("event") in Event.MILESTONES:
-            state["last_event"] = event["event"]
-        if event.get("event") == Event.STARTED:  # where this attempt began: did it get further before it ended?
-            state["started_at_step"] = event.get("step")
-        elif event.get("event") == Event.TIME_LIMIT_NEAR:  # the stop that follows requeues the run
-            state["time_limit_near"] = True
-        elif event.get("event") == Event.FAILED and event.get("retry") is False:  # another attempt would do the same
-            state["no_retry"] = True
-        elif event.get("event") == Event.FAILED and event.get("out_of_memory"):  # the run may be re-planned
-            state["out_of_memory"] = True
-        elif event.get("event") == Event.STRAGGLER:  # its host is kept over attempts
-            host = (event.get("straggler") or {}).get("host")
-            if isinstance(host, str):
-                state["straggler_nodes"] = sorted({*state.get("straggler_nodes", []), host})
+        _note(state, event)
     state["events_offset"] = offset
     if saved:  # retention prunes when a checkpoint is saved
         checkpoints_follow_retention(run)
