@@ -30,6 +30,7 @@ from ..selectors.timeline import timeline_missing
 from ..services import run_cancel, run_queue
 from ..services.evaluations import evaluation_create
 from ..services.run_estimates import run_estimate_report
+from .wizard_figures import duration
 
 EVENTS_SHOWN = 50
 RANK_OPTIONS = 256  # ranks offered in the log selector before any log file exists
@@ -141,21 +142,12 @@ def _scores_line(evaluation) -> str:
     return f"{evaluation.eval_set.name}{target}: {figures or 'no figures'}"
 
 
-def _duration(seconds: float) -> str:
-    sign, seconds = ("−" if seconds < 0 else ""), abs(seconds)
-    if seconds < 60:
-        return f"{sign}{seconds:.1f} s"
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{sign}{hours} h {minutes:02d} min" if hours else f"{sign}{minutes} min {secs:02d} s"
-
-
 def _goodput(run: Run) -> dict:
     found = goodput_of(run)
-    parts = [{**part, "duration": _duration(part["seconds"]), "percent": _percent(part["share"]),
+    parts = [{**part, "duration": duration(part["seconds"]), "percent": _percent(part["share"]),
               "width": round(100 * max(part["share"] or 0, 0), 2)} for part in found.to_dict()["parts"]]
-    return {"allocated_s": found.allocated_s, "allocated": _duration(found.allocated_s), "gpus": found.gpus,
-            "gpu_hours": f"{found.allocated_s * found.gpus / 3600:.3g}", "queue": _duration(found.queue_s),
+    return {"allocated_s": found.allocated_s, "allocated": duration(found.allocated_s), "gpus": found.gpus,
+            "gpu_hours": f"{found.allocated_s * found.gpus / 3600:.3g}", "queue": duration(found.queue_s),
             "percent": _percent(found.share), "parts": parts}
 
 

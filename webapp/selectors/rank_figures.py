@@ -35,8 +35,8 @@ def _figures(record: dict) -> dict[str, list[float | None]] | None:
     out = {}
     for name in RANK_FIGURES:
         values = ranks.get(name)
-        if values is None and name == "compute_s":  # recorded before ranks measured it, or a world of one
-            values = [record.get("compute_s")] * len(ranks.get("step_time_s") or [None])
+        if values is None:  # a figure the trainer did not gather when it wrote the record: none for any rank
+            values = [None] * len(ranks.get("step_time_s") or [None])
         if not isinstance(values, list) or not values or not all(v is None or _number(v) for v in values):
             return None
         out[name] = [None if v is None else float(v) for v in values]
