@@ -82,20 +82,23 @@ def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with
 
 
 @pytest.mark.once
+@pytest.mark.parametrize("kind", ["slurm", "slurm-rest"])
 def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_with_the_uninterrupted_loss(
-        broker, tiny_run_parts, any_slurm):
+        broker, tiny_run_parts, any_slurm, kind):
+    """Through Slurm's commands and through slurmrestd; the reference through the commands."""
     owner, one_rank, dataset = tiny_run_parts
     model = one_rank.model_config
 
-    def cluster(name: str, **fields) -> models.Cluster:
+    def cluster(name: str, kind: str = "slurm", **fields) -> models.Cluster:
         return models.Cluster.objects.create(
-            name=name, kind="slurm", spec=presets.local_cpu_cluster(1).to_dict(), partition=any_slurm.partition,
+            name=name, kind=kind, spec=presets.local_cpu_cluster(1).to_dict(), partition=any_slurm.partition,
+            rest_url=any_slurm.rest_url if kind == "slurm-rest" else "",
             env_setup=[f"export GLOO_SOCKET_IFNAME={any_slurm.interface}"], **fields)
 
     # Slurm's shortest limit is a minute. Asked to stop 50 s before it, the first attempt starts, trains for what is
     # left of 10 s, saves and stops; once it has, the limit is lifted (as staff would for a run that needs longer), so
     # that however fast or loaded the machine, the run ends in an attempt or two more rather than in many short ones.
-    limited = cluster("one-minute", time_limit="1", stop_before_limit_s=50)
+    limited = cluster("one-minute", kind, time_limit="1", stop_before_limit_s=50)
     steps = 1500  # more than 10 s of training even at 10 ms a step (10-40 ms here, more under load)
     run = services.run_create(owner=owner, name="limited", plan=_plan(owner, model, limited), dataset=dataset,
                               steps=steps, checkpoint_every=200, max_restarts=0, launch=True)
@@ -107,7 +110,7 @@ def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_wi
     run = reconcile_until(broker, run.pk, lambda r: r.is_finished and r.ingest_state.get("job_ended"), timeout=420)
     assert run.status == "completed", f"{run.status_message}\n{log_tails(run)}"
     attempts = list(run.attempt_records.order_by("number"))
-    assert len(attempts) >= 2 and run.restarts == 0
+    assert len(attempts) >= 2 and run.restarts == 0 and {a.backend for a in attempts} == {kind}
     assert all(a.why == "requeued after its time limit" for a in attempts[1:]), [a.why for a in attempts]
     # The script's own timer signals the attempts under the limit (no Slurm signal on a minute), all but a last one
     # that may finish before it (one launched before the limit was lifted)

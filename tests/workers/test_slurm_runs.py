@@ -1,6 +1,7 @@
-"""Runs on the test Slurm clusters (two slurmd in two network namespaces; Slurm 22.05 and 24.11, each test on both),
-launched through the REST API and a real Celery worker: sbatch, squeue, scancel, slurmrestd at the version the
-launcher negotiates, and torchrun for real, one torchrun per node meeting by c10d rendezvous."""
+"""Runs on the test Slurm clusters (two slurmd in two network namespaces; Slurm 22.05 and 24.11, each test on both,
+through Slurm's commands and through slurmrestd), launched through the REST API and a real Celery worker: sbatch,
+squeue, scancel, slurmrestd at the version the launcher negotiates, and torchrun for real, one torchrun per node
+meeting by c10d rendezvous."""
 import time
 from pathlib import Path
 
@@ -93,12 +94,14 @@ def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(b
         assert not accounted.exists()
 
 
-def test_a_two_node_run_trains_across_the_namespaces_with_the_losses_of_one_process(broker, on_slurm):
+@pytest.mark.parametrize("kind", ["slurm", "slurm-rest"])
+def test_a_two_node_run_trains_across_the_namespaces_with_the_losses_of_one_process(broker, on_slurm, kind):
     owner, dataset, make_plan = on_slurm
-    two_nodes = _create(owner, make_plan(nodes=2, per_node=1, dp=2), dataset, steps=4)
-    one = _create(owner, make_plan(nodes=1, per_node=1), dataset, steps=4)
+    two_nodes = _create(owner, make_plan(nodes=2, per_node=1, kind=kind, dp=2), dataset, steps=4)
+    one = _create(owner, make_plan(nodes=1, per_node=1), dataset, steps=4)  # the reference, through the commands
     runs = [reconcile_until(broker, r["id"], lambda r: r.is_finished) for r in (two_nodes, one)]
     assert [r.status for r in runs] == ["completed", "completed"], [r.status_message for r in runs]
+    assert runs[0].attempt_records.get().backend == kind
     script = Path(runs[0].run_dir, "job.sbatch").read_text()
     assert "#SBATCH --nodes=2" in script and "--nnodes=2" in script
     started = runs[0].history.get(source="trainer", kind="started")
@@ -107,9 +110,10 @@ def test_a_two_node_run_trains_across_the_namespaces_with_the_losses_of_one_proc
     assert len(a) == len(b) == 4 and max_rel_error(a, b) < 1e-5, (a, b)
 
 
-def test_cancelling_a_slurm_run_ends_its_job_within_ten_seconds(broker, on_slurm, any_slurm):
+@pytest.mark.parametrize("kind", ["slurm", "slurm-rest"])
+def test_cancelling_a_slurm_run_ends_its_job_within_ten_seconds(broker, on_slurm, any_slurm, kind):
     owner, dataset, make_plan = on_slurm
-    created = _create(owner, make_plan(per_node=1), dataset, steps=100_000)
+    created = _create(owner, make_plan(per_node=1, kind=kind), dataset, steps=100_000)
     run = reconcile_until(broker, created["id"], lambda r: r.status == "running" and r.last_step >= 2)
     asked = time.monotonic()
     response = _client(owner).post(f"/api/runs/{run.pk}/cancel/", {"reason": "enough"}, format="json")
