@@ -73,6 +73,7 @@ def avoided_nodes(run: Run) -> tuple[str, ...]:
 
 def run_launch(run_id: int) -> str:
     """queued → submitted: claim the run, submit its job with no transaction open, record how. Otherwise nothing."""
+    Run.objects.filter(pk=run_id, launch_sent_at__isnull=False).update(launch_sent_at=None)  # this task is taken
     claim = _claim(run_id)
     if isinstance(claim, str):
         return claim

@@ -20,6 +20,7 @@ from pathlib import Path
 from django.conf import settings as django_settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from trainer.contract.records import Event, Heartbeat
@@ -29,7 +30,6 @@ from webapp.models import Cluster, Run, RunStatus
 from webapp.selectors.runs import active_runs, run_with_cluster
 from webapp.services.history import Source, attempt_ended, record_event
 from webapp.services.ingest import run_ingest
-from webapp.services.tasks import TaskName
 from webapp.services.triton import triton_readiness_refresh
 
 from .converting import resend_unclaimed
@@ -102,8 +102,7 @@ def reconcile_pass() -> PassReport:
         if ended and hasattr(launcher, "accounting"):
             record_accounting(launcher, ended)
     report.ingest_requested = request_ingest([run_id for run_id in grown if run_id not in report.settled])
-    for run_id in launchable_run_ids():
-        services.enqueue(TaskName.RUN_LAUNCH, run_id)
+    services.launch_send(launchable_run_ids())
     resend_unclaimed()  # imports and exports whose task message was lost
     report.triton_ready = triton_readiness_refresh()
     return report
@@ -244,7 +243,7 @@ def _settle(run_id: int, job: JobState) -> Run:
         if run.status != was:
             record_event(run, Source.WORKBENCH, run.status, run.status_message)
     if run.status == RunStatus.QUEUED:
-        services.enqueue(TaskName.RUN_LAUNCH, run.pk)
+        services.launch_send([run.pk])
     elif run.status == RunStatus.FAILED and counts_as_restart and run.restarts < run.max_restarts:
         run = _restart(run, job)
     return run
@@ -307,11 +306,19 @@ def _restart(run: Run, job: JobState) -> Run:
         return run
 
 
-def launchable_run_ids(older_than_s: float = 120) -> list[int]:
+def launchable_run_ids(older_than_s: float = 120, waiting_again_s: float = 10) -> list[int]:
     """Queued runs to send the launch task for again (it is idempotent): those waiting for local CPU slots, and
     those queued for a while, whose launch message may have been lost (a broker restart) or whose claim a worker
-    that died left behind (a fresh claim makes the task skip; a stale one is taken over)."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    that died left behind (a fresh claim makes the task skip; a stale one is taken over). Not while the task sent
+    last still waits in the queue, unless it was sent long ago: hundreds of runs submitted at once would otherwise
+    be sent again at every pass, and the queue would grow faster than the workers empty it."""
+    now = timezone.now()
+
+    def none_waiting_since(seconds: float) -> Q:
+        return Q(launch_sent_at__isnull=True) | Q(launch_sent_at__lt=now - timedelta(seconds=seconds))
+
     queued = Run.objects.filter(status=RunStatus.QUEUED)
-    waiting = queued.filter(launching_since__isnull=True, **{f"ingest_state__{WAITING}": True})
-    return list((waiting | queued.filter(queued_at__lt=cutoff)).values_list("pk", flat=True).distinct())
+    waiting = queued.filter(none_waiting_since(waiting_again_s), launching_since__isnull=True,
+                            **{f"ingest_state__{WAITING}": True})
+    lost = queued.filter(none_waiting_since(older_than_s), queued_at__lt=now - timedelta(seconds=older_than_s))
+    return list((waiting | lost).values_list("pk", flat=True).distinct())

@@ -1,13 +1,16 @@
 """The worker checks a run's parts once more right before it starts the job: sharing may have been withdrawn, or the
 dataset's file re-pointed, since the run was queued. A refused launch starts nothing and says why. An
-attempt avoids the nodes earlier ones failed on."""
+attempt avoids the nodes earlier ones failed on. A launch is sent again only when none waits in the queue."""
+from datetime import timedelta
+
 import pytest
 from django.contrib.auth.models import User
+from django.utils import timezone
 
 from webapp import models, services
-from workers.launching import avoided_nodes, run_launch
+from workers.launching import WAITING, avoided_nodes, run_launch
 from workers.launchers import JobState, JobStates
-from workers.runs import reconcile_run
+from workers.runs import launchable_run_ids, reconcile_run
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +89,21 @@ def test_a_next_attempt_avoids_the_nodes_that_failed_and_the_stragglers_only_whe
     assert avoided_nodes(run) == ("n3",)
     settings.WORKBENCH = {**settings.WORKBENCH, "EXCLUDE_STRAGGLERS": True}
     assert avoided_nodes(run) == ("n1", "n3")
+
+
+def test_a_launch_is_sent_again_only_once_none_waits_in_the_queue_or_the_one_sent_is_long_lost(tiny_run_parts):
+    owner, plan, dataset = tiny_run_parts
+    run = _queued(owner, plan, dataset)
+    assert models.Run.objects.get(pk=run.pk).launch_sent_at is not None
+    assert launchable_run_ids() == []  # its launch waits in the queue
+    long_ago = timezone.now() - timedelta(minutes=10)
+    runs = models.Run.objects.filter(pk=run.pk)
+    runs.update(queued_at=long_ago, launch_sent_at=long_ago)  # queued and sent long ago: the message was lost
+    assert launchable_run_ids() == [run.pk]
+    services.launch_send([run.pk])
+    assert launchable_run_ids() == []  # however many passes follow while it waits
+    # a run waiting for local slots is sent again at the next pass once a worker took the last one, not before
+    runs.update(queued_at=timezone.now(), ingest_state={WAITING: True}, launch_sent_at=timezone.now())
+    assert launchable_run_ids() == []
+    runs.update(launch_sent_at=None)
+    assert launchable_run_ids() == [run.pk]

@@ -142,10 +142,11 @@ def test_the_redelivery_racing_reconciles_resends_of_the_abandoned_launch_submit
     # launch again, and any delivery may take the run over.
     long_ago = timezone.now() - timedelta(minutes=10)
     models.Run.objects.filter(pk=crash.run.pk).update(queued_at=long_ago, launching_since=long_ago)
-    assert launchable_run_ids() == [crash.run.pk]
-    for _ in range(3):  # passes of another worker's beat while these workers were down: each sends the launch again
-        reconcile_pass()
-    time.sleep(VISIBILITY_TIMEOUT_S)  # and the killed worker's task is due back: four launches wait for two workers
+    assert launchable_run_ids() == [crash.run.pk]  # the killed worker took its task: none waits in the queue
+    for _ in range(3):  # passes of another worker's beat while these workers were down: the first sends the launch
+        reconcile_pass()  # again, the others see it waiting in the queue
+    assert launchable_run_ids() == []
+    time.sleep(VISIBILITY_TIMEOUT_S)  # and the killed worker's task is due back: two launches wait for two workers
     logs = [crash.worker("first"), crash.worker("second")]
     assert launch.get(timeout=90) in ("submitted", "skipped: run is submitted",
                                       "skipped: another delivery of the launch already recorded this job")
@@ -156,5 +157,5 @@ def test_the_redelivery_racing_reconciles_resends_of_the_abandoned_launch_submit
     assert crash.jobs() == [job_id]
     answers = _launch_results(*logs)
     # whichever came first recorded the job (a task slower than the visibility timeout would even run twice)
-    assert len(answers) >= 4 and answers.count("submitted") == 1, answers
+    assert len(answers) >= 2 and answers.count("submitted") == 1, answers
     assert run.history.filter(kind="submitted").count() == 1

@@ -94,6 +94,9 @@ class Run(Owned):
     queued_at = models.DateTimeField(null=True, blank=True)
     launching_since = models.DateTimeField(null=True, blank=True, editable=False,
                                            help_text="When a worker claimed the run to start its job; empty otherwise")
+    launch_sent_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                          help_text="When a launch task was sent for the run that no worker has taken "
+                                                    "yet; empty otherwise")
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     # Lineage: the checkpoint whose weights the run started from at step 0 (RunSpec.init_from; its folder is in the

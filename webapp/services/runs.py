@@ -5,6 +5,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.utils import timezone
 
 from trainer.contract import (BlendSource, ClusterSpec, InitFrom, ModelSpec, OptimizerSpec, ParallelPlan, ProfileSpec,
                               RunSpec, SpecError)
@@ -236,8 +237,16 @@ def run_queue(run: Run) -> Run:
     run.transition(RunStatus.QUEUED, why)
     run.save()
     record_event(run, Source.WORKBENCH, "queued", why)
-    enqueue(TaskName.RUN_LAUNCH, run.pk)
+    launch_send([run.pk])
     return run
+
+
+def launch_send(run_ids: list[int]) -> None:
+    """Send the launch task for each of these runs, noting when (``Run.launch_sent_at``, cleared by the worker that
+    takes it), so that a run whose task still waits in the queue is not sent another."""
+    Run.objects.filter(pk__in=run_ids).update(launch_sent_at=timezone.now())
+    for run_id in run_ids:
+        enqueue(TaskName.RUN_LAUNCH, run_id)
 
 
 @transaction.atomic
