@@ -11,8 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from celery import Celery
 from django.utils import timezone
+from celery import Celery
 from kombu.exceptions import OperationalError
 
 from tests.workers.own_broker import OwnRedis, start_worker, stop, wait_until_consuming, worker_env
@@ -20,6 +20,7 @@ from tests.xdist_groups import run_temp_root
 from trainer.contract.runfolder import METRICS, read_jsonl
 from webapp import models, services
 from webapp.models import RunStatus
+from webapp.services.tasks import celery_client
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -74,7 +75,7 @@ def _trained(run: models.Run) -> int:
 def test_a_run_trained_across_a_broker_restart_completes_with_every_step_ingested(own_redis, own_worker,
                                                                                  tiny_run_parts):
     worker, log = own_worker
-    client = Celery(broker=own_redis.url, backend=own_redis.url)
+    client = celery_client("tests", own_redis.url, own_redis.url)
     wait_until_consuming(client, worker, log)
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="across", plan=plan, dataset=dataset, steps=STEPS, launch=True)

@@ -1,9 +1,18 @@
-"""Fifty runs submitted at once through the API onto the test Slurm cluster: every one reaches the terminal state it
-should, none is lost or submitted twice, and every reconcile pass asks Slurm once for all of them."""
+"""Many runs submitted at once through the API onto the test Slurm cluster: every one reaches the terminal state it
+should, none is lost or submitted twice, and every reconcile pass asks Slurm once for all of them. Meanwhile the pages
+are timed, and their server times printed beside their target and beside the same pages' times before the load.
+
+Fifty runs in the suite. As a benchmark, with more runs and the figures shown (about 10 minutes for 200 here):
+
+    WORKBENCH_MANY_RUNS=200 .venv/bin/pytest tests/workers/test_slurm_many_runs.py -s
+"""
+import os
+import statistics
 import time
 from pathlib import Path
 
 import pytest
+from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from tests.webapp.conftest import client_for
@@ -12,10 +21,41 @@ from webapp import models
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
 
-RUNS, DOOMED = 50, 5  # the doomed ones train on a text too short to split: they must fail, not hang or vanish
+RUNS = int(os.environ.get("WORKBENCH_MANY_RUNS", "50"))
+DOOMED = RUNS // 10  # these train on a text too short to split: they must fail, not hang or vanish
+PAGE_TARGET_S = 0.300  # scripts/bench_pages.py's
 
 
-def test_fifty_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_squeue_a_pass(
+def _server_time(client, url: str) -> tuple[float, float]:
+    """The page's time in this process (view, queries, template; no network), as scripts/bench_pages.py times it:
+    wall-clock, and this process's CPU time (here the cluster's jobs share the web's two cores; on a site they run
+    on compute nodes)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    answer = client.get(url)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert answer.status_code == 200, (url, answer.status_code)
+    return wall, cpu
+
+
+def _figures(before: dict[str, list], during: dict[str, list], passes: list[float]) -> str:
+    def ms(times: list[float]) -> str:
+        return f"{statistics.median(times) * 1e3:>6.0f} ms"
+
+    lines = [f"{RUNS} runs at once on the test Slurm cluster: page server time, median, before the launch and "
+             f"during it (target {PAGE_TARGET_S * 1e3:.0f} ms)",
+             f"{'page':<24}{'wall before':>12}{'during':>10}{'ratio':>7}{'CPU before':>13}{'during':>10}{'ratio':>7}"]
+    for name, times in during.items():
+        idle_wall, idle_cpu = zip(*before[name])
+        wall, cpu = zip(*times)
+        lines.append(f"{name:<24}{ms(idle_wall):>12}{ms(wall):>10}"
+                     f"{statistics.median(wall) / statistics.median(idle_wall):>7.1f}{ms(idle_cpu):>13}{ms(cpu):>10}"
+                     f"{statistics.median(cpu) / statistics.median(idle_cpu):>7.1f}")
+    lines.append(f"reconcile passes: {len(passes)}, each {statistics.median(passes):.2f} s median, "
+                 f"{max(passes):.2f} s at most (asked and answered through the queue)")
+    return "\n".join(lines)
+
+
+def test_many_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_squeue_a_pass(
         broker, tiny_run_parts, slurm_cluster):
     owner, local_plan, dataset = tiny_run_parts
     short = Path(dataset.path).with_name("short.txt")
@@ -28,22 +68,33 @@ def test_fifty_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_squ
                                                  spec=ParallelPlan(micro_batch=2, global_batch=2).to_dict())
     Token.objects.get_or_create(user=owner)
     owner.refresh_from_db()
-    client = client_for(owner)
+    client, browser = client_for(owner), Client()
+    browser.force_login(owner)
     ids = []
     for i in range(RUNS):
         body = {"name": f"many-{i}", "plan": plan.pk, "dataset": (doomed_data if i < DOOMED else dataset).pk,
-                "steps": 2, "max_restarts": 0, "launch": True}
+                "steps": 2, "max_restarts": 0}
         response = client.post("/api/runs/", body, format="json")
         assert response.status_code == 201, response.json()
         ids.append(response.json()["id"])
+    pages = {"dashboard": "/", "dashboard, running": "/?status=running", "runs, through the API": "/api/runs/",
+             "a run's page": f"/runs/{ids[-1]}/"}
+    before = {name: [_server_time(browser, url) for _ in range(5)] for name, url in pages.items()}  # all created
+    for run_id in ids:  # and all launched at once
+        response = client.post(f"/api/runs/{run_id}/launch/", format="json")
+        assert response.status_code == 200, response.json()
 
-    passes, deadline = [], time.monotonic() + 400
+    passes, pass_s, during = [], [], {name: [] for name in pages}
+    deadline = time.monotonic() + 400 + 6 * RUNS
     while time.monotonic() < deadline:
-        passes.append(broker.send_task("workbench.runs.reconcile").get(timeout=120))
+        asked = time.monotonic()
+        passes.append(broker.send_task("workbench.runs.reconcile").get(timeout=120 + RUNS))
+        pass_s.append(time.monotonic() - asked)
         runs = list(models.Run.objects.filter(pk__in=ids))  # afresh: a queryset would answer from its cache
         if all(r.is_finished and r.ingest_state.get("job_ended") for r in runs):
             break
-        time.sleep(1)
+        for name, url in pages.items():
+            during[name].append(_server_time(browser, url))
     statuses = {r.pk: r.status for r in runs}
     expected = {pk: "failed" if i < DOOMED else "completed" for i, pk in enumerate(ids)}
     assert statuses == expected, {pk: s for pk, s in statuses.items() if s != expected[pk]}
@@ -56,3 +107,4 @@ def test_fifty_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_squ
                                    "--format=%i"]).stdout.split()
         assert named == [run.job_id], (run.pk, named)
     assert all(models.Metric.objects.filter(run_id=pk, kind="train").count() == 2 for pk in ids[DOOMED:])
+    print("\n" + _figures(before, during, pass_s))
