@@ -19,11 +19,11 @@ from tests.webapp.conftest import client_for
 from trainer.contract import ParallelPlan, presets
 from webapp import models
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
-
 RUNS = int(os.environ.get("WORKBENCH_MANY_RUNS", "50"))
 DOOMED = RUNS // 10  # these train on a text too short to split: they must fail, not hang or vanish
 PAGE_TARGET_S = 0.300  # scripts/bench_pages.py's
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once,
+              pytest.mark.timeout(max(600, 6 * RUNS))]  # 200 runs: about 10 minutes here
 
 
 def _server_time(client, url: str) -> tuple[float, float]:

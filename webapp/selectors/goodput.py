@@ -6,6 +6,8 @@ import time
 
 from django.db.models import Prefetch, QuerySet
 
+from trainer.contract import ParallelPlan
+
 from ..goodput import AttemptTimes, Goodput, account, timestamp
 from ..models import Attempt, Cluster, Run
 
@@ -26,8 +28,10 @@ def _ending(attempt: Attempt, following: Attempt | None) -> str:
 
 
 def _world_size(run: Run) -> int:
+    """The run's GPUs, from its stored plan alone: checking the whole spec, for every run of a cluster on every
+    dashboard, took most of the page's time with a few hundred runs."""
     try:
-        return run.run_spec().plan.world_size if run.spec else 1
+        return ParallelPlan.from_dict(run.spec["plan"], validate=False).world_size if run.spec else 1
     except (TypeError, ValueError, KeyError):
         return 1
 
