@@ -11,7 +11,7 @@ import pytest
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.contract.presets import MODELS, cluster
 from trainer.planner.estimate import bench_published
-from trainer.planner.estimate.comm import ring_all_reduce_s
+from trainer.planner.estimate.comm import ring_all_reduce_s, tp_all_reduces_per_layer
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.published import MEGATRON_2021, published_runs
@@ -46,12 +46,12 @@ def test_the_benchmark_compares_every_run_of_both_papers_with_its_error(capsys):
 
 
 def test_the_planner_keeps_its_accuracy_on_published_runs():
-    """A ratchet on today's figures (median 6.6 %, max 23.1 %), not the goal of 5 % and 12 %: a change to the model
+    """A ratchet on today's figures (median 6.6 %, max 18.0 %), not the goal of 5 % and 12 %: a change to the model
     that makes the published runs worse fails here."""
     rows = [bench_published.compare(run) for run in published_runs()]
     summary = bench_published.summary(rows)
-    assert summary["median_abs_error"] <= 0.08
-    assert summary["max_abs_error"] <= 0.25
+    assert summary["median_abs_error"] <= 0.07
+    assert summary["max_abs_error"] <= 0.19
 
 
 def test_every_run_that_ran_fits_at_the_high_end_of_its_band_and_none_that_did_not_is_said_to_fit():
@@ -100,3 +100,20 @@ def test_a_vocabulary_off_the_tensor_core_alignment_costs_time():
     flops_model = EstimateOptions(compute_model="efficiency")
     assert Planner(MODELS["gpt2-medium"], a100, flops_model).evaluate(plan).time["compute"] == pytest.approx(
         Planner(aligned, a100, flops_model).evaluate(plan).time["compute"], rel=2e-3)
+
+
+@pytest.mark.parametrize("checkpointing, sequence_parallel, engine, all_reduces", [
+    ("none", False, "megatron", 4), ("full", False, "megatron", 6), ("selective", False, "native", 4),
+    ("none", True, "megatron", 5), ("full", True, "megatron", 7),  # Megatron-LM gathers each input again
+    ("none", True, "native", 4),  # torch's sequence parallel keeps the gathered input for the weight gradient
+])
+def test_a_layer_issues_the_tensor_parallel_collectives_its_engine_does(checkpointing, sequence_parallel, engine,
+                                                                        all_reduces):
+    plan = ParallelPlan(tp=8, micro_batch=4, global_batch=4, precision="bf16", engine=engine,
+                        sequence_parallel=sequence_parallel, activation_checkpointing=checkpointing)
+    assert tp_all_reduces_per_layer(plan) == all_reduces
+    planner = Planner(LAYER_22B, SELENE_NODE, EstimateOptions(attention="math"))
+    exposed = planner.evaluate(plan).step_time.parts["tensor_parallel"]
+    one = ring_all_reduce_s(4 * 2048 * 6144 * 2, 8, planner.bandwidths(plan)["tp"])
+    # and the embedding's and head's two, and each collective's latency (under a tenth here)
+    assert exposed == pytest.approx((48 * all_reduces + 2) * one, rel=0.1)

@@ -40,6 +40,16 @@ def ring_gather_s(nbytes: float, n: int, bandwidth: float) -> float:
     return (n - 1) / n * nbytes / bandwidth if n > 1 else 0.0
 
 
+def tp_all_reduces_per_layer(plan: ParallelPlan) -> int:
+    """The tensor-parallel all-reduces one layer issues per micro-batch, or with sequence parallel their bytes in
+    reduce-scatters and all-gathers: two forward and two backward (Shoeybi et al. 2019), two more when full
+    recompute runs the forward again. Megatron-LM's sequence parallel keeps only the 1/t shard of each
+    column-parallel layer's input (its memory convention) and gathers it again in the backward for the weight
+    gradient: two all-gathers more, one all-reduce's bytes."""
+    n = 6 if plan.activation_checkpointing == "full" else 4
+    return n + 1 if plan.sequence_parallel and plan.engine == "megatron" else n
+
+
 @dataclass(slots=True)
 class Collectives:
     """What one rank issues per step, by group (tp, ep, pp, dp): collectives (messages) and the ring steps they take.
@@ -59,7 +69,8 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
     or reduce-scatter (n−1)·α + (n−1)/n·S/β; an all-to-all (n−1)·α + …; a point-to-point message α + S/β.
     Hops = Σ collectives × their steps. Counts follow what the trainer issues:
       tp  m · [layers · n + edges] all-reduces, n = 4 a layer (2 forward, 2 backward; docs/formulas.md,
-          Communication cost model) or 6 with full recompute (the forward runs twice); edges: the
+          Communication cost model), 6 with full recompute (the forward runs twice), one more with Megatron-LM's
+          sequence parallel (``tp_all_reduces_per_layer``); edges: the
           vocabulary-parallel embedding forward and the head input backward (2; with a pipeline the first stage
           holds one and the last the other: 1); sequence parallel replaces each by an all-gather and a
           reduce-scatter (twice the calls, the same hops)
@@ -79,8 +90,7 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
     layers = n_layers // plan.pp if stage_layers is None else stage_layers  # the pacing rank's, when uneven
     v = plan.model_chunks
     if plan.tp > 1:
-        per = 6 if plan.activation_checkpointing == "full" else 4
-        all_reduces = m * (layers * per + (2 if plan.pp == 1 else 1))
+        all_reduces = m * (layers * tp_all_reduces_per_layer(plan) + (2 if plan.pp == 1 else 1))
         calls["tp"] = float(all_reduces * (2 if plan.sequence_parallel else 1))
         hops["tp"] = float(all_reduces * 2 * (plan.tp - 1))
     if plan.ep > 1 and moe_layers_per_stage:

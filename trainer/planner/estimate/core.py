@@ -13,7 +13,7 @@ from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate import step_model as S
 from trainer.planner.estimate.comm import (collective_counts, fits_in_node, rank_of, ring_all_reduce_s, ring_attention,
-                                           ring_gather_s)
+                                           ring_gather_s, tp_all_reduces_per_layer)
 from trainer.planner.estimate.gpu_kernels import kernels_for
 from trainer.planner.estimate.kernel_time import KernelClock, LayerWork, Work, head_work, layer_work
 from trainer.planner.estimate.numbers import (IN_MICROBATCH, PlanNumbers, PlanSummary, StageMemory, StageStatic,
@@ -379,7 +379,7 @@ class Planner:
             add("expert_overhead", S.EXPERT_OVERHEAD, mb, moe_here, passes, m.n_experts // plan.ep,
                 o.expert_overhead_s)
         if tp > 1:
-            args = (mb, layers, 6 if ckpt == "full" else 4, tp, T, h, e, bw["tp"], latency("tp"))
+            args = (mb, layers, tp_all_reduces_per_layer(plan), tp, T, h, e, bw["tp"], latency("tp"))
             if o.tp_overlap and self.clock:
                 add("tensor_parallel", S.TENSOR_PARALLEL_OVERLAP, *args,
                     self.layer_work(plan, m.is_moe).weight_grad_s)

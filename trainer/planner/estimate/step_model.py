@@ -60,10 +60,12 @@ LATENCY = Term(alpha * hops + call_s * calls, "alpha_s hops call_s calls",
 ALL_REDUCE = 2 * (t - 1) / t * T * h * e / bandwidth   # a ring all-reduce of one layer's activations
 TP = "m layers_per_stage n_allreduce t T h e bandwidth_bytes_per_s latency_s"
 TENSOR_PARALLEL = Term(m * layers * n_allreduce * ALL_REDUCE + latency, TP,
-                       "ring all-reduces; n_allreduce = 4 a layer, 6 with full recompute")
+                       "ring all-reduces; n_allreduce = 4 a layer, 6 with full recompute, one more with "
+                       "Megatron-LM's sequence parallel (its backward gathers each column-parallel input again)")
 TENSOR_PARALLEL_OVERLAP = Term(
     m * layers * ((n_allreduce - 2) * ALL_REDUCE + maximum(0, 2 * ALL_REDUCE - weight_grad_s)) + latency,
-    TP + " weight_grad_s", "the backward's two input-gradient all-reduces run behind the weight-gradient GEMMs")
+    TP + " weight_grad_s", "the backward's two input-gradient all-reduces (with sequence parallel: the re-gathers "
+                           "and reduce-scatters) run behind the weight-gradient GEMMs")
 CONTEXT_PARALLEL = Term(m * layers * ring_exposed + latency, "m layers_per_stage ring_exposed_s latency_s",
                         "the K/V ring of each attention, what of its hops the blocks' attention does not hide; "
                         "docs/formulas.md, Context parallel")
