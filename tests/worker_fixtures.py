@@ -7,12 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
+from celery import Celery
 
 from tests.conftest import REPO
 from tests.xdist_groups import run_temp_root
 from trainer.contract import presets
 from webapp import models
-from webapp.services.tasks import celery_client
 
 
 def worker_database_url() -> str:
@@ -87,7 +87,7 @@ def worker_process(redis_url, tmp_path_factory, django_db_setup) -> WorkerProces
 @pytest.fixture(scope="session")
 def worker(worker_process, redis_url):
     """The session's worker as (a Celery client of its Redis database, its log file)."""
-    return celery_client("tests", redis_url, redis_url), worker_process.log
+    return Celery(broker=redis_url, backend=redis_url), worker_process.log
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 import os
 
 from celery import Celery
-from kombu import Queue
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "webapp.settings")
 
@@ -12,7 +11,7 @@ django.setup()
 
 from django.conf import settings  # noqa: E402
 
-from webapp.services.tasks import QUEUES, ROUTES, TaskName  # noqa: E402
+from webapp.services.tasks import TaskName  # noqa: E402
 
 app = Celery("workbench")
 app.conf.update(
@@ -26,8 +25,6 @@ app.conf.update(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
-    task_queues=[Queue(name) for name in QUEUES],  # a worker reads them all unless told otherwise (-Q)
-    task_routes=ROUTES,
     broker_connection_retry_on_startup=True,
     # A worker that loses Redis reconnects (every 2, 4, ... up to 30 s) for as long as Redis is away, instead of
     # exiting after Celery's default 100 tries (about 50 minutes): the runs' state is in the database and the run

@@ -15,6 +15,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from celery import Celery
 from celery.result import AsyncResult
 from django.utils import timezone
 
@@ -25,7 +26,6 @@ from tests.xdist_groups import run_temp_root
 from trainer.contract import ParallelPlan, presets
 from webapp import models, services
 from webapp.models import RunStatus
-from webapp.services.tasks import celery_client
 from workers.launchers import job_name
 from workers.runs import launchable_run_ids, reconcile_pass
 
@@ -46,7 +46,7 @@ class Crash:
 
     def __init__(self, folder: Path, slurm_cluster, run: models.Run, redis: OwnRedis, env: dict):
         self.folder, self.slurm, self.run, self.redis, self.env = folder, slurm_cluster, run, redis, env
-        self.client = celery_client("tests", redis.url, redis.url)
+        self.client = Celery(broker=redis.url, backend=redis.url)
         self.workers = []
 
     def worker(self, name: str, **extra_env) -> Path:

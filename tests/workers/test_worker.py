@@ -35,16 +35,3 @@ def test_it_schedules_the_health_check_in_beat():
     assert app.conf.beat_schedule["health-every-minute"]["task"] == "workbench.health"
     assert app.conf.beat_schedule["reconcile-runs"]["task"] == "workbench.runs.reconcile"
     assert {entry["task"] for entry in app.conf.beat_schedule.values()} <= set(TaskName)
-
-
-def test_a_reconcile_pass_does_not_wait_behind_a_backlog_of_other_tasks(worker):
-    """Reconcile has a queue of its own, read in turn with the default one: sent after 300 other tasks, it is
-    answered long before they all are."""
-    client, _ = worker
-    client.send_task(TaskName.HEALTH.value).get(timeout=90)  # the worker is up
-    backlog = [client.send_task(TaskName.HEALTH.value) for _ in range(300)]
-    client.send_task(TaskName.RUNS_RECONCILE.value).get(timeout=90)
-    done = sum(result.ready() for result in backlog)
-    assert done < 100, f"{done} of the 300 tasks sent before it were answered first"
-    for result in backlog:
-        result.get(timeout=90)

@@ -243,10 +243,17 @@ def run_queue(run: Run) -> Run:
 
 def launch_send(run_ids: list[int]) -> None:
     """Send the launch task for each of these runs, noting when (``Run.launch_sent_at``, cleared by the worker that
-    takes it), so that a run whose task still waits in the queue is not sent another."""
-    Run.objects.filter(pk__in=run_ids).update(launch_sent_at=timezone.now())
+    takes it), so that a run whose task still waits in the queue is not sent another. Where the broker cannot be
+    reached the notes are taken back, so that the next reconcile pass sends them again."""
+    now = timezone.now()
+    marked = Run.objects.filter(pk__in=run_ids)
+    marked.update(launch_sent_at=now)
+
+    def unsent() -> None:
+        marked.filter(launch_sent_at=now).update(launch_sent_at=None)
+
     for run_id in run_ids:
-        enqueue(TaskName.RUN_LAUNCH, run_id)
+        enqueue(TaskName.RUN_LAUNCH, run_id, unsent=unsent)
 
 
 @transaction.atomic

@@ -5,13 +5,10 @@ web side and the workers send with it, the beat schedule names its tasks with it
 ``workbench.``, then the area the task works on and its verb (``workbench.runs.launch``).
 
 Tasks are sent after the surrounding transaction commits, so a worker never looks for a row that is not there yet.
-
-Watching the runs must not wait behind a burst of other work (hundreds of runs launched at once): reconcile passes
-have a queue of their own, ``WATCH_QUEUE``, which a worker reads in turn with the default one (kombu's Redis
-transport rotates the queues it reads). Every sender routes with ``ROUTES``; a worker reads ``QUEUES``.
 """
 from enum import StrEnum, unique
 from functools import lru_cache
+from typing import Callable
 
 from celery import Celery
 from django.conf import settings
@@ -35,18 +32,6 @@ class TaskName(StrEnum):
     EVALUATION_RUN = "workbench.evaluations.run"
 
 
-WATCH_QUEUE = "watch"
-QUEUES = ("celery", WATCH_QUEUE)  # Celery's default queue first
-ROUTES = {TaskName.RUNS_RECONCILE.value: {"queue": WATCH_QUEUE}}
-
-
-def celery_client(name: str, broker_url: str, backend_url: str) -> Celery:
-    """A Celery app that sends the workbench's tasks where workers read them (``ROUTES``)."""
-    client = Celery(name, broker=broker_url, backend=backend_url)
-    client.conf.task_routes = ROUTES
-    return client
-
-
 def registered(task_name: str) -> TaskName:
     """``task_name`` as the registry has it; ValueError, naming the registry, for a name it does not hold (a worker
     drops a task of a name it does not know, and nothing tells the sender)."""
@@ -59,10 +44,20 @@ def registered(task_name: str) -> TaskName:
 
 @lru_cache(maxsize=1)
 def _client() -> Celery:
-    return celery_client("workbench-web", settings.CELERY_BROKER_URL, settings.CELERY_RESULT_BACKEND)
+    return Celery("workbench-web", broker=settings.CELERY_BROKER_URL, backend=settings.CELERY_RESULT_BACKEND)
 
 
-def enqueue(task_name: TaskName, *args, **kwargs) -> None:
-    """Send ``task_name`` with ``args`` once the current transaction (if any) has committed."""
+def enqueue(task_name: TaskName, *args, unsent: Callable[[], None] | None = None, **kwargs) -> None:
+    """Send ``task_name`` with ``args`` once the current transaction (if any) has committed. ``unsent`` is called
+    when the broker cannot be reached, before its error is raised."""
     name = registered(task_name).value
-    transaction.on_commit(lambda: _client().send_task(name, args=args, kwargs=kwargs))
+
+    def send() -> None:
+        try:
+            _client().send_task(name, args=args, kwargs=kwargs)
+        except Exception:
+            if unsent is not None:
+                unsent()
+            raise
+
+    transaction.on_commit(send)
