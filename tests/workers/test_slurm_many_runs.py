@@ -28,16 +28,22 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.
 
 def _server_time(client, url: str) -> tuple[float, float]:
     """The page's time in this process (view, queries, template; no network), as scripts/bench_pages.py times it:
-    wall-clock, and this process's CPU time (here the cluster's jobs share the web's two cores; on a site they run
-    on compute nodes)."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    answer = client.get(url)
-    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    wall-clock and this process's CPU time. The test cluster's jobs run on the web's own cores here, where on a site
+    they run on compute nodes: the page is asked at a priority above theirs (nice −10), so that they take only the
+    cores it leaves. The database's processes keep their priority."""
+    was = os.getpriority(os.PRIO_PROCESS, 0)
+    os.setpriority(os.PRIO_PROCESS, 0, -10)
+    try:
+        wall, cpu = time.perf_counter(), time.process_time()
+        answer = client.get(url)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, was)
     assert answer.status_code == 200, (url, answer.status_code)
     return wall, cpu
 
 
-def _figures(before: dict[str, list], during: dict[str, list], passes: list[float]) -> str:
+def _figures(before: dict[str, list], during: dict[str, list], pass_s: list[float], reports: list[dict]) -> str:
     def ms(times: list[float]) -> str:
         return f"{statistics.median(times) * 1e3:>6.0f} ms"
 
@@ -50,8 +56,10 @@ def _figures(before: dict[str, list], during: dict[str, list], passes: list[floa
         lines.append(f"{name:<24}{ms(idle_wall):>12}{ms(wall):>10}"
                      f"{statistics.median(wall) / statistics.median(idle_wall):>7.1f}{ms(idle_cpu):>13}{ms(cpu):>10}"
                      f"{statistics.median(cpu) / statistics.median(idle_cpu):>7.1f}")
-    lines.append(f"reconcile passes: {len(passes)}, each {statistics.median(passes):.2f} s median, "
-                 f"{max(passes):.2f} s at most (asked and answered through the queue)")
+    lines.append(f"reconcile passes: {len(pass_s)}, each {statistics.median(pass_s):.2f} s median, "
+                 f"{max(pass_s):.2f} s at most (asked and answered through the queue); each pass's seconds, "
+                 f"active runs and runs settled:")
+    lines.append("  " + ", ".join(f"{s:.1f} s {r['runs']}/{len(r['settled'])}" for s, r in zip(pass_s, reports)))
     return "\n".join(lines)
 
 
@@ -84,11 +92,11 @@ def test_many_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_sque
         response = client.post(f"/api/runs/{run_id}/launch/", format="json")
         assert response.status_code == 200, response.json()
 
-    passes, pass_s, during = [], [], {name: [] for name in pages}
+    reports, pass_s, during = [], [], {name: [] for name in pages}
     deadline = time.monotonic() + 400 + 6 * RUNS
     while time.monotonic() < deadline:
         asked = time.monotonic()
-        passes.append(broker.send_task("workbench.runs.reconcile").get(timeout=120 + RUNS))
+        reports.append(broker.send_task("workbench.runs.reconcile").get(timeout=120 + RUNS))
         pass_s.append(time.monotonic() - asked)
         runs = list(models.Run.objects.filter(pk__in=ids))  # afresh: a queryset would answer from its cache
         if all(r.is_finished and r.ingest_state.get("job_ended") for r in runs):
@@ -99,7 +107,7 @@ def test_many_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_sque
     expected = {pk: "failed" if i < DOOMED else "completed" for i, pk in enumerate(ids)}
     assert statuses == expected, {pk: s for pk, s in statuses.items() if s != expected[pk]}
 
-    squeue_calls = [p["scheduler_calls"].get("slurm", 0) for p in passes if p["runs"]]
+    squeue_calls = [p["scheduler_calls"].get("slurm", 0) for p in reports if p["runs"]]
     assert squeue_calls and set(squeue_calls) == {1}, squeue_calls
     for run in runs:
         assert run.attempts == 1 and run.attempt_records.count() == 1
@@ -107,4 +115,4 @@ def test_many_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_sque
                                    "--format=%i"]).stdout.split()
         assert named == [run.job_id], (run.pk, named)
     assert all(models.Metric.objects.filter(run_id=pk, kind="train").count() == 2 for pk in ids[DOOMED:])
-    print("\n" + _figures(before, during, pass_s))
+    print("\n" + _figures(before, during, pass_s, reports))
