@@ -2,9 +2,11 @@
 refit by task name; a refit stores the fit with its held-out error; estimates on a calibrated cluster (the endpoint
 with a stored plan, the run's stored estimate, the wizard's) use the fitted options and say so; the API shows a
 cluster's calibration and lets staff ask for a refit; the admin shows it."""
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from tests.trainer.planner.cpu_runs import cpu_runs
 from tests.webapp.live_runs import new_run, step_record
@@ -15,7 +17,7 @@ from trainer.planner.estimate import calibrate
 from trainer.planner.estimate.api import estimate_json
 from webapp import models
 from webapp.selectors.calibration import MIN_RUNS, calibrated_estimate
-from webapp.services.calibration import cluster_calibration_refit
+from webapp.services.calibration import REFIT_LOST_AFTER_S, cluster_calibration_refit, cluster_calibration_request
 from webapp.services.ingest import run_ingest
 from webapp.services.tasks import TaskName
 
@@ -145,3 +147,21 @@ def test_the_admin_shows_the_calibration_on_the_cluster_page(calibrated, local2,
     client.force_login(staff)
     page = client.get(f"/admin/workbench/cluster/{local2.pk}/change/").content.decode()
     assert f"calibrated on {calibrated.runs} runs, held-out median error" in page
+
+
+def test_a_refit_asked_for_and_not_begun_is_not_asked_for_again_until_it_begins_or_is_long_lost(
+        local2, sent, django_capture_on_commit_callbacks):
+    """Hundreds of runs completing one after another ask for one refit at a time, not hundreds."""
+    refit = (TaskName.CALIBRATION_REFIT, local2.pk)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert cluster_calibration_request(local2.pk) is True
+        assert cluster_calibration_request(local2.pk) is False  # the one asked for has not begun
+    assert sent == [refit]
+    cluster_calibration_refit(local2.pk)  # begun: a record added now asks for another
+    with django_capture_on_commit_callbacks(execute=True):
+        assert cluster_calibration_request(local2.pk) is True
+    long_ago = timezone.now() - timedelta(seconds=REFIT_LOST_AFTER_S + 60)
+    models.ClusterCalibration.objects.filter(cluster=local2).update(refit_requested_at=long_ago)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert cluster_calibration_request(local2.pk) is True  # never begun: lost (a broker restart)
+    assert sent == [refit] * 3

@@ -41,6 +41,6 @@ class ClusterCalibrationActions:
         """Refit the cluster's terms to its measured runs, on a worker; the answer is the calibration as it stands
         (GET calibration/ shows the new fit once the worker has made it)."""
         cluster = self.get_object()
-        cluster_calibration_request(cluster)
+        cluster_calibration_request(cluster.pk)
         return Response(ClusterCalibrationSerializer(calibration_report(cluster)).data,
                         status=status.HTTP_202_ACCEPTED)

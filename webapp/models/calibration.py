@@ -40,6 +40,8 @@ class ClusterCalibration(models.Model):
                                   help_text="Leave-one-out relative step-time error: median, mean, max, runs")
     error = models.TextField(blank=True, help_text="Why the latest refit made no fit")
     fitted_at = models.DateTimeField(null=True, blank=True)
+    refit_requested_at = models.DateTimeField(null=True, blank=True, editable=False,
+                                              help_text="When a refit was asked for that no worker has begun yet")
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self):
