@@ -21,7 +21,7 @@ def _running(run: models.Run, status: str = "running", **state) -> models.Run:
 
 def test_a_run_stopped_at_its_time_limit_before_it_could_save_is_requeued_until_that_keeps_happening(
         tiny_run_parts, monkeypatch):
-    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)  # no worker takes the requeued launch
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: None)  # no worker takes it
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=0)
     killed = JobState(JobStates.FAILED, 143, "the job exited with code 143")
@@ -38,7 +38,7 @@ def test_a_run_stopped_at_its_time_limit_before_it_could_save_is_requeued_until_
 
 def test_a_run_that_saved_a_checkpoint_before_it_was_killed_at_its_time_limit_is_requeued(tiny_run_parts,
                                                                                           monkeypatch):
-    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: None)
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=0)
     models.Checkpoint.objects.create(run=run, step=40, path="/nowhere")
@@ -50,7 +50,7 @@ def test_a_run_that_saved_a_checkpoint_before_it_was_killed_at_its_time_limit_is
 
 def test_a_failed_job_without_a_time_limit_uses_a_restart(tiny_run_parts, monkeypatch):
     sent = []
-    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args: sent.append(args))
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: sent.append(args))
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=1)
     run = _running(run)
@@ -62,7 +62,7 @@ def test_a_failed_job_without_a_time_limit_uses_a_restart(tiny_run_parts, monkey
 
 def test_a_node_failure_requeues_without_a_restart_avoiding_every_node_that_failed_and_counts_them(
         tiny_run_parts, monkeypatch):
-    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: None)
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=0)
     for failed, excluded in ((("n2",), ["n2"]), (("n1", "n2"), ["n1", "n2"]), ((), ["n1", "n2"])):
@@ -78,7 +78,7 @@ def test_a_node_failure_requeues_without_a_restart_avoiding_every_node_that_fail
 
 def test_a_hung_attempt_is_requeued_from_what_it_saved_or_uses_a_restart_if_it_saved_nothing(
         tiny_run_parts, monkeypatch):
-    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: None)
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=0)
     models.Checkpoint.objects.create(run=run, step=40, path="/nowhere")
@@ -94,7 +94,7 @@ def test_a_hung_attempt_is_requeued_from_what_it_saved_or_uses_a_restart_if_it_s
 
 def test_a_run_whose_trainer_said_another_attempt_would_fail_alike_is_not_restarted(tiny_run_parts, monkeypatch):
     sent = []
-    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args: sent.append(args))
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: sent.append(args))
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=100, max_restarts=2)
     run = _running(run, "failed", no_retry=True)  # a loss that spiked again where it had spiked (its failed event)
@@ -118,7 +118,7 @@ def wide_plan(tiny_run_parts):
 @pytest.mark.parametrize("said_by", ["the scheduler", "the trainer"])
 def test_a_run_that_ran_out_of_memory_is_replanned_within_its_global_batch_and_queued_without_a_restart(
         wide_plan, monkeypatch, said_by):
-    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: None)
     owner, plan, dataset = wide_plan
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=10, max_restarts=0)
     Path(run.run_dir).mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_a_run_that_ran_out_of_memory_is_replanned_within_its_global_batch_and_q
 
 def test_a_run_whose_owner_forbade_replanning_fails_when_it_runs_out_of_memory_and_says_what_to_change(
         wide_plan, monkeypatch):
-    monkeypatch.setattr("workers.runs.services.enqueue", lambda *args: None)
+    monkeypatch.setattr("webapp.services.runs.enqueue", lambda *args, **kwargs: None)
     owner, plan, dataset = wide_plan
     run = services.run_create(owner=owner, name="r", plan=plan, dataset=dataset, steps=10, max_restarts=2,
                               replan_on_oom=False)
