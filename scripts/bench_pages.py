@@ -33,24 +33,54 @@ PAGE_REPEATS = 7
 CHART_WIDTH_PX = 600     # run.js asks for two points a pixel
 
 
+def _ledger(attempts: int, started: float) -> dict:
+    """What ingestion keeps of a run's attempts for goodput (webapp.goodput), each RUN_STEPS steps of a second."""
+    ledger = {}
+    for number in range(1, attempts + 1):
+        at = started + 1000.0 * number
+        ledger[str(number)] = {"job_started": at, "started": at + 20, "load_s": 2.0, "resumed_at": 0,
+                               "steps_s": float(RUN_STEPS), "last_step": RUN_STEPS, "checkpoint_save": 3.0,
+                               "steps_s_at": {str(s): float(s) for s in range(0, RUN_STEPS + 1, 20)},
+                               "last": at + 20 + RUN_STEPS + 3, "job_ended": at + 30 + RUN_STEPS}
+    return ledger
+
+
 def _many_runs(owner, run) -> list:
-    """RUNS runs beside ``run`` (the 1,000,000-step one), of every status, each with a short loss curve."""
+    """RUNS runs beside ``run`` (the 1,000,000-step one), of every status, each with a short loss curve and, as a
+    run made through the API has, its stored spec and estimate; each that was launched with its attempts and the
+    ledger its goodput is read from."""
     from django.db import transaction
+    from django.utils import timezone
 
     from webapp import models
+    from webapp.services.run_estimates import spec_estimate
+    from webapp.services.runs import run_check
     from webapp.services.series import series_write
 
     rng = random.Random(4)
     statuses = list(models.RunStatus.values)
+    spec = run_check(run).to_dict()
+    estimate = spec_estimate(spec, run.cluster)
+    never_launched = {models.RunStatus.DRAFT, models.RunStatus.QUEUED}
     runs = models.Run.objects.bulk_create([
         models.Run(owner=owner, name=f"run-{i}", model_config=run.model_config, plan=run.plan, cluster=run.cluster,
                    dataset=run.dataset, status=statuses[i % len(statuses)], steps=RUN_STEPS * 2,
-                   last_step=RUN_STEPS, run_dir=str(Path(run.run_dir).parent / f"run-{i}"))
+                   last_step=RUN_STEPS, run_dir=str(Path(run.run_dir).parent / f"run-{i}"), spec=spec,
+                   estimate=estimate, attempts=0 if statuses[i % len(statuses)] in never_launched else 1 + i % 2)
         for i in range(RUNS - 1)])
+    now = timezone.now()
     with transaction.atomic():
         for other in runs:
             series_write(other, [{"step": s, "loss": 5.0 * s ** -0.2 + rng.gauss(0, 0.02), "time": 1.7e9 + s,
                                   "tokens_seen": 1024 * s} for s in range(1, RUN_STEPS + 1)])
+            other.ingest_state = {"ledger": _ledger(other.attempts, 1.7e9)}
+        models.Run.objects.bulk_update(runs, ["ingest_state"])
+        models.Attempt.objects.bulk_create([
+            models.Attempt(run=other, number=n, backend="slurm", job_id=f"{other.pk}{n}", submitted_at=now,
+                           ended_at=now if n < other.attempts or other.status not in (models.RunStatus.SUBMITTED,
+                                                                             models.RunStatus.RUNNING)
+                           else None, state="COMPLETED")
+            for other in runs for n in range(1, other.attempts + 1)])
     return runs
 
 

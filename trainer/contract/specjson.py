@@ -6,6 +6,7 @@ trip exactly (JSON writes ``repr(float)``), so ``from_dict(to_dict(x)) == x`` fo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -100,6 +101,13 @@ def _convert(tp: Any, value: Any, path: str) -> Any:
     raise TypeError(f"unsupported field type {tp!r} at {path}")
 
 
+@functools.cache
+def _fields_of(cls: type) -> tuple[dict[str, Any], dict[str, dataclasses.Field]]:
+    """``cls``'s resolved field types and its init fields, once a class: resolving the string annotations took most
+    of the time of reading a small spec (a dashboard reads hundreds of plans)."""
+    return typing.get_type_hints(cls), {f.name: f for f in dataclasses.fields(cls) if f.init}
+
+
 def from_dict(cls: type, data: Any, path: str = "") -> Any:
     """Build dataclass ``cls`` from ``data``, collecting every field error before raising."""
     expand = getattr(cls, "expand_json", None)
@@ -107,8 +115,7 @@ def from_dict(cls: type, data: Any, path: str = "") -> Any:
         data = expand(data, path)
     if not isinstance(data, dict):
         raise SpecError.single(path, f"must be an object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints, fields = _fields_of(cls)
     errors: dict[str, list[str]] = {}
     kwargs: dict[str, Any] = {}
     for key in data:

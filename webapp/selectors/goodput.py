@@ -3,8 +3,7 @@ ingestion, and its attempts, with how each ended."""
 from __future__ import annotations
 
 import time
-
-from django.db.models import Prefetch, QuerySet
+from collections import defaultdict
 
 from trainer.contract import ParallelPlan
 
@@ -19,41 +18,52 @@ _STATES = {"COMPLETED": "completed", "NODE_FAIL": "node_failure", "PREEMPTED": "
            "TIMEOUT": "time_limit", "CANCELLED": "cancelled"}
 
 
-def _ending(attempt: Attempt, following: Attempt | None) -> str:
-    if attempt.ended_at is None:
+# What goodput reads of an attempt: not its batch script or command, a few kilobytes each
+_ATTEMPT_FIELDS = ("number", "submitted_at", "ended_at", "state", "why")
+
+
+def _ending(attempt: dict, following: dict | None) -> str:
+    if attempt["ended_at"] is None:
         return "running"
-    why = following.why if following else ""
+    why = following["why"] if following else ""
     return next((cause for words, cause in _REQUEUED_AFTER if words in why), None) or \
-        _STATES.get(attempt.state, "failure")
+        _STATES.get(attempt["state"], "failure")
 
 
-def _world_size(run: Run) -> int:
-    """The run's GPUs, from its stored plan alone: checking the whole spec, for every run of a cluster on every
-    dashboard, took most of the page's time with a few hundred runs."""
+def _times(attempts: list[dict]) -> list[AttemptTimes]:
+    """``attempts`` (_ATTEMPT_FIELDS of each) in the order of their numbers."""
+    return [AttemptTimes(number=a["number"], submitted=a["submitted_at"].timestamp(), ended=timestamp(a["ended_at"]),
+                         ending=_ending(a, attempts[i + 1] if i + 1 < len(attempts) else None))
+            for i, a in enumerate(attempts)]
+
+
+def _world_size(plan: dict | None) -> int:
+    """The run's GPUs, from its stored plan alone (checking the whole spec took most of a dashboard's time)."""
     try:
-        return ParallelPlan.from_dict(run.spec["plan"], validate=False).world_size if run.spec else 1
+        return ParallelPlan.from_dict(plan, validate=False).world_size if plan else 1
     except (TypeError, ValueError, KeyError):
         return 1
 
 
 def goodput_of(run: Run, now: float | None = None) -> Goodput:
-    """``run`` with its attempts prefetched or not."""
-    attempts = sorted(run.attempt_records.all(), key=lambda a: a.number)
-    times = [AttemptTimes(number=a.number, submitted=a.submitted_at.timestamp(), ended=timestamp(a.ended_at),
-                          ending=_ending(a, attempts[i + 1] if i + 1 < len(attempts) else None))
-             for i, a in enumerate(attempts)]
-    return account((run.ingest_state or {}).get("ledger", {}), times, _world_size(run),
-                   time.time() if now is None else now)
-
-
-def _with_attempts(runs: QuerySet) -> QuerySet:
-    return runs.prefetch_related(Prefetch("attempt_records", queryset=Attempt.objects.order_by("number")))
+    attempts = list(Attempt.objects.filter(run=run).order_by("number").values(*_ATTEMPT_FIELDS))
+    return account((run.ingest_state or {}).get("ledger", {}), _times(attempts),
+                   _world_size((run.spec or {}).get("plan")), time.time() if now is None else now)
 
 
 def clusters_goodput(clusters: list[Cluster]) -> dict[int, Goodput]:
     """The goodput of each of ``clusters`` whose runs held nodes, by id: all their runs together, in GPU seconds
-    (a run's parts times its GPUs). One query for the runs, one for their attempts."""
-    now, by_cluster = time.time(), {}
-    for run in _with_attempts(Run.objects.filter(cluster__in=clusters, attempts__gt=0)):
-        by_cluster.setdefault(run.cluster_id, []).append(goodput_of(run, now))
-    return {pk: total for pk, runs in by_cluster.items() if (total := Goodput.total(runs)) is not None}
+    (a run's parts times its GPUs). One query for the runs, one for their attempts, each reading only the fields
+    goodput needs: a run's ledger and plan, not its whole state, spec and estimate (tens of kilobytes a run, most
+    of the dashboard's time with a few hundred runs)."""
+    now = time.time()
+    runs = list(Run.objects.filter(cluster__in=clusters, attempts__gt=0)
+                .values_list("pk", "cluster_id", "spec__plan", "ingest_state__ledger"))
+    attempts = defaultdict(list)
+    for attempt in (Attempt.objects.filter(run__cluster__in=clusters, run__attempts__gt=0)
+                    .order_by("run_id", "number").values("run_id", *_ATTEMPT_FIELDS)):
+        attempts[attempt["run_id"]].append(attempt)
+    by_cluster = defaultdict(list)
+    for pk, cluster_id, plan, ledger in runs:
+        by_cluster[cluster_id].append(account(ledger or {}, _times(attempts[pk]), _world_size(plan), now))
+    return {pk: total for pk, found in by_cluster.items() if (total := Goodput.total(found)) is not None}
