@@ -86,3 +86,42 @@ def test_it_defaults_alpha_to_a_gpu_cluster_collective_latency():
     assert 1e-6 <= EstimateOptions().collective_latency_s <= 1e-5  # NVLink a few µs, InfiniBand 5–10 µs
     with pytest.raises(Exception, match="collective_latency_s"):
         EstimateOptions(collective_latency_s=-1.0).validate()
+
+
+def test_megatron_scatters_a_pipeline_activation_over_its_tensor_parallel_ranks_and_gathers_it_over_the_node():
+    tiny = MODELS["tiny"]  # 4 layers, h 64, s 64
+    clu = cluster("A100-SXM-80GB", 2, inter_node_bandwidth_gbs=25.0)
+    plan = dict(tp=8, pp=2, micro_batch=1, global_batch=2, precision="bf16")  # stages on two nodes, m = 2
+    native = Planner(tiny, clu).evaluate(ParallelPlan(**plan))
+    megatron = Planner(tiny, clu).evaluate(ParallelPlan(**plan, engine="megatron"))
+    # each activation and gradient, T·h·e = 64·64·2 bytes: whole over the network, or an eighth over the network
+    # and seven eighths gathered over NVLink
+    message = 64 * 64 * 2
+    inter, intra = 25e9 * 0.8, Planner(tiny, clu).bandwidths(ParallelPlan(**plan))["tp"]
+
+    def bytes_s(numbers) -> float:  # the part without the latency
+        term, args = numbers.step_time.terms["latency_pp"]
+        return numbers.time["pipeline_p2p"] - term.function(*args)
+    assert bytes_s(native) == pytest.approx(2 * 2 * message / inter)
+    assert bytes_s(megatron) == pytest.approx(2 * 2 * (message / 8 / inter + 7 / 8 * message / intra))
+    # the gathers are tensor-parallel collectives: m · v · 2 more, of 8 − 1 ring steps
+    assert megatron.collectives["tp"] - native.collectives["tp"] == 4
+    assert megatron.latency_hops["tp"] - native.latency_hops["tp"] == 4 * 7
+    # under sequence parallel the activation is sharded already: nothing to gather
+    sp = dict(plan, sequence_parallel=True)
+    assert (Planner(tiny, clu).evaluate(ParallelPlan(**sp, engine="megatron")).time["pipeline_p2p"]
+            == pytest.approx(Planner(tiny, clu).evaluate(ParallelPlan(**sp)).time["pipeline_p2p"]))
+
+
+@pytest.mark.parametrize("tp, rings", [(1, 8), (2, 4), (8, 1)])
+def test_a_ring_over_nodes_runs_as_many_rings_as_the_group_has_ranks_on_a_node(tp, rings):
+    """The data-parallel group of 32 ranks on four nodes of 8 GPUs at 25 GB/s a GPU: 8, 4 or 1 of its ranks on each
+    node, each ring leaving the node through its own adapter; at most the node's NVLink figure (300 GB/s)."""
+    clu = cluster("A100-SXM-80GB", 4 * tp, inter_node_bandwidth_gbs=25.0)
+    planner = Planner(MODELS["tiny"], clu)
+    plan = ParallelPlan(tp=tp, dp=32, micro_batch=1, global_batch=32)
+    bandwidths = planner.bandwidths(plan)
+    assert bandwidths["dp"] == pytest.approx(min(rings * 25e9, clu.intra_node_bandwidth_gbs * 1e9) * 0.8)
+    # an all-to-all or a pipeline message leaves each rank through its own adapter, whatever the group
+    assert planner.bandwidths(ParallelPlan(tp=tp, pp=32, micro_batch=1, global_batch=32))["pp"] == pytest.approx(
+        25e9 * 0.8)

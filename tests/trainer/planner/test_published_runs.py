@@ -1,6 +1,6 @@
 """The planner against what was measured on GPUs: published training runs end to end (``bench_published``) and one
-published layer, kernel by kernel. Nothing here is fitted to these numbers (docs/formulas.md, Against published
-runs)."""
+published layer, kernel by kernel. One of these numbers sets a constant, the A100's layer fraction (the 22B layer's
+forward); the rest are predictions (docs/formulas.md, Kernel rates and Against published runs)."""
 from __future__ import annotations
 
 import json
@@ -45,13 +45,13 @@ def test_the_benchmark_compares_every_run_of_both_papers_with_its_error(capsys):
     assert "median |error|" in capsys.readouterr().out
 
 
-def test_the_planner_keeps_its_accuracy_on_published_runs():
-    """A ratchet on today's figures (median 6.6 %, max 18.0 %), not the goal of 5 % and 12 %: a change to the model
-    that makes the published runs worse fails here."""
+def test_the_planner_predicts_published_runs_within_five_percent_at_the_median_and_twelve_at_most():
+    """The goal (median 5 %, max 12 %) and a ratchet on today's figures (3.8 %, 6.8 %): a change to the model that
+    makes the published runs worse fails here."""
     rows = [bench_published.compare(run) for run in published_runs()]
     summary = bench_published.summary(rows)
-    assert summary["median_abs_error"] <= 0.07
-    assert summary["max_abs_error"] <= 0.19
+    assert summary["median_abs_error"] <= 0.04
+    assert summary["max_abs_error"] <= 0.07
 
 
 def test_every_run_that_ran_fits_at_the_high_end_of_its_band_and_none_that_did_not_is_said_to_fit():
@@ -63,21 +63,33 @@ def test_every_run_that_ran_fits_at_the_high_end_of_its_band_and_none_that_did_n
         assert r.run.fit or r.peak_gb > 0.9 * r.capacity_gb
 
 
-def _layer_ms(sequence_parallel: bool) -> tuple[float, float]:
-    """Forward and backward of one 22B layer with its tensor-parallel all-reduces, no recompute, in ms."""
-    plan = ParallelPlan(tp=8, micro_batch=4, global_batch=4, precision="bf16", sequence_parallel=sequence_parallel)
+def _layer_ms(sequence_parallel: bool = False, checkpointing: str = "none") -> tuple[float, float]:
+    """Forward and backward of one 22B layer on an A100 with its tensor-parallel communication, in ms, as Megatron-LM
+    runs them: the backward's all-reduces (or reduce-scatters and re-gathers) behind its weight-gradient GEMMs, but
+    under sequence parallel the all-gather in front of the row-parallel layer's backward; a recompute's forward with
+    its communication."""
+    plan = ParallelPlan(tp=8, micro_batch=4, global_batch=4, precision="bf16", sequence_parallel=sequence_parallel,
+                        activation_checkpointing=checkpointing)
     planner = Planner(LAYER_22B, SELENE_NODE, MEGATRON_2021)
     work = planner.layer_work(plan, moe=False)
     all_reduce = ring_all_reduce_s(4 * 2048 * 6144 * 2, 8, planner.bandwidths(plan)["tp"])
-    return 1e3 * (work.forward.seconds + 2 * all_reduce), 1e3 * (work.backward.seconds + 2 * all_reduce)
+    exposed = max(0.0, 2 * all_reduce - work.weight_grad_s) + (all_reduce / 2 if sequence_parallel else 0.0)
+    replayed = 2 * all_reduce if checkpointing == "full" else 0.0
+    return (1e3 * (work.forward.seconds + 2 * all_reduce),
+            1e3 * (work.backward.seconds + exposed + work.recompute.seconds + replayed))
 
 
-def test_a_layer_of_the_22b_model_takes_about_its_measured_time():
-    forward, backward = _layer_ms(sequence_parallel=False)
-    assert forward == pytest.approx(7.7, rel=0.15) and backward == pytest.approx(11.9, rel=0.15)
-    # sequence parallel runs the norms, dropouts and residual adds on 1/t of the tokens: 7.7 → 7.2 ms measured
-    sp_forward, _ = _layer_ms(sequence_parallel=True)
-    assert 0.25 < forward - sp_forward < 1.0
+def test_a_layer_of_the_22b_model_takes_its_measured_time_in_every_row_of_korthikantis_table_4():
+    """The forward without recompute sets the A100's layer fraction (gpu_kernels); the other rows are predictions."""
+    forward, backward = _layer_ms()
+    assert forward == pytest.approx(7.7, rel=0.005)
+    assert backward == pytest.approx(11.9, rel=0.03)
+    assert _layer_ms(checkpointing="full")[1] == pytest.approx(19.5, rel=0.03)
+    assert _layer_ms(checkpointing="selective")[1] == pytest.approx(13.2, rel=0.03)
+    # sequence parallel runs the norms, dropouts and residual adds on 1/t of the tokens
+    sp_forward, sp_backward = _layer_ms(sequence_parallel=True)
+    assert (sp_forward, sp_backward) == (pytest.approx(7.2, rel=0.03), pytest.approx(11.8, rel=0.03))
+    assert sum(_layer_ms(sequence_parallel=True, checkpointing="selective")) == pytest.approx(20.3, rel=0.03)
 
 
 def test_the_tensor_parallel_overlap_hides_the_backward_all_reduces_behind_weight_gradients():

@@ -86,7 +86,7 @@ def test_it_refuses_a_measure_that_returns_nonsense():
 def _exact_pool(size=30):
     """Plans whose 'measured' times are the planner's own under the FLOPs model, the one trials refit: a refit
     recovers them exactly."""
-    spec, clu = MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 2)
+    spec, clu = MODELS["gpt2-medium"], cluster("A100-SXM-80GB", 1)
     flops_model = EstimateOptions(compute_model="efficiency")
     pool = rank_plans(spec, clu, 64, options=flops_model).ranked[:size]
     return pool, trial_features(spec, clu, flops_model, [c.plan for c in pool])

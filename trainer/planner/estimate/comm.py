@@ -60,6 +60,14 @@ class Collectives:
     hops: dict[str, float]
 
 
+def pipeline_scatter_gather(plan: ParallelPlan) -> bool:
+    """Megatron-LM's scatter/gather between pipeline stages (Narayanan et al. 2021, §4.1; on unless
+    ``--no-scatter-gather-tensors-in-pipeline``): each of the t tensor-parallel ranks sends its 1/t of the activation,
+    each over its own link, and the receiving stage's ranks all-gather it over NVLink. Under sequence parallel the
+    activation is sharded already; the trainer's own pipeline sends what a rank holds."""
+    return plan.engine == "megatron" and plan.pp > 1 and plan.tp > 1 and not plan.sequence_parallel
+
+
 def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: int, grad_bytes: float,
                       params_first: int, stage_layers: int | None = None) -> Collectives:
     """The collectives one rank issues per step, and their latency hops, by group.
@@ -75,7 +83,8 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
           holds one and the last the other: 1); sequence parallel replaces each by an all-gather and a
           reduce-scatter (twice the calls, the same hops)
       ep  m · moe_layers · 4 all-to-alls (dispatch and combine, forward and backward)
-      pp  m · v · 2 messages (an activation forward and its gradient back, per micro-batch per chunk)
+      pp  m · v · 2 messages (an activation forward and its gradient back, per micro-batch per chunk); under
+          Megatron-LM's scatter/gather as many all-gathers on tp (``pipeline_scatter_gather``)
       cp  m · layers · the ring's point-to-point hops (``ring_attention``: cp − 1 forward, cp − 1 + cp backward)
       dp  over the dp·cp ranks that average gradients. ZeRO-3 (FSDP2: one unit per block + a root per chunk, v with
           interleaving): m · (units + layers) all-gathers (forward, and the backward re-gather of each block; not with a
@@ -93,6 +102,9 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
         all_reduces = m * (layers * tp_all_reduces_per_layer(plan) + (2 if plan.pp == 1 else 1))
         calls["tp"] = float(all_reduces * (2 if plan.sequence_parallel else 1))
         hops["tp"] = float(all_reduces * 2 * (plan.tp - 1))
+        if pipeline_scatter_gather(plan):
+            calls["tp"] += m * v * 2
+            hops["tp"] += m * v * 2 * (plan.tp - 1)
     if plan.ep > 1 and moe_layers_per_stage:
         calls["ep"] = float(m * moe_layers_per_stage * 4)
         hops["ep"] = calls["ep"] * (plan.ep - 1)

@@ -12,8 +12,8 @@ from typing import Mapping
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate import step_model as S
-from trainer.planner.estimate.comm import (collective_counts, fits_in_node, rank_of, ring_all_reduce_s, ring_attention,
-                                           ring_gather_s, tp_all_reduces_per_layer)
+from trainer.planner.estimate.comm import (collective_counts, fits_in_node, pipeline_scatter_gather, rank_of,
+                                           ring_all_reduce_s, ring_attention, ring_gather_s, tp_all_reduces_per_layer)
 from trainer.planner.estimate.gpu_kernels import kernels_for
 from trainer.planner.estimate.kernel_time import KernelClock, LayerWork, Work, head_work, layer_work
 from trainer.planner.estimate.numbers import (IN_MICROBATCH, PlanNumbers, PlanSummary, StageMemory, StageStatic,
@@ -299,22 +299,32 @@ class Planner:
         return cast + 3 * g * (m - 1) / m
 
     def bandwidths(self, plan: ParallelPlan) -> Mapping[str, float]:
-        """Bytes/s of the tp, pp, dp and ep groups: intra-node when a group fits in a node, × comm_efficiency.
-        Cached by degrees, which many plans share."""
+        """Bytes/s a rank of each group moves, × comm_efficiency (``_bandwidth``); tp and dp run ring collectives,
+        pp, ep and cp send point to point. Cached by degrees, which many plans share."""
         key = (plan.tp, plan.pp, plan.dp, plan.ep, plan.cp)
         hit = self._bandwidths.get(key)
         if hit is None:
             tp, dp, cp = plan.tp, plan.dp, plan.cp
-            hit = MappingProxyType({"tp": self._bandwidth(tp, 1), "pp": self._bandwidth(plan.pp, tp * cp * dp),
-                                    "dp": self._bandwidth(dp * cp, tp), "ep": self._bandwidth(plan.ep, tp),
+            hit = MappingProxyType({"tp": self._bandwidth(tp, 1, ring=True),
+                                    "pp": self._bandwidth(plan.pp, tp * cp * dp),
+                                    "dp": self._bandwidth(dp * cp, tp, ring=True), "ep": self._bandwidth(plan.ep, tp),
                                     "cp": self._bandwidth(cp, tp)})
             self._bandwidths[key] = hit
         return hit
 
-    def _bandwidth(self, size: int, stride: int) -> float:
+    def _bandwidth(self, size: int, stride: int, ring: bool = False) -> float:
+        """The intra-node figure when the group (``size`` ranks, ``stride`` apart) fits in a node, else the
+        inter-node one, which is per GPU (each GPU its own NIC, or its share of the node's). A ring collective of a
+        group with k ranks on each node runs as k rings side by side (NCCL's channels), each leaving the node through
+        another rank's link: k × the inter-node figure, at most the intra-node one."""
         c = self.cluster
-        inside = fits_in_node(size, stride, c.gpus_per_node)
-        gbs = c.intra_node_bandwidth_gbs if inside else c.inter_node_bandwidth_gbs
+        if fits_in_node(size, stride, c.gpus_per_node):
+            gbs = c.intra_node_bandwidth_gbs
+        elif ring:
+            per_node = max(1, min(size, c.gpus_per_node // stride))
+            gbs = min(c.intra_node_bandwidth_gbs, per_node * c.inter_node_bandwidth_gbs)
+        else:
+            gbs = c.inter_node_bandwidth_gbs
         return gbs * GB * self.options.comm_efficiency
 
     def step_time(self, plan: ParallelPlan, params_first: int, sharded_first: int) -> StepTime:
@@ -403,8 +413,12 @@ class Planner:
             work = sum(t[k] for k in IN_MICROBATCH if k in t)
             bubble = call("bubble", S.bubble_term(plan.pipeline_schedule in ZERO_BUBBLE), pp, v, mb)
             add("pipeline_bubble", S.PIPELINE_BUBBLE, work, bubble)
-            add("pipeline_p2p", S.PIPELINE_P2P, mb, v, T, h, e, tp if plan.sequence_parallel else 1, bw["pp"],
-                latency("pp"))
+            if pipeline_scatter_gather(plan):
+                add("pipeline_p2p", S.PIPELINE_P2P_SCATTER_GATHER, mb, v, T, h, e, tp, bw["pp"], bw["tp"],
+                    latency("pp"))
+            else:
+                add("pipeline_p2p", S.PIPELINE_P2P, mb, v, T, h, e, tp if plan.sequence_parallel else 1, bw["pp"],
+                    latency("pp"))
         if dp > 1:
             args = (o.dp_overlap, dp, params_first, grad_bytes, bw["dp"], latency("dp"))
             if plan.zero_stage >= 3:

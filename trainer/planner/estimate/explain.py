@@ -462,7 +462,8 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
             own["latency_s"] = _term_figure(used, f"latency_{group}", "s")
             extra = dict(micro_batches=plan.grad_accum, collectives=numbers.collectives.get(group, 0.0),
                          latency_hops=numbers.latency_hops.get(group, 0.0),
-                         bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else inter-node; "
+                         bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else inter-node "
+                                        "(a ring collective's: × its ranks on a node, at most intra-node); "
                                         "× comm_efficiency")
         if name == "compute":
             pace_rank = planner.pace(plan)[0]

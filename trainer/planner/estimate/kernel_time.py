@@ -64,13 +64,15 @@ class LayerWork:
 
 
 class KernelClock:
-    """Seconds of kernels on one GPU: its peak FLOP/s and HBM bytes/s with the measured shares ``kernels`` gives."""
+    """Seconds of kernels on one GPU: its peak FLOP/s and HBM bytes/s with the measured shares ``kernels`` gives,
+    each at the share a training step's kernels sustain one after another (``GpuKernels.layer_fraction``)."""
 
     def __init__(self, kernels: GpuKernels, peak_flops: float, hbm_bytes_per_s: float):
         self.kernels = kernels
-        self.gemm_flops = peak_flops * kernels.gemm_fraction
-        self.flash_flops = peak_flops * kernels.flash_fraction
-        self.hbm = hbm_bytes_per_s * kernels.hbm_fraction
+        sustained = kernels.layer_fraction
+        self.gemm_flops = peak_flops * kernels.gemm_fraction * sustained
+        self.flash_flops = peak_flops * kernels.flash_fraction * sustained
+        self.hbm = hbm_bytes_per_s * kernels.hbm_fraction * sustained
 
     def gemm(self, g: Gemm, e: int) -> float:
         """The roofline of one (batched) GEMM: its FLOPs at the shape's rate, or its operands through HBM."""

@@ -17,7 +17,8 @@ from trainer.planner.estimate.expr import Term, maximum, symbols
     "layers_per_stage moe_layers_per_stage moe_layers n_allreduce passes")
 (F_blocks, F_head, head, peak, efficiency) = symbols("F_blocks F_head head_on_pace_rank peak_flops efficiency")
 (dense_s, moe_s, head_s, weight_grad_s) = symbols("dense_layer_s moe_layer_s head_s weight_grad_s")
-(bandwidth, latency, ring_exposed) = symbols("bandwidth_bytes_per_s latency_s ring_exposed_s")
+(bandwidth, tp_bandwidth, latency, ring_exposed) = symbols(
+    "bandwidth_bytes_per_s tp_bandwidth_bytes_per_s latency_s ring_exposed_s")
 (P_rank, P_shard, grad_bytes, overlap) = symbols("P_rank P_shard grad_bytes overlap")
 (hbm, accumulation_bytes, optimizer_bytes) = symbols("hbm_bytes_per_s accumulation_bytes optimizer_bytes")
 (pcie, host_bw) = symbols("pcie_bandwidth_bytes_per_s host_memory_bandwidth_bytes_per_s")
@@ -77,6 +78,11 @@ GRADIENT_ACCUMULATION = Term(m * P_rank * accumulation_bytes / hbm, "m P_rank ac
                              "gradients to the gradient's dtype, and an add from the second micro-batch on")
 PIPELINE_P2P = Term(m * v * 2 * (T * h * e / r) / bandwidth + latency, "m v T h e r bandwidth_bytes_per_s latency_s",
                     "an activation forward and its gradient back, per micro-batch and model chunk")
+PIPELINE_P2P_SCATTER_GATHER = Term(
+    m * v * 2 * (T * h * e / t / bandwidth + (t - 1) / t * T * h * e / tp_bandwidth) + latency,
+    "m v T h e t bandwidth_bytes_per_s tp_bandwidth_bytes_per_s latency_s",
+    "Megatron-LM's scatter/gather: each tensor-parallel rank sends 1/t of the activation (and of its gradient back) "
+    "over its own link, and the receiving ranks all-gather the slices over the node")
 DP = "overlap d P_rank grad_bytes bandwidth_bytes_per_s latency_s"
 DATA_PARALLEL = Term((1 - overlap) * (2 * (d - 1) / d * P_rank * grad_bytes / bandwidth + latency), DP,
                      "ring all-reduce of the gradients")
