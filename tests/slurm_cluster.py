@@ -76,6 +76,9 @@ class SlurmClusterError(RuntimeError):
     """The cluster could not start (or stop) on a machine that should run it."""
 
 
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # the cgroup-v1 CPU controller, where this machine mounts it
+
+
 def _run(args: list[str], check: bool = True, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(args, capture_output=True, text=True, **kwargs)
     if check and result.returncode != 0:
@@ -449,6 +452,32 @@ class SlurmCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         self._node_daemons[self.nodes.index(node)].wait(timeout=10)
+
+    @contextlib.contextmanager
+    def jobs_at_lowest_priority(self):
+        """Within: every process of the nodes (their slurmd, and so every job it starts) in a CPU cgroup of the lowest
+        weight (cpu.shares 2, against 1024 for everything else). The nodes share this machine's cores with the web and
+        its database, where on a site they are other machines; so weighted, they take only the cores the rest leaves.
+        A cgroup, not a nice value: the kernel's autogroup scheduling gives each job's session an equal share of the
+        CPU whatever its nice value. Without the cgroup-v1 CPU controller the nodes are left as they are."""
+        if not (CPU_CGROUP / "cpu.shares").exists():
+            yield
+            return
+        group = CPU_CGROUP / f"workbench-test-{self.network.bridge}"
+        group.mkdir(exist_ok=True)
+        (group / "cpu.shares").write_text("2")
+        try:
+            for node in self.nodes:
+                for pid in _run(["ip", "netns", "pids", self.network.namespaces[node]]).stdout.split():
+                    with contextlib.suppress(OSError):  # gone meanwhile
+                        (group / "cgroup.procs").write_text(pid)
+            yield
+        finally:
+            for pid in (group / "cgroup.procs").read_text().split():
+                with contextlib.suppress(OSError):
+                    (CPU_CGROUP / "cgroup.procs").write_text(pid)
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
     def restore_node(self, node: str, timeout: float = 60) -> None:
         """``node`` back: its slurmd started again, and up once it has registered (ReturnToService=2): idle, or
