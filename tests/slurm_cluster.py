@@ -249,13 +249,18 @@ def _pick_subnet() -> str:
 
 
 def remove_stale_networks() -> None:
-    """Delete the namespaces and bridges of clusters whose test process died without stopping them."""
+    """Delete the namespaces, bridges and CPU cgroups of clusters whose test process died without stopping them."""
     names = _run(["ip", "netns", "list"]).stdout.split()
     links = _run(["ip", "-o", "link", "show"]).stdout
     for name in set(names) | set(re.findall(r"^\d+: (wb\d+br\d?)[:@]", links, re.M)):
         match = re.fullmatch(r"wb(\d+)(?:[a-h]|br\d?)", name)
         if match and not _alive(int(match.group(1))):
             _delete_link_or_namespace(name)
+    for group in CPU_CGROUP.glob("workbench-test-wb*"):  # emptied above: its processes were the namespaces'
+        match = re.fullmatch(r"workbench-test-wb(\d+)br\d?", group.name)
+        if match and not _alive(int(match.group(1))):
+            with contextlib.suppress(OSError):
+                group.rmdir()
 
 
 def _delete_link_or_namespace(name: str) -> None:
