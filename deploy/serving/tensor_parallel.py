@@ -29,14 +29,28 @@ from .model import ServingGPT, ServingSpec
 
 EXTEND, TRUNCATE, SAVE, LOAD, STOP = 1, 2, 3, 4, 5
 INIT_TIMEOUT = timedelta(seconds=300)
+# Cores a CPU server keeps out of the model's arithmetic, as vLLM's CPU backend keeps one for its engine process:
+# Triton's threads, the response thread and a local client need a core between the steps, and an operation's compute
+# threads wait at its end for the slowest of them, so one that shares its core with them stalls the whole operation.
+RESERVED_CPU_CORES = 1
 
 
 def device_for(kind: str, base: int, rank: int) -> torch.device:
     return torch.device(f"cuda:{base + rank}") if kind == "gpu" else torch.device("cpu")
 
 
+def cpu_threads(processes: int, cores: int | None = None) -> int:
+    """Compute threads of each of ``processes`` model processes (instances × tensor-parallel ranks) on a CPU server:
+    the cores this process may use, less RESERVED_CPU_CORES, shared evenly; at least one."""
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return max(1, (cores - RESERVED_CPU_CORES) // max(1, processes))
+
+
 def build_rank_model(folder: Path, rank: int, world: int, slots: int, device: torch.device,
-                     dtype: torch.dtype, prefix_blocks: int = 0) -> ServingGPT:
+                     dtype: torch.dtype, prefix_blocks: int = 0, threads: int = 0) -> ServingGPT:
+    """Rank ``rank``'s shard as a model, computing with ``threads`` threads on a CPU (0: ``cpu_threads(world)``)."""
+    if device.type == "cpu":
+        torch.set_num_threads(threads or cpu_threads(world))
     spec = ServingSpec.from_dict(read_json(Path(folder) / MODEL_SPEC))
     reduce = (lambda t: dist.all_reduce(t)) if world > 1 else None
     return ServingGPT(spec, load_shard(folder, rank), slots, rank, world, reduce, dtype, device, prefix_blocks)
@@ -140,19 +154,21 @@ def python_executable() -> str:
 
 
 def start_leader(folder: Path, world: int, slots: int, kind: str, base_device: int,
-                 dtype: torch.dtype, prefix_blocks: int = 0) -> Leader:
-    """Start ranks 1 … world−1 as processes, join them, and return rank 0 over its shard."""
+                 dtype: torch.dtype, prefix_blocks: int = 0, threads: int = 0) -> Leader:
+    """Start ranks 1 … world−1 as processes, join them, and return rank 0 over its shard (``threads``: as
+    ``build_rank_model`` takes them)."""
     folder = Path(folder)
     port = free_port()
     followers = [subprocess.Popen(
         [python_executable(), "-m", "workbench_serving.tensor_parallel", "--folder", str(folder), "--rank", str(r),
          "--world", str(world), "--port", str(port), "--slots", str(slots), "--kind", kind,
          "--base-device", str(base_device), "--dtype", str(dtype).removeprefix("torch."),
-         "--prefix-blocks", str(prefix_blocks), "--parent", str(os.getpid())], cwd=str(folder))
+         "--prefix-blocks", str(prefix_blocks), "--threads", str(threads), "--parent", str(os.getpid())],
+        cwd=str(folder))
         for r in range(1, world)]
     device = device_for(kind, base_device, 0)
     join_group(0, world, port, device)
-    return Leader(build_rank_model(folder, 0, world, slots, device, dtype, prefix_blocks), followers)
+    return Leader(build_rank_model(folder, 0, world, slots, device, dtype, prefix_blocks, threads), followers)
 
 
 def _watch_parent(pid: int) -> None:
@@ -169,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("--rank", "--world", "--port", "--slots", "--base-device", "--parent"):
         parser.add_argument(name, type=int, required=True)
     parser.add_argument("--prefix-blocks", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--kind", default="cpu")
     parser.add_argument("--dtype", default="float32")
     args = parser.parse_args(argv)
@@ -176,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     device = device_for(args.kind, args.base_device, args.rank)
     join_group(args.rank, args.world, args.port, device)
     model = build_rank_model(Path(args.folder), args.rank, args.world, args.slots, device,
-                             getattr(torch, args.dtype), args.prefix_blocks)
+                             getattr(torch, args.dtype), args.prefix_blocks, args.threads)
     follow(model)
     dist.destroy_process_group()
     return 0

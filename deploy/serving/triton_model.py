@@ -6,8 +6,9 @@ request to the engine and returns: the engine answers through the request's resp
 token for a streamed request (decoupled models), one final response otherwise.
 
 The engine's settings are the config's parameters: tensor_parallel, max_sequences (slots, 16), prefill_chunk_tokens
-(prompt tokens computed in one iteration, 512) and prefix_cache_tokens (positions the prefix cache holds, in blocks of
-16; 0 turns it off; 4 × seq_len by default).
+(prompt tokens computed in one iteration, 512), prefix_cache_tokens (positions the prefix cache holds, in blocks of
+16; 0 turns it off; 4 × seq_len by default) and cpu_threads (each rank's compute threads on a CPU; by default the
+cores less one, shared by the instances' ranks).
 
 Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p, seed (−1: none), stop
 (strings), stream. Outputs: text_output (the new text) and token_ids in every response; finish_reason,
@@ -31,7 +32,7 @@ from workbench_serving.engine import PREFILL_CHUNK, Engine, Request, Result  # n
 from workbench_serving.layout import SERVING, TOKENIZER, Codec, read_json  # noqa: E402
 from workbench_serving.model import PREFIX_BLOCK_SIZE  # noqa: E402
 from workbench_serving.sampling import Sampling  # noqa: E402
-from workbench_serving.tensor_parallel import build_rank_model, device_for, start_leader  # noqa: E402
+from workbench_serving.tensor_parallel import build_rank_model, cpu_threads, device_for, start_leader  # noqa: E402
 from workbench_serving.triton_io import (BATCH_BUCKETS, FINAL, TritonMetrics, as_text, metric_family,  # noqa: E402
                                          read_input, response)
 
@@ -135,12 +136,14 @@ class TritonPythonModel:
         kind = "gpu" if args.get("model_instance_kind") == "GPU" else "cpu"
         base = int(args.get("model_instance_device_id") or 0)
         dtype = getattr(torch, serving.get("compute_dtype_" + kind, "float32"))
+        instances = sum(int(group.get("count", 1)) for group in config.get("instance_group", [])) or 1
+        threads = int(params.get("cpu_threads", 0)) or cpu_threads(instances * world)
         self.leader = None
         if world > 1:
-            self.leader = start_leader(folder, world, slots, kind, base, dtype, prefix_blocks)
+            self.leader = start_leader(folder, world, slots, kind, base, dtype, prefix_blocks, threads)
             runner = self.leader
         else:
-            runner = build_rank_model(folder, 0, 1, slots, device_for(kind, base, 0), dtype, prefix_blocks)
+            runner = build_rank_model(folder, 0, 1, slots, device_for(kind, base, 0), dtype, prefix_blocks, threads)
         self.codec = Codec(folder / TOKENIZER)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metrics = EngineMetrics(labels)
