@@ -173,7 +173,7 @@ def inference_estimates():
 
 def serving_estimates():
     rates = Rates(flop_rate=5e10, bandwidth=1e10)
-    host = HostCosts(step_s=2e-3, token_s=3e-4, request_s=5e-3)
+    host = HostCosts(step_s=2e-3, token_s=3e-4, request_s=5e-3, queue_s=1e-3)
     return [serving_estimate(MODELS[name], rates, host, Load(streams, 16, 32))
             for name in ("tiny", "gpt2-small", "mixtral-8x7b") for streams in (1, 8)]
 

@@ -18,7 +18,8 @@ Standard library only.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.planner.estimate.gpu_kernels import GpuKernels
@@ -89,31 +90,70 @@ def linear_gemms(name: str, tokens: int, out: int, inp: int, count: int = 1, use
             Gemm(f"{name}.weight_grad", inp, out, tokens, count, useful)]
 
 
+def forward_gemm(name: str, tokens: int, out: int, inp: int, count: int = 1, useful: float = 1.0) -> list[Gemm]:
+    """A linear layer's forward GEMM alone (T, out, in): what serving runs."""
+    return [Gemm(name, tokens, out, inp, count, useful)]
+
+
+Linear = Callable[..., list[Gemm]]  # linear_gemms or forward_gemm
+
+
 def layer_gemms(model: ModelSpec, plan: ParallelPlan, moe: bool) -> list[Gemm]:
     """One block's GEMMs for one micro-batch on one tensor-parallel rank (q, k, v, out; the MLP or the router and
     experts)."""
     t, T = plan.tp, plan.micro_batch * model.seq_len
-    h, kv = model.d_model, model.kv_heads * model.head_dim
-    out = linear_gemms("q", T, h // t, h) + linear_gemms("k", T, kv // t, h) + linear_gemms("v", T, kv // t, h) \
-        + linear_gemms("out", T, h, h // t)
+    out = _attention(model, T, t, linear_gemms)
     if moe:
         E, k, c = model.n_experts, model.top_k, model.capacity_factor
         cap = M.expert_capacity(T, E, k, c)
         useful = M.moe_kept(T, E, k, c) / (E * cap)
-        out += linear_gemms("router", T, E, h) + _mlp("expert", model, cap, model.moe_ffn // t, E, useful)
+        out += linear_gemms("router", T, E, model.d_model) \
+            + _mlp("expert", model, cap, model.moe_ffn // t, linear_gemms, E, useful)
         if model.shared_expert_ffn:
-            out += _mlp("shared_expert", model, T, model.shared_expert_ffn // t)
+            out += _mlp("shared_expert", model, T, model.shared_expert_ffn // t, linear_gemms)
     else:
-        out += _mlp("mlp", model, T, model.ffn // t)
+        out += _mlp("mlp", model, T, model.ffn // t, linear_gemms)
     return out
 
 
-def _mlp(name: str, model: ModelSpec, tokens: int, width: int, count: int = 1, useful: float = 1.0) -> list[Gemm]:
+def _attention(model: ModelSpec, tokens: int, t: int, linear: Linear) -> list[Gemm]:
+    """The attention block's projections per tensor-parallel rank: q, k, v and out."""
+    h, kv = model.d_model, model.kv_heads * model.head_dim
+    return linear("q", tokens, h // t, h) + linear("k", tokens, kv // t, h) + linear("v", tokens, kv // t, h) \
+        + linear("out", tokens, h, h // t)
+
+
+def _mlp(name: str, model: ModelSpec, tokens: int, width: int, linear: Linear, count: int = 1,
+         useful: float = 1.0) -> list[Gemm]:
     """An MLP of ``width`` (per tensor-parallel rank): up and down, and SwiGLU's gate beside up."""
     h = model.d_model
-    gate = linear_gemms(f"{name}.gate", tokens, width, h, count, useful) if model.is_gated else []
-    return gate + linear_gemms(f"{name}.up", tokens, width, h, count, useful) \
-        + linear_gemms(f"{name}.down", tokens, h, width, count, useful)
+    gate = linear(f"{name}.gate", tokens, width, h, count, useful) if model.is_gated else []
+    return gate + linear(f"{name}.up", tokens, width, h, count, useful) \
+        + linear(f"{name}.down", tokens, h, width, count, useful)
+
+
+def serving_gemms(model: ModelSpec, tokens: int, sequences: int) -> list[tuple[Gemm, int]]:
+    """(GEMM, how many layers run it) of one serving forward of ``tokens`` new tokens over ``sequences`` sequences
+    on one device: every block's projections and MLP at ``tokens`` rows, the head at one row per sequence (only
+    each sequence's last token is sampled). An MoE block computes each chosen expert of each token, nothing dropped:
+    with routing spread evenly, the tokens·k choices reach E·(1 − (1 − k/E)^tokens) experts on average, each
+    running the choices' share of rows. The MoE blocks' GEMMs are named moe_…, apart from the dense blocks'."""
+    n_moe = len(model.moe_layers)
+    out = []
+    if model.n_layers > n_moe:
+        dense = _attention(model, tokens, 1, forward_gemm) + _mlp("mlp", model, tokens, model.ffn, forward_gemm)
+        out += [(g, model.n_layers - n_moe) for g in dense]
+    if n_moe:
+        E, k = model.n_experts, model.top_k
+        reached = max(1, math.ceil(E * (1 - (1 - k / E) ** tokens)))
+        experts = _mlp("expert", model, math.ceil(tokens * k / reached), model.moe_ffn, forward_gemm, reached)
+        if model.shared_expert_ffn:
+            experts += _mlp("shared_expert", model, tokens, model.shared_expert_ffn, forward_gemm)
+            if model.shared_expert_gate:
+                experts += forward_gemm("shared_gate", tokens, 1, model.d_model)
+        block = _attention(model, tokens, 1, forward_gemm) + forward_gemm("router", tokens, E, model.d_model) + experts
+        out += [(replace(g, name=f"moe_{g.name}"), n_moe) for g in block]
+    return out + [(Gemm("head", sequences, model.vocab_size, model.d_model), 1)]
 
 
 def model_gemms(model: ModelSpec, plan: ParallelPlan) -> list[tuple[Gemm, int]]:
