@@ -3,8 +3,8 @@ same model in this process under Hugging Face transformers' ``generate`` (the fl
 for), at several numbers of concurrent streams.
 
     python -m deploy.bench [--checkpoint CHECKPOINT] [--streams 1,8,32,64] [--new-tokens 128]
-        [--engines workbench,vllm] [--targets triton,v1] [--no-floor] [--no-predict] [--train-steps 30]
-        [--json results.json]
+        [--requests-per-stream 2] [--min-requests 16] [--engines workbench,vllm] [--targets triton,v1]
+        [--no-floor] [--no-predict] [--train-steps 30] [--json results.json]
 
 Without a checkpoint it builds one: a GPT-2-layout model (4 layers, d_model 256, head_dim 64, context 512) trained
 ``--train-steps`` steps on the repository's Shakespeare text: enough for text that re-tokenizes to the tokens
@@ -17,7 +17,7 @@ web app is started over that Triton (``deploy.bench_webapp``) with each entry as
 AIPerf then drives, per number of streams, Triton's HTTP generate_stream and /v1/completions, streamed, with the
 same prompts, sampling (temperature 1) and tokens per request. It prints one table: time to first token,
 inter-token latency and tokens/s per path, the planner's predicted tokens/s and its error (``deploy.bench_predict``:
-host costs measured on a probe model first, the device's from this machine's measured rates), tokens/s against the
+host costs measured on a probe model first, the device's from the model's kernels timed on this machine), tokens/s against the
 floor's and against the path's own at its fewest streams, and the machine's load average as each was measured (on a
 shared machine, others' work).
 """
@@ -36,7 +36,7 @@ from typing import Callable, Optional
 
 from deploy.aiperf_client import DEFAULT_VENV, Measurement, Target, openai_completions_target, profile, \
     triton_generate_target
-from deploy.bench_predict import PROBE_STREAMS, PathPrediction, machine_rates, predict_path, probe_spec
+from deploy.bench_predict import PROBE_STREAMS, PathPrediction, TimedKernels, predict_path, probe_spec
 from deploy.export import ENGINES, ExportOptions
 from deploy.prepare import ExportError
 from deploy.triton import LocalTriton
@@ -231,8 +231,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint folder (default: the bench model)")
     p.add_argument("--streams", type=_streams, default=_streams("1,8,32,64"), help="concurrent streams, e.g. 1,8")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens each request asks for")
-    p.add_argument("--requests-per-stream", type=int, default=2,
-                   help="requests per stream at each level (at least 4 requests a level)")
+    p.add_argument("--requests-per-stream", type=int, default=2, help="requests per stream at each level")
+    p.add_argument("--min-requests", type=int, default=16,
+                   help="requests at each level at least, so that a few streams are measured over seconds")
     p.add_argument("--engines", type=_names(tuple(ENGINES)), default=list(ENGINES),
                    help=f"comma-separated, of {', '.join(ENGINES)}")
     p.add_argument("--targets", type=_names(TARGETS), default=list(TARGETS),
@@ -264,11 +265,10 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
         raise SystemExit(f"--new-tokens {args.new_tokens} leaves no room for a prompt in the model's context "
                          f"of {spec.seq_len} tokens: ask fewer")
     levels = sorted(set(args.streams) | (set(PROBE_STREAMS) if args.predict else set()))
-    prompts = bench_prompts(max(levels) * max(1, args.requests_per_stream), hf_folder / "tokenizer.json",
-                            prompt_tokens)
+    requests = {s: max(args.min_requests, s * args.requests_per_stream, 1) for s in levels}
+    prompts = bench_prompts(max(requests.values()), hf_folder / "tokenizer.json", prompt_tokens)
     prompts_file = root / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
-    requests = {s: max(4, s * args.requests_per_stream) for s in levels}
     rows: list[Row] = []
 
     if args.floor:
@@ -276,11 +276,11 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
             rows.append(_row(FLOOR, transformers_floor(hf_folder, prompts, s, requests[s], args.new_tokens)))
             say(f"{FLOOR} at {s} streams: {rows[-1].measurement.tokens_per_s:.0f} tokens/s")
 
-    probe, rates = None, None
+    probe, kernels = None, None
     if args.predict:
-        rates = machine_rates()
-        say(f"this machine sustains {rates.flop_rate / 1e9:.0f} GFLOP/s (fp32 matrix multiply) and "
-            f"{rates.bandwidth / 1e9:.1f} GB/s (copy)")
+        kernels = TimedKernels()
+        say(f"the model's kernels are timed on this machine with the engine's {kernels.threads} compute threads, "
+            f"their operands cycled through {kernels.buffer_bytes // 2**20} MB")
         probe = probe_spec(spec)
         say(f"the probe model: {probe.n_layers} layers at d_model {probe.d_model}")
         probe_checkpoint = _checkpoint(None, args.train_steps, root / "probe", probe, say)
@@ -319,13 +319,14 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
             for target in _targets(args.targets, [model], server, web):  # labelled as the served model's path
                 measured = [measure(target, s, probing=True) for s in PROBE_STREAMS]
                 predictions[target.label] = predict_path(
-                    spec, probe, rates, prompt_tokens, args.new_tokens,
+                    spec, probe, kernels, prompt_tokens, args.new_tokens,
                     [(m.streams, m.itl_ms / 1e3, m.ttft_ms / 1e3) for m in measured])
                 host = predictions[target.label].host
                 say(f"probe through {target.label}: " + ", ".join(
                     f"{m.itl_ms:.2f} ms a token at {m.streams} streams" for m in measured) +
                     f"; host costs {1e3 * host.step_s:.2f} ms an iteration, {1e3 * host.token_s:.3f} ms a token, "
-                    f"{1e3 * host.request_s:.1f} ms a request")
+                    f"{1e3 * host.request_s:.1f} ms a request, {1e3 * host.queue_s:.2f} ms for each request ahead "
+                    f"in a burst")
         for s in args.streams:
             for target in _targets(args.targets, served, server, web):
                 measured = measure(target, s)

@@ -1,25 +1,35 @@
 """The planner's serving prediction, set beside what the benchmark client measures (trainer.planner.estimate.serving).
 
-The prediction has two kinds of terms. The device's: the model's bytes and FLOPs over what this machine sustains,
-measured here in a second (``machine_rates``: a large matrix multiply and a large copy), not the CPU preset's round
-figures. The host's: what the engine, Triton, the web app and the client spend per iteration, per token and per
-request, which no datasheet gives. Those are measured on a probe: the model's layers at the smallest width
-(``probe_spec``: d_model 64, one head of 64, what vLLM's attention also takes), so its host work is the target's and
-its arithmetic next to nothing, served by the same engine through the same path and driven by the same client at
-``PROBE_STREAMS``. The target model is then predicted at every number of streams, the probe's two levels included,
-from the probe's host costs and the target's own device terms.
+The prediction has two kinds of terms. The device's: the model's kernels, each timed on this machine at its shape
+(``TimedKernels``: the engine's own linear product and attention core, with the engine's compute threads), since
+the products of a small model's decode step run far below what a large matrix multiply or a large copy sustain. The
+host's: what the engine, Triton, the web app and the client spend per iteration, per token and per request, which no
+datasheet gives. Those are measured on a probe: the model's layers at the smallest width (``probe_spec``: d_model
+64, one head of 64, what vLLM's attention also takes), so its host work is the target's and its arithmetic next to
+nothing, served by the same engine through the same path and driven by the same client at ``PROBE_STREAMS``. The
+target model is then predicted at every number of streams, the probe's two levels included, from the probe's host
+costs and the target's own kernels.
 """
 from __future__ import annotations
 
+import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
 
 from trainer.contract import ModelSpec
-from trainer.planner.estimate.serving import HostCosts, Load, Rates, fit_host_costs, serving_estimate
+from trainer.planner.estimate.figure import Figure, fig
+from trainer.planner.estimate.gemms import Gemm
+from trainer.planner.estimate.serving import HostCosts, Kernels, Load, fit_host_costs, serving_estimate
 
-# the two stream counts the probe is measured at: one stream, and a few, so the rest is extrapolated
-PROBE_STREAMS = (1, 4)
+# the two stream counts the probe is measured at: one stream, and enough that the cost of each stream's tokens
+# stands out of the run-to-run noise of a single stream's (at 4 streams it did not: 0.12 to 0.40 ms a token)
+PROBE_STREAMS = (1, 16)
 PROBE_WIDTH = 64
+# the least memory the timed kernels cycle their operands through: more than the caches of most servers
+KERNEL_BUFFER_BYTES = 256 * 2**20
 
 
 def probe_spec(spec: ModelSpec) -> ModelSpec:
@@ -29,25 +39,118 @@ def probe_spec(spec: ModelSpec) -> ModelSpec:
                         shared_expert_ffn=PROBE_WIDTH if spec.shared_expert_ffn else 0)
 
 
-def machine_rates(size: int = 1024, copy_mb: int = 256, repeats: int = 5) -> Rates:
-    """What this machine sustains in fp32, best of ``repeats``: FLOP/s of a ``size``³ matrix multiply, and bytes/s of
-    a ``copy_mb`` MB copy (read and written, so twice its size moves)."""
-    import torch
+def largest_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest CPU cache this machine reports (its last level), in bytes; 0 where none is reported."""
+    sizes = []
+    for entry in root.glob("index*/size"):
+        text = entry.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=0)
 
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    source = torch.empty(copy_mb * 2**20 // 4)
-    target = torch.empty_like(source)
-    torch.mm(a, b)
-    target.copy_(source)
-    best_mm = best_copy = float("inf")
-    for _ in range(repeats):
-        began = time.perf_counter()
-        torch.mm(a, b)
-        best_mm = min(best_mm, time.perf_counter() - began)
-        began = time.perf_counter()
-        target.copy_(source)
-        best_copy = min(best_copy, time.perf_counter() - began)
-    return Rates(flop_rate=2 * size**3 / best_mm, bandwidth=2 * source.numel() * 4 / best_copy)
+
+class TimedKernels:
+    """``Kernels`` timed on this machine, each shape once and kept: a linear layer's product as the engine computes
+    it (``serving.model.Linear``) and its attention core (``serving.model.attend``), on the engine's compute threads
+    (``serving.tensor_parallel.cpu_threads``). A decode step reads each weight once, after all the others have gone
+    through the caches, so every product here reads its weights, and every attention its keys and values, from a
+    different part of a buffer larger than the caches, all of it in turn; the best of ``rounds`` passes counts."""
+
+    def __init__(self, threads: int = 0, buffer_bytes: int = 0, rounds: int = 3):
+        from deploy.serving.tensor_parallel import cpu_threads
+
+        self.threads = threads or cpu_threads(1)
+        self.buffer_bytes = buffer_bytes or max(KERNEL_BUFFER_BYTES, 2 * largest_cache_bytes())
+        self.rounds = rounds
+        self._buffers: dict = {}
+        self._seconds: dict[tuple, float] = {}
+
+    def gemm(self, g: Gemm, width: int) -> Figure:
+        import torch
+
+        from deploy.serving.model import Linear
+
+        def product(dtype):
+            x = torch.randn(g.m, g.k, dtype=dtype)
+            return g.n * g.k, lambda w: Linear(w.view(g.n, g.k), None, None, dtype)(x)
+
+        seconds = self._timed(("gemm", g.m, g.n, g.k), width, product)
+        return fig(g.count * seconds, "s", "count · timed  (one product of M×K by K×N, its weights from memory)",
+                   count=g.count, timed=seconds)
+
+    def attention(self, model: ModelSpec, sequences: int, queries: int, context: float, width: int) -> Figure:
+        """A decode step's: each sequence's new key and value stored in its slot of the engine's cache (a slot
+        holds seq_len positions), then one query a sequence over ``context`` positions of it, masked as the engine
+        masks them. For ``queries`` > 1, a whole prompt's: causal over itself, as the engine computes a fresh
+        prompt."""
+        import torch
+
+        from deploy.serving.model import attend, store_step
+
+        heads, kv, d = model.n_heads, model.kv_heads, model.head_dim
+        prompt = queries > 1
+        positions = queries if prompt else max(1, round(context))
+        slot = positions if prompt else model.seq_len
+
+        def core(dtype):
+            q = torch.randn(sequences, heads, queries, d, dtype=dtype)
+            new = torch.randn(sequences, kv, d, dtype=dtype)
+            rows, last = torch.arange(sequences), torch.full((sequences,), positions - 1)
+            mask = None if prompt else torch.ones(sequences, 1, 1, positions, dtype=torch.bool)
+            size = sequences * kv * slot * d
+
+            def run(part):
+                keys, values = part[:size].view(sequences, kv, slot, d), part[size:].view(sequences, kv, slot, d)
+                if not prompt:
+                    store_step(keys, values, rows, last, new, new)
+                return attend(q, keys[:, :, :positions], values[:, :, :positions], mask, heads // kv, causal=prompt)
+            return 2 * size, run
+
+        seconds = self._timed(("attention", sequences, queries, positions, slot, heads, kv, d), width, core)
+        return fig(seconds, "s", "timed  (scaled_dot_product_attention over the cached keys and values)",
+                   timed=seconds)
+
+    def _timed(self, key: tuple, width: int, make: Callable) -> float:
+        """Seconds of one call of the kernel ``make(dtype)`` returns (its operand's elements, and the call on an
+        operand), each call on the next part of the buffer."""
+        import torch
+
+        key = key + (width,)
+        if key not in self._seconds:
+            dtype = {4: torch.float32, 2: torch.bfloat16}[width]
+            elements, run = make(dtype)
+            buffer = self._buffer(dtype, 2 * elements)
+            parts = [buffer[i * elements:(i + 1) * elements] for i in range(buffer.numel() // elements)]
+            with self._compute_threads():
+                for part in parts[:2]:  # warm-up: the kernel's first call sets up what it keeps
+                    run(part)
+                best = math.inf
+                for _ in range(self.rounds):
+                    began = time.perf_counter()
+                    for part in parts:
+                        run(part)
+                    best = min(best, (time.perf_counter() - began) / len(parts))
+            self._seconds[key] = best
+        return self._seconds[key]
+
+    def _buffer(self, dtype, at_least: int):
+        import torch
+
+        size = max(self.buffer_bytes // dtype.itemsize, at_least)
+        if self._buffers.get(dtype) is None or self._buffers[dtype].numel() < size:
+            self._buffers[dtype] = torch.empty(size, dtype=dtype).uniform_(-0.05, 0.05)
+        return self._buffers[dtype]
+
+    @contextmanager
+    def _compute_threads(self) -> Iterator[None]:
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
@@ -55,18 +158,18 @@ class PathPrediction:
     """One path's fitted host costs, and the target's predicted tokens/s at any number of streams."""
     host: HostCosts
     target: ModelSpec
-    rates: Rates
+    kernels: Kernels
     prompt_tokens: int
     new_tokens: int
 
     def tokens_per_s(self, streams: int) -> float:
         load = Load(streams, self.prompt_tokens, self.new_tokens)
-        return serving_estimate(self.target, self.rates, self.host, load)["tokens_per_s"].value
+        return serving_estimate(self.target, self.kernels, self.host, load)["tokens_per_s"].value
 
 
-def predict_path(target: ModelSpec, probe: ModelSpec, rates: Rates, prompt_tokens: int, new_tokens: int,
+def predict_path(target: ModelSpec, probe: ModelSpec, kernels: Kernels, prompt_tokens: int, new_tokens: int,
                  measured: list[tuple[int, float, float]]) -> PathPrediction:
     """The prediction for one path from the probe's ``measured`` (streams, time per output token s, time to first
     token s) at PROBE_STREAMS."""
-    host = fit_host_costs(probe, rates, Load(1, prompt_tokens, new_tokens), measured)
-    return PathPrediction(host, target, rates, prompt_tokens, new_tokens)
+    host = fit_host_costs(probe, kernels, Load(1, prompt_tokens, new_tokens), measured)
+    return PathPrediction(host, target, kernels, prompt_tokens, new_tokens)

@@ -243,6 +243,23 @@ class PrefixBlocks:
         self.count = blocks
 
 
+def store_step(keys: torch.Tensor, values: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor,
+               k: torch.Tensor, v: torch.Tensor) -> None:
+    """A decode step's new keys and values k, v (B, K, D) into the cache (S, K, L, D), row b's into slot slots[b]
+    at position positions[b]."""
+    keys[slots, :, positions] = k
+    values[slots, :, positions] = v
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: Optional[torch.Tensor], group: int,
+           causal: bool) -> torch.Tensor:
+    """The attention core: q (B, H, T, D) over keys and values (B, K, L, D), each of the K shared by ``group``
+    query heads; ``mask`` (B, 1, T, L) True where a query sees a position, or None."""
+    if group > 1:
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal)
+
+
 def _as_range(slots: torch.Tensor) -> slice | torch.Tensor:
     first, n = int(slots[0]), slots.numel()
     if int(slots[-1]) == first + n - 1 and bool((slots.diff() == 1).all()):
@@ -343,8 +360,7 @@ class ServingGPT:
                 keys[slots[0], :, :T] = k[0]
                 values[slots[0], :, :T] = v[0]
             elif T == 1:  # a decode step
-                keys[slots, :, pos[:, 0]] = k[:, :, 0]
-                values[slots, :, pos[:, 0]] = v[:, :, 0]
+                store_step(keys, values, slots, pos[:, 0], k[:, :, 0], v[:, :, 0])
             else:
                 keys[write_slots, :, write_pos] = k[bi, :, ti]  # (N, K, D)
                 values[write_slots, :, write_pos] = v[bi, :, ti]
@@ -352,9 +368,7 @@ class ServingGPT:
                 kk, vv, mask = k, v, None  # the new tokens attend to themselves only
             else:
                 kk, vv, mask = keys[rows, :, :L], values[rows, :, :L], visible  # (B, K, L, D)
-            if self.group > 1:
-                kk, vv = kk.repeat_interleave(self.group, dim=1), vv.repeat_interleave(self.group, dim=1)
-            y = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask, is_causal=fresh and T > 1)
+            y = attend(q, kk, vv, mask, self.group, causal=fresh and T > 1)
             x = x + layer["out"](y.transpose(1, 2).reshape(B, T, -1))
             m = layer["mlp"](layer["ln2"](x))
             if layer["reduce"] is not None:

@@ -1,0 +1,67 @@
+"""The serving prediction's device side on this machine: the engine computes on the cores less the one a CPU server
+keeps, the kernels are timed with those threads and each shape once, their figures add up as the planner's tree
+says, and the last-level cache is read from what the kernel reports. How fast the kernels are is measured by
+``python -m deploy.bench``, not asserted here."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deploy.bench_predict import TimedKernels, largest_cache_bytes, probe_spec
+from deploy.serving.tensor_parallel import cpu_threads
+from trainer.contract.presets import MODELS
+from trainer.planner.estimate.gemms import Gemm
+from trainer.planner.estimate.serving import Load, iteration_device
+
+
+@pytest.mark.parametrize("processes, cores, threads", [(1, 2, 1), (1, 16, 15), (2, 16, 7), (4, 2, 1), (1, 1, 1)])
+def test_a_cpu_server_keeps_a_core_for_the_server_and_shares_the_rest_among_its_processes(processes, cores,
+                                                                                            threads):
+    assert cpu_threads(processes, cores) == threads
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return TimedKernels(threads=1, buffer_bytes=8 * 2**20, rounds=1)
+
+
+def test_a_kernel_is_timed_with_the_engines_threads_and_the_callers_are_given_back(kernels):
+    seen = []
+    original = torch.set_num_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads = lambda n: (seen.append(n), original(n))[1]
+        kernels.gemm(Gemm("up", 3, 96, 32), 4)
+    finally:
+        torch.set_num_threads = original
+    assert seen == [1, before] and torch.get_num_threads() == before
+
+
+def test_each_shape_is_timed_once_and_experts_multiply_one_products_time(kernels):
+    one = kernels.gemm(Gemm("up", 2, 64, 32), 4)
+    assert one.value > 0
+    assert kernels.gemm(Gemm("down", 2, 64, 32), 4).value == one.value  # the shape, not the name, is timed
+    assert kernels.gemm(Gemm("experts", 2, 64, 32, count=3), 4).value == 3 * one.value
+
+
+def test_a_decode_steps_device_time_is_its_timed_gemms_and_each_layers_attention(kernels):
+    model = probe_spec(MODELS["tiny-llama"])
+    step = iteration_device(model, kernels, Load(2, 8, 8), 2)
+    for part in (step.terms["decode"], step.terms["prefill"]):
+        gemms, attention = part.terms["gemms"], part.terms["attention"]
+        assert part.value == pytest.approx(gemms.value + model.n_layers * attention.value, rel=1e-12)
+        assert gemms.value == pytest.approx(sum(g.value for g in gemms.terms.values()), rel=1e-12)
+        for g in gemms.terms.values():
+            kernel = g.terms["kernel"]
+            assert g.value == pytest.approx(g.terms["layers"] * kernel.value, rel=1e-12)
+            assert kernel.value == pytest.approx(kernel.terms["count"] * kernel.terms["timed"], rel=1e-12)
+    # the prompt's attention is causal over its own 8 tokens; the decode step's reads the cache of each stream
+    assert step.terms["prefill"].terms["attention"].value != step.terms["decode"].terms["attention"].value
+
+
+def test_the_last_level_cache_is_the_largest_the_kernel_reports(tmp_path):
+    for index, size in enumerate(("48K", "1280K", "32768K")):
+        (tmp_path / f"index{index}").mkdir()
+        (tmp_path / f"index{index}" / "size").write_text(size + "\n")
+    assert largest_cache_bytes(tmp_path) == 32 * 2**20
+    assert largest_cache_bytes(tmp_path / "none") == 0
