@@ -28,8 +28,11 @@ from trainer.planner.estimate.serving import HostCosts, Kernels, Load, fit_host_
 # stands out of the run-to-run noise of a single stream's (at 4 streams it did not: 0.12 to 0.40 ms a token)
 PROBE_STREAMS = (1, 16)
 PROBE_WIDTH = 64
-# the least memory the timed kernels cycle their operands through: more than the caches of most servers
-KERNEL_BUFFER_BYTES = 256 * 2**20
+# the least memory the timed kernels cycle their operands through, and the multiple of the last-level cache: twice
+# the cache leaves nothing of a kernel's operands in it by their next turn (on a 32 MB cache, a decode step's
+# kernels timed through 64 MB and through 256 MB came within 4 % of each other)
+KERNEL_BUFFER_BYTES = 64 * 2**20
+CACHE_MULTIPLE = 2
 
 
 def probe_spec(spec: ModelSpec) -> ModelSpec:
@@ -60,7 +63,7 @@ class TimedKernels:
         from deploy.serving.tensor_parallel import cpu_threads
 
         self.threads = threads or cpu_threads(1)
-        self.buffer_bytes = buffer_bytes or max(KERNEL_BUFFER_BYTES, 2 * largest_cache_bytes())
+        self.buffer_bytes = buffer_bytes or max(KERNEL_BUFFER_BYTES, CACHE_MULTIPLE * largest_cache_bytes())
         self.rounds = rounds
         self._buffers: dict = {}
         self._seconds: dict[tuple, float] = {}
