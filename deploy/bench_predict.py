@@ -19,6 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+import torch
+
+from deploy.serving.model import Linear, attend, store_step
+from deploy.serving.tensor_parallel import cpu_threads
 from trainer.contract import ModelSpec
 from trainer.planner.estimate.figure import Figure, fig
 from trainer.planner.estimate.gemms import Gemm
@@ -60,8 +64,6 @@ class TimedKernels:
     different part of a buffer larger than the caches, all of it in turn; the best of ``rounds`` passes counts."""
 
     def __init__(self, threads: int = 0, buffer_bytes: int = 0, rounds: int = 3):
-        from deploy.serving.tensor_parallel import cpu_threads
-
         self.threads = threads or cpu_threads(1)
         self.buffer_bytes = buffer_bytes or max(KERNEL_BUFFER_BYTES, CACHE_MULTIPLE * largest_cache_bytes())
         self.rounds = rounds
@@ -69,10 +71,6 @@ class TimedKernels:
         self._seconds: dict[tuple, float] = {}
 
     def gemm(self, g: Gemm, width: int) -> Figure:
-        import torch
-
-        from deploy.serving.model import Linear
-
         def product(dtype):
             x = torch.randn(g.m, g.k, dtype=dtype)
             return g.n * g.k, lambda w: Linear(w.view(g.n, g.k), None, None, dtype)(x)
@@ -86,10 +84,6 @@ class TimedKernels:
         holds seq_len positions), then one query a sequence over ``context`` positions of it, masked as the engine
         masks them. For ``queries`` > 1, a whole prompt's: causal over itself, as the engine computes a fresh
         prompt."""
-        import torch
-
-        from deploy.serving.model import attend, store_step
-
         heads, kv, d = model.n_heads, model.kv_heads, model.head_dim
         prompt = queries > 1
         positions = queries if prompt else max(1, round(context))
@@ -116,8 +110,6 @@ class TimedKernels:
     def _timed(self, key: tuple, width: int, make: Callable) -> float:
         """Seconds of one call of the kernel ``make(dtype)`` returns (its operand's elements, and the call on an
         operand), each call on the next part of the buffer."""
-        import torch
-
         key = key + (width,)
         if key not in self._seconds:
             dtype = {4: torch.float32, 2: torch.bfloat16}[width]
@@ -137,8 +129,6 @@ class TimedKernels:
         return self._seconds[key]
 
     def _buffer(self, dtype, at_least: int):
-        import torch
-
         size = max(self.buffer_bytes // dtype.itemsize, at_least)
         if self._buffers.get(dtype) is None or self._buffers[dtype].numel() < size:
             self._buffers[dtype] = torch.empty(size, dtype=dtype).uniform_(-0.05, 0.05)
@@ -146,8 +136,6 @@ class TimedKernels:
 
     @contextmanager
     def _compute_threads(self) -> Iterator[None]:
-        import torch
-
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
