@@ -12,14 +12,12 @@ costs and the target's own kernels.
 """
 from __future__ import annotations
 
-import math
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
+from torch.utils.benchmark import Timer
 
 from deploy.serving.model import Linear, attend, store_step
 from deploy.serving.tensor_parallel import cpu_threads
@@ -61,7 +59,8 @@ class TimedKernels:
     it (``serving.model.Linear``) and its attention core (``serving.model.attend``), on the engine's compute threads
     (``serving.tensor_parallel.cpu_threads``). A decode step reads each weight once, after all the others have gone
     through the caches, so every product here reads its weights, and every attention its keys and values, from a
-    different part of a buffer larger than the caches, all of it in turn; the best of ``rounds`` passes counts."""
+    different part of a buffer larger than the caches, all of it in turn (``torch.utils.benchmark.Timer`` times the
+    passes)."""
 
     def __init__(self, threads: int = 0, buffer_bytes: int = 0, rounds: int = 3):
         self.threads = threads or cpu_threads(1)
@@ -109,23 +108,17 @@ class TimedKernels:
 
     def _timed(self, key: tuple, width: int, make: Callable) -> float:
         """Seconds of one call of the kernel ``make(dtype)`` returns (its operand's elements, and the call on an
-        operand), each call on the next part of the buffer."""
+        operand), each call on the next part of the buffer: the mean of ``rounds`` passes over the whole buffer,
+        after PyTorch's timer has warmed up with two and set the engine's threads."""
         key = key + (width,)
         if key not in self._seconds:
             dtype = {4: torch.float32, 2: torch.bfloat16}[width]
             elements, run = make(dtype)
             buffer = self._buffer(dtype, 2 * elements)
             parts = [buffer[i * elements:(i + 1) * elements] for i in range(buffer.numel() // elements)]
-            with self._compute_threads():
-                for part in parts[:2]:  # warm-up: the kernel's first call sets up what it keeps
-                    run(part)
-                best = math.inf
-                for _ in range(self.rounds):
-                    began = time.perf_counter()
-                    for part in parts:
-                        run(part)
-                    best = min(best, (time.perf_counter() - began) / len(parts))
-            self._seconds[key] = best
+            timer = Timer("for part in parts: run(part)", globals={"parts": parts, "run": run},
+                          num_threads=self.threads)
+            self._seconds[key] = timer.timeit(self.rounds).mean / len(parts)
         return self._seconds[key]
 
     def _buffer(self, dtype, at_least: int):
@@ -133,15 +126,6 @@ class TimedKernels:
         if self._buffers.get(dtype) is None or self._buffers[dtype].numel() < size:
             self._buffers[dtype] = torch.empty(size, dtype=dtype).uniform_(-0.05, 0.05)
         return self._buffers[dtype]
-
-    @contextmanager
-    def _compute_threads(self) -> Iterator[None]:
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
 
 
 @dataclass(frozen=True)
