@@ -30,6 +30,7 @@ DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") 
     f"aiperf-{AIPERF_VERSION}"
 # aiperf's export, in every artifact folder
 EXPORT_JSON = "profile_export_aiperf.json"
+RECORDS_JSONL = "profile_export.jsonl"
 
 
 class ClientError(RuntimeError):
@@ -60,6 +61,7 @@ class Measurement:
     itl_ms: float            # mean inter-token latency
     tokens_per_s: float      # output tokens per second, all streams together
     tokens_per_request: float
+    decoding: float = 0.0    # streams decoding at once, as a token sees them (0: no records to tell)
 
 
 def triton_generate_target(label: str, http_url: str, model: str, temperature: float) -> Target:
@@ -118,8 +120,29 @@ def command(executable: Path, target: Target, streams: int, requests: int, new_t
     return args
 
 
+def decoding_streams(records: Path) -> float:
+    """How many streams were decoding at once while a stream decoded, over the measured requests of aiperf's
+    per-request records (each decodes from its first token to its end): a server slower to take requests than the
+    client to send them decodes fewer at once than the concurrency asked. 0 without records."""
+    spans = []
+    for line in Path(records).read_text().splitlines() if Path(records).is_file() else []:
+        record = json.loads(line)
+        meta, first = record.get("metadata", {}), record.get("metrics", {}).get("time_to_first_token")
+        if meta.get("benchmark_phase") == "profiling" and first and "request_end_ns" in meta:
+            spans.append((meta["request_start_ns"] + first["value"] * 1e6, meta["request_end_ns"]))
+    events = sorted([(begin, 1) for begin, _ in spans] + [(end, -1) for _, end in spans])
+    weighted = decoding_time = 0.0
+    now, running = None, 0
+    for at, change in events:  # between events, ``running`` streams decode, each of them for that long
+        if now is not None:
+            weighted += running * running * (at - now)
+            decoding_time += running * (at - now)
+        now, running = at, running + change
+    return weighted / decoding_time if decoding_time else 0.0
+
+
 def read_export(path: Path, streams: int) -> Measurement:
-    """The figures of aiperf's JSON export ``path``."""
+    """The figures of aiperf's JSON export ``path``, and of the per-request records beside it."""
     data = json.loads(Path(path).read_text())
 
     def avg(key: str) -> float:
@@ -130,7 +153,9 @@ def read_export(path: Path, streams: int) -> Measurement:
     return Measurement(streams=streams, requests=int(avg("request_count")),
                        errors=sum(int(e.get("count", 1)) for e in errors) if isinstance(errors, list) else 0,
                        ttft_ms=avg("time_to_first_token"), itl_ms=avg("inter_token_latency"),
-                       tokens_per_s=avg("output_token_throughput"), tokens_per_request=avg("output_sequence_length"))
+                       tokens_per_s=avg("output_token_throughput"),
+                       tokens_per_request=avg("output_sequence_length"),
+                       decoding=decoding_streams(Path(path).parent / RECORDS_JSONL))
 
 
 def profile(target: Target, streams: int, requests: int, new_tokens: int, tokenizer: Path, prompts: Path,

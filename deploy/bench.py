@@ -320,10 +320,11 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
                 measured = [measure(target, s, probing=True) for s in PROBE_STREAMS]
                 predictions[target.label] = predict_path(
                     spec, probe, kernels, prompt_tokens, args.new_tokens,
-                    [(m.streams, m.itl_ms / 1e3, m.ttft_ms / 1e3) for m in measured])
+                    [(m.streams, m.itl_ms / 1e3, m.ttft_ms / 1e3) for m in measured], measured[-1].decoding)
                 host = predictions[target.label].host
                 say(f"probe through {target.label}: " + ", ".join(
-                    f"{m.itl_ms:.2f} ms a token at {m.streams} streams" for m in measured) +
+                    f"{m.itl_ms:.2f} ms a token at {m.streams} streams ({m.decoding:.1f} decoding at once)"
+                    for m in measured) +
                     f"; host costs {1e3 * host.step_s:.2f} ms an iteration, {1e3 * host.token_s:.3f} ms a token, "
                     f"{1e3 * host.request_s:.1f} ms a request, {1e3 * host.queue_s:.2f} ms for each request ahead "
                     f"in a burst")

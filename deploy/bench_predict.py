@@ -143,8 +143,8 @@ class PathPrediction:
 
 
 def predict_path(target: ModelSpec, probe: ModelSpec, kernels: Kernels, prompt_tokens: int, new_tokens: int,
-                 measured: list[tuple[int, float, float]]) -> PathPrediction:
+                 measured: list[tuple[int, float, float]], decoding: float = 0.0) -> PathPrediction:
     """The prediction for one path from the probe's ``measured`` (streams, time per output token s, time to first
     token s) at PROBE_STREAMS."""
-    host = fit_host_costs(probe, kernels, Load(1, prompt_tokens, new_tokens), measured)
+    host = fit_host_costs(probe, kernels, Load(1, prompt_tokens, new_tokens), measured, decoding=decoding)
     return PathPrediction(host, target, kernels, prompt_tokens, new_tokens)

@@ -1,17 +1,21 @@
-"""The serving prediction's device side on this machine: the engine computes on the cores less the one a CPU server
-keeps, the kernels are timed with those threads and each shape once, their figures add up as the planner's tree
-says, and the last-level cache is read from what the kernel reports. How fast the kernels are is measured by
+"""The serving prediction on this machine: the engine computes on the cores less the one a CPU server keeps, the
+kernels are timed with those threads and each shape once, their figures add up as the planner's tree says, the
+last-level cache is read from what the kernel reports, and the streams a probe's tokens saw decoding at once are
+read from the client's records and fit the cost of a token. How fast the kernels are is measured by
 ``python -m deploy.bench``, not asserted here."""
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
 
+from deploy.aiperf_client import decoding_streams
 from deploy.bench_predict import TimedKernels, largest_cache_bytes, probe_spec
 from deploy.serving.tensor_parallel import cpu_threads
 from trainer.contract.presets import MODELS
 from trainer.planner.estimate.gemms import Gemm
-from trainer.planner.estimate.serving import Load, iteration_device
+from trainer.planner.estimate.serving import HostCosts, Load, fit_host_costs, iteration_device, serving_estimate
 
 
 @pytest.mark.parametrize("processes, cores, threads", [(1, 2, 1), (1, 16, 15), (2, 16, 7), (4, 2, 1), (1, 1, 1)])
@@ -65,3 +69,31 @@ def test_the_last_level_cache_is_the_largest_the_kernel_reports(tmp_path):
         (tmp_path / f"index{index}" / "size").write_text(size + "\n")
     assert largest_cache_bytes(tmp_path) == 32 * 2**20
     assert largest_cache_bytes(tmp_path / "none") == 0
+
+
+def _record(start_ms: float, first_ms: float, end_ms: float, phase: str = "profiling") -> str:
+    return json.dumps({"metadata": {"benchmark_phase": phase, "request_start_ns": int(start_ms * 1e6),
+                                    "request_end_ns": int(end_ms * 1e6)},
+                       "metrics": {"time_to_first_token": {"value": first_ms, "unit": "ms"}}})
+
+
+def test_the_streams_decoding_at_once_are_those_each_token_saw(tmp_path):
+    records = tmp_path / "profile_export.jsonl"
+    # two streams decode together for 100 ms, then one alone for 100 ms: the tokens of 300 stream-ms saw 2, 2 and 1
+    records.write_text("\n".join([_record(0, 10, 110), _record(0, 10, 210), _record(-500, 1, 900, "warmup")]))
+    assert decoding_streams(records) == pytest.approx((2 * 200 + 1 * 100) / 300)
+    assert decoding_streams(tmp_path / "none.jsonl") == 0.0
+
+
+def test_a_probe_that_decoded_fewer_streams_than_sent_gives_each_token_its_own_cost(kernels):
+    probe, load = probe_spec(MODELS["tiny-llama"]), Load(1, 8, 8)
+    host = HostCosts(step_s=1e-3, token_s=4e-4, request_s=5e-3)
+
+    def measured(decoding):  # what the client sees when only ``decoding`` of the streams sent are decoding
+        figures = serving_estimate(probe, kernels, host, Load(decoding, 8, 8))
+        return figures["time_per_output_token"].value, figures["time_to_first_token"].value
+
+    one, twelve = measured(1), measured(12)
+    sent_16 = [(1, *one), (16, *twelve)]
+    assert fit_host_costs(probe, kernels, load, sent_16, decoding=12).token_s == pytest.approx(4e-4, rel=1e-9)
+    assert fit_host_costs(probe, kernels, load, sent_16).token_s < 0.8 * 4e-4  # as if all 16 had decoded

@@ -165,20 +165,23 @@ def serving_estimate(model: ModelSpec, kernels: Kernels, host: HostCosts, load: 
 
 
 def fit_host_costs(probe: ModelSpec, kernels: Kernels, load: Load, measured: list[tuple[int, float, float]],
-                   precision: str = "fp32") -> HostCosts:
+                   precision: str = "fp32", decoding: float = 0.0) -> HostCosts:
     """The host costs that make ``serving_estimate`` reproduce two measurements of ``probe``: ``measured`` holds
     (streams, time per output token s, time to first token s) at two stream counts, the first of them one stream.
     The time per output token is linear in the streams once the device's share is taken out, so two points give
     ``step_s`` and ``token_s``; one stream's time to first token gives ``request_s``, and what the other level's
-    adds beyond its iterations gives ``queue_s``."""
+    adds beyond its iterations gives ``queue_s``. ``decoding``: the streams the second level's tokens saw decoding
+    at once where the client measured it (a server slow to take requests decodes fewer than it was sent), else
+    its streams."""
     if len(measured) != 2 or measured[0][0] != 1 or measured[1][0] <= 1:
         raise ValueError(f"two measurements are needed, at 1 stream and at more: got streams "
                          f"{[m[0] for m in measured]}")
     (s1, tpot1, ttft1), (s2, tpot2, ttft2) = measured
+    decoding = min(s2, decoding) if decoding > s1 else s2
     alone = iteration_device(probe, kernels, load, 1, precision)
     host1 = tpot1 - alone.value
-    host2 = tpot2 - iteration_device(probe, kernels, load, s2, precision).value
-    token_s = max(0.0, (host2 - host1) / (s2 - s1))
+    host2 = tpot2 - iteration_device(probe, kernels, load, round(decoding), precision).value
+    token_s = max(0.0, (host2 - host1) / (decoding - s1))
     step_s = max(0.0, host1 - token_s)
     request_s = max(0.0, ttft1 - tpot1 - alone.terms["prefill"].value)
     unqueued = serving_estimate(probe, kernels, HostCosts(step_s, token_s, request_s),
