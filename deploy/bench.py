@@ -46,6 +46,7 @@ from trainer.contract.manifest import CONSOLIDATED, FORMAT_CONSOLIDATED, Checkpo
 from trainer.contract.presets import demo_text
 from trainer.data.tokenizer import TOKENIZER, train_tokenizer
 from trainer.model import build_model
+from trainer.planner.estimate.serving import Load, iteration_device
 
 # The engine's batching test serves this one (random weights; a decode step's work, not the per-token cost of
 # responses, sets the pace); the benchmark's default is the same layout at d_model 256.
@@ -279,9 +280,14 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
     probe, kernels = None, None
     if args.predict:
         kernels = TimedKernels()
-        say(f"the model's kernels are timed on this machine with the engine's {kernels.threads} compute threads, "
-            f"their operands cycled through {kernels.buffer_bytes // 2**20} MB")
         probe = probe_spec(spec)
+        # timed now, before any server runs, not when the first prediction asks: a timing beside a client's
+        # leftovers or an idle server's threads would be the machine's noise
+        device = [[iteration_device(model, kernels, Load(s, prompt_tokens, args.new_tokens), s) for s in levels]
+                  for model in (spec, probe)]
+        say(f"the model's kernels, timed on this machine with the engine's {kernels.threads} compute threads and "
+            f"their operands cycled through {kernels.buffer_bytes // 2**20} MB, take " + ", ".join(
+                f"{1e3 * d.value:.2f} ms an iteration at {s} streams" for s, d in zip(levels, device[0])))
         say(f"the probe model: {probe.n_layers} layers at d_model {probe.d_model}")
         probe_checkpoint = _checkpoint(None, args.train_steps, root / "probe", probe, say)
     served, probes = [], []
