@@ -124,8 +124,9 @@ def decoding_streams(records: Path) -> float:
     """How many streams were decoding at once while a stream decoded, over the measured requests of aiperf's
     per-request records (each decodes from its first token to its end): a server slower to take requests than the
     client to send them decodes fewer at once than the concurrency asked. 0 without records."""
+    records = Path(records)
     spans = []
-    for line in Path(records).read_text().splitlines() if Path(records).is_file() else []:
+    for line in filter(None, records.read_text().splitlines() if records.is_file() else []):
         record = json.loads(line)
         meta, first = record.get("metadata", {}), record.get("metrics", {}).get("time_to_first_token")
         if meta.get("benchmark_phase") == "profiling" and first and "request_end_ns" in meta:

@@ -17,9 +17,9 @@ web app is started over that Triton (``deploy.bench_webapp``) with each entry as
 AIPerf then drives, per number of streams, Triton's HTTP generate_stream and /v1/completions, streamed, with the
 same prompts, sampling (temperature 1) and tokens per request. It prints one table: time to first token,
 inter-token latency and tokens/s per path, the planner's predicted tokens/s and its error (``deploy.bench_predict``:
-host costs measured on a probe model first, the device's from the model's kernels timed on this machine), tokens/s against the
-floor's and against the path's own at its fewest streams, and the machine's load average as each was measured (on a
-shared machine, others' work).
+host costs measured on a probe model first, the device's from the model's kernels timed on this machine), tokens/s
+against the floor's and against the path's own at its fewest streams, and the machine's load average as each was
+measured (on a shared machine, others' work).
 """
 from __future__ import annotations
 

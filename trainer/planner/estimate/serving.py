@@ -177,7 +177,7 @@ def fit_host_costs(probe: ModelSpec, kernels: Kernels, load: Load, measured: lis
         raise ValueError(f"two measurements are needed, at 1 stream and at more: got streams "
                          f"{[m[0] for m in measured]}")
     (s1, tpot1, ttft1), (s2, tpot2, ttft2) = measured
-    decoding = min(s2, decoding) if decoding > s1 else s2
+    decoding = min(s2, decoding) if decoding >= s1 + 1 else s2  # below, the client's records tell nothing usable
     alone = iteration_device(probe, kernels, load, 1, precision)
     host1 = tpot1 - alone.value
     host2 = tpot2 - iteration_device(probe, kernels, load, round(decoding), precision).value
