@@ -3,8 +3,8 @@ same model in this process under Hugging Face transformers' ``generate`` (the fl
 for), at several numbers of concurrent streams.
 
     python -m deploy.bench [--checkpoint CHECKPOINT] [--streams 1,8,32,64] [--new-tokens 128]
-        [--requests-per-stream 2] [--min-requests 16] [--engines workbench,vllm] [--targets triton,v1]
-        [--no-floor] [--no-predict] [--train-steps 30] [--json results.json]
+        [--requests-per-stream 4] [--min-requests 64] [--repeats 3] [--engines workbench,vllm]
+        [--targets triton,v1] [--no-floor] [--no-predict] [--train-steps 30] [--json results.json]
 
 Without a checkpoint it builds one: a GPT-2-layout model (4 layers, d_model 256, head_dim 64, context 512) trained
 ``--train-steps`` steps on the repository's Shakespeare text: enough for text that re-tokenizes to the tokens
@@ -15,7 +15,9 @@ engine's exporter (room for the largest stream count, so no stream waits for a s
 an engine whose export refuses the model (vLLM not installed, a head size it lacks) is left out with the reason. The
 web app is started over that Triton (``deploy.bench_webapp``) with each entry as a ready deployment. NVIDIA's
 AIPerf then drives, per number of streams, Triton's HTTP generate_stream and /v1/completions, streamed, with the
-same prompts, sampling (temperature 1) and tokens per request. It prints one table: time to first token,
+same prompts, sampling (temperature 1) and tokens per request, every level ``--repeats`` times in turn (each level
+once, then again), since one run of a level on a shared machine varies by a sixth from the next: each row is a
+level's median run, with every run's tokens/s beside it. It prints one table: time to first token,
 inter-token latency and tokens/s per path, the planner's predicted tokens/s and its error (``deploy.bench_predict``:
 host costs measured on a probe model first, the device's from the model's kernels timed on this machine), tokens/s
 against the floor's and against the path's own at its fewest streams, and the machine's load average as each was
@@ -30,13 +32,13 @@ import sys
 import tempfile
 import time
 from contextlib import ExitStack, redirect_stdout
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 from deploy.aiperf_client import DEFAULT_VENV, Measurement, Target, openai_completions_target, profile, \
     triton_generate_target
-from deploy.bench_predict import PROBE_STREAMS, PathPrediction, TimedKernels, predict_path, probe_spec
+from deploy.bench_predict import PathPrediction, TimedKernels, predict_path, probe_spec, probe_streams
 from deploy.export import ENGINES, ExportOptions
 from deploy.prepare import ExportError
 from deploy.triton import LocalTriton
@@ -179,10 +181,18 @@ class Row:
     measurement: Measurement
     load: float = 0.0   # the machine's 1-minute load average when the measurement ended: others' work shows here
     predicted: Optional[float] = None   # the planner's tokens/s for this path and number of streams
+    runs: tuple[float, ...] = ()   # tokens/s of every run of this level where it was measured more than once
 
 
-def _row(path: str, measurement: Measurement, predicted: Optional[float] = None) -> Row:
-    return Row(path, measurement, os.getloadavg()[0], predicted)
+def _row(path: str, measurement: Measurement) -> Row:
+    return Row(path, measurement, os.getloadavg()[0])
+
+
+def median_run(runs: list[Row]) -> Row:
+    """The run of a level with the median tokens/s (the lower of the two middle ones for an even count), carrying
+    every run's tokens/s."""
+    ordered = sorted(runs, key=lambda r: r.measurement.tokens_per_s)
+    return replace(ordered[(len(ordered) - 1) // 2], runs=tuple(r.measurement.tokens_per_s for r in ordered))
 
 
 def table(rows: list[Row]) -> str:
@@ -194,16 +204,17 @@ def table(rows: list[Row]) -> str:
     for r in sorted(rows, key=lambda r: r.measurement.streams):
         alone.setdefault(r.path, r.measurement.tokens_per_s)
     lines = ["| streams | path | time to first token (ms) | inter-token latency (ms) | tokens/s | predicted tokens/s "
-             "| error | × floor | × fewest streams | requests | errors | tokens/request | load |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| error | runs (tokens/s) | × floor | × fewest streams | requests | errors | tokens/request | load |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: (r.measurement.streams, r.path == FLOOR, r.path)):
         m = r.measurement
         versus_floor = f"{m.tokens_per_s / floor[m.streams]:.2f}" if floor.get(m.streams) else "–"
         predicted, error = "–", "–"
         if r.predicted is not None:
             predicted, error = f"{r.predicted:.0f}", f"{100 * (r.predicted / m.tokens_per_s - 1):+.1f} %"
+        runs = " · ".join(f"{rate:.0f}" for rate in r.runs) if len(r.runs) > 1 else "–"
         lines.append(f"| {m.streams} | {r.path} | {m.ttft_ms:.1f} | {m.itl_ms:.2f} | {m.tokens_per_s:.0f} | "
-                     f"{predicted} | {error} | {versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | "
+                     f"{predicted} | {error} | {runs} | {versus_floor} | {m.tokens_per_s / alone[r.path]:.2f} | "
                      f"{m.requests} | {m.errors} | {m.tokens_per_request:.1f} | {r.load:.1f} |")
     return "\n".join(lines)
 
@@ -215,6 +226,12 @@ def _streams(text: str) -> list[int]:
     if not values or values[0] < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: give positive numbers of streams, e.g. 1,8,32,64")
     return values
+
+
+def _positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a positive whole number")
+    return int(text)
 
 
 def _names(allowed: tuple[str, ...]) -> Callable[[str], list[str]]:
@@ -232,9 +249,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", type=Path, default=None, help="a checkpoint folder (default: the bench model)")
     p.add_argument("--streams", type=_streams, default=_streams("1,8,32,64"), help="concurrent streams, e.g. 1,8")
     p.add_argument("--new-tokens", type=int, default=128, help="tokens each request asks for")
-    p.add_argument("--requests-per-stream", type=int, default=2, help="requests per stream at each level")
-    p.add_argument("--min-requests", type=int, default=16,
+    p.add_argument("--requests-per-stream", type=int, default=4, help="requests per stream at each level")
+    p.add_argument("--min-requests", type=int, default=64,
                    help="requests at each level at least, so that a few streams are measured over seconds")
+    p.add_argument("--repeats", type=_positive, default=3,
+                   help="runs of each served level, in turn; the table shows the median run")
     p.add_argument("--engines", type=_names(tuple(ENGINES)), default=list(ENGINES),
                    help=f"comma-separated, of {', '.join(ENGINES)}")
     p.add_argument("--targets", type=_names(TARGETS), default=list(TARGETS),
@@ -265,7 +284,8 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
     if prompt_tokens < 4:
         raise SystemExit(f"--new-tokens {args.new_tokens} leaves no room for a prompt in the model's context "
                          f"of {spec.seq_len} tokens: ask fewer")
-    levels = sorted(set(args.streams) | (set(PROBE_STREAMS) if args.predict else set()))
+    probing = probe_streams(args.streams) if args.predict else ()
+    levels = sorted(set(args.streams) | set(probing))
     requests = {s: max(args.min_requests, s * args.requests_per_stream, 1) for s in levels}
     prompts = bench_prompts(max(requests.values()), hf_folder / "tokenizer.json", prompt_tokens)
     prompts_file = root / "prompts.jsonl"
@@ -315,15 +335,16 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
                                              root / "models", checkpoint, manifest.to_dict(), manifest.step,
                                              served + probes))
 
-        def measure(target: Target, streams: int, probing: bool = False) -> Measurement:
+        def measure(target: Target, streams: int, probing: bool = False, run: int = 1) -> Measurement:
             slug = ("probe-" if probing else "") + target.label.replace(" · ", "-").replace(" ", "-").replace("/", "")
+            artifacts = f"{slug}-{streams}" + (f"-run{run}" if run > 1 else "")
             return profile(target, streams, requests[streams], args.new_tokens, hf_folder, prompts_file,
-                           root / "aiperf" / f"{slug}-{streams}", TEMPERATURE, args.client_venv)
+                           root / "aiperf" / artifacts, TEMPERATURE, args.client_venv)
 
         predictions: dict[str, PathPrediction] = {}
         for model in probes:
             for target in _targets(args.targets, [model], server, web):  # labelled as the served model's path
-                measured = [measure(target, s, probing=True) for s in PROBE_STREAMS]
+                measured = [measure(target, s, probing=True) for s in probing]
                 predictions[target.label] = predict_path(
                     spec, probe, kernels, prompt_tokens, args.new_tokens,
                     [(m.streams, m.itl_ms / 1e3, m.ttft_ms / 1e3) for m in measured], measured[-1].decoding)
@@ -334,13 +355,19 @@ def run_bench(args: argparse.Namespace, root: Path, say: Callable[[str], None]) 
                     f"; host costs {1e3 * host.step_s:.2f} ms an iteration, {1e3 * host.token_s:.3f} ms a token, "
                     f"{1e3 * host.request_s:.1f} ms a request, {1e3 * host.queue_s:.2f} ms for each request ahead "
                     f"in a burst")
-        for s in args.streams:
-            for target in _targets(args.targets, served, server, web):
-                measured = measure(target, s)
-                path = predictions.get(target.label)
-                rows.append(_row(target.label, measured, path.tokens_per_s(s) if path else None))
-                say(f"{target.label} at {s} streams: {measured.tokens_per_s:.0f} tokens/s, "
-                    f"{measured.errors} errors")
+        runs: dict[tuple[str, int], list[Row]] = {}
+        for run in range(1, args.repeats + 1):  # in turn, so that a slow spell of the machine spreads over levels
+            if kernels is not None and run > 1:
+                kernels.time_again()  # beside each round, as the served engine's speed drifts with the machine's
+            for s in args.streams:
+                for target in _targets(args.targets, served, server, web):
+                    measured = measure(target, s, run=run)
+                    runs.setdefault((target.label, s), []).append(_row(target.label, measured))
+                    say(f"{target.label} at {s} streams, run {run} of {args.repeats}: "
+                        f"{measured.tokens_per_s:.0f} tokens/s, {measured.errors} errors")
+        for (label, s), level in runs.items():  # predicted from the kernels' medians over all rounds
+            path = predictions.get(label)
+            rows.append(replace(median_run(level), predicted=path.tokens_per_s(s) if path else None))
     return rows
 
 
@@ -383,7 +410,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         rows = run_bench(args, root, say)
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps([{"path": r.path, **asdict(r.measurement), "load": r.load,
+        args.json.write_text(json.dumps([{"path": r.path, **asdict(r.measurement), "load": r.load, "runs": list(r.runs),
                                           "predicted": r.predicted} for r in rows], indent=2))
     return 0
 

@@ -6,12 +6,13 @@ the products of a small model's decode step run far below what a large matrix mu
 host's: what the engine, Triton, the web app and the client spend per iteration, per token and per request, which no
 datasheet gives. Those are measured on a probe: the model's layers at the smallest width (``probe_spec``: d_model
 64, one head of 64, what vLLM's attention also takes), so its host work is the target's and its arithmetic next to
-nothing, served by the same engine through the same path and driven by the same client at ``PROBE_STREAMS``. The
-target model is then predicted at every number of streams, the probe's two levels included, from the probe's host
-costs and the target's own kernels.
+nothing, served by the same engine through the same path and driven by the same client at one stream and at the
+most streams asked (``probe_streams``). The target model is then predicted at every number of streams, the probe's
+two levels included, from the probe's host costs and the target's own kernels.
 """
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -26,15 +27,21 @@ from trainer.planner.estimate.figure import Figure, fig
 from trainer.planner.estimate.gemms import Gemm
 from trainer.planner.estimate.serving import HostCosts, Kernels, Load, fit_host_costs, serving_estimate
 
-# the two stream counts the probe is measured at: one stream, and enough that the cost of each stream's tokens
-# stands out of the run-to-run noise of a single stream's (at 4 streams it did not: 0.12 to 0.40 ms a token)
-PROBE_STREAMS = (1, 16)
+# the fewest streams of the probe's second level: enough that the cost of each stream's tokens stands out of the
+# run-to-run noise of a single stream's (at 4 streams it did not: 0.12 to 0.40 ms a token)
+PROBE_LEAST_STREAMS = 16
 PROBE_WIDTH = 64
 # the least memory the timed kernels cycle their operands through, and the multiple of the last-level cache: twice
 # the cache leaves nothing of a kernel's operands in it by their next turn (on a 32 MB cache, a decode step's
 # kernels timed through 64 MB and through 256 MB came within 4 % of each other)
 KERNEL_BUFFER_BYTES = 64 * 2**20
 CACHE_MULTIPLE = 2
+
+
+def probe_streams(levels: list[int]) -> tuple[int, int]:
+    """The probe's two levels: one stream, and the most the benchmark asks (at least PROBE_LEAST_STREAMS), so that
+    every level is predicted inside the range the host costs were fitted over, not beyond it."""
+    return 1, max(PROBE_LEAST_STREAMS, *levels)
 
 
 def probe_spec(spec: ModelSpec) -> ModelSpec:
@@ -55,7 +62,8 @@ def largest_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache"))
 
 
 class TimedKernels:
-    """``Kernels`` timed on this machine, each shape once and kept: a linear layer's product as the engine computes
+    """``Kernels`` timed on this machine, each shape once and kept (and again at ``time_again``, each kernel then
+    the median of its timings): a linear layer's product as the engine computes
     it (``serving.model.Linear``) and its attention core (``serving.model.attend``), on the engine's compute threads
     (``serving.tensor_parallel.cpu_threads``). A decode step reads each weight once, after all the others have gone
     through the caches, so every product here reads its weights, and every attention its keys and values, from a
@@ -67,7 +75,8 @@ class TimedKernels:
         self.buffer_bytes = buffer_bytes or max(KERNEL_BUFFER_BYTES, CACHE_MULTIPLE * largest_cache_bytes())
         self.rounds = rounds
         self._buffers: dict = {}
-        self._seconds: dict[tuple, float] = {}
+        self._timers: dict[tuple, tuple[Timer, int]] = {}
+        self._seconds: dict[tuple, list[float]] = {}
 
     def gemm(self, g: Gemm, width: int) -> Figure:
         def product(dtype):
@@ -108,18 +117,31 @@ class TimedKernels:
 
     def _timed(self, key: tuple, width: int, make: Callable) -> float:
         """Seconds of one call of the kernel ``make(dtype)`` returns (its operand's elements, and the call on an
-        operand), each call on the next part of the buffer: the mean of ``rounds`` passes over the whole buffer,
-        after PyTorch's timer has warmed up with two and set the engine's threads."""
+        operand), each call on the next part of the buffer: the median of its timings, each the mean of ``rounds``
+        passes over the whole buffer after PyTorch's timer has warmed up with two and set the engine's threads."""
         key = key + (width,)
-        if key not in self._seconds:
+        if key not in self._timers:
             dtype = {4: torch.float32, 2: torch.bfloat16}[width]
             elements, run = make(dtype)
             buffer = self._buffer(dtype, 2 * elements)
             parts = [buffer[i * elements:(i + 1) * elements] for i in range(buffer.numel() // elements)]
-            timer = Timer("for part in parts: run(part)", globals={"parts": parts, "run": run},
-                          num_threads=self.threads)
-            self._seconds[key] = timer.timeit(self.rounds).mean / len(parts)
-        return self._seconds[key]
+            self._timers[key] = Timer("for part in parts: run(part)", globals={"parts": parts, "run": run},
+                                      num_threads=self.threads), len(parts)
+            self._seconds[key] = []
+            self._time(key)
+        return statistics.median(self._seconds[key])
+
+    def _time(self, key: tuple) -> None:
+        timer, calls = self._timers[key]
+        self._seconds[key].append(timer.timeit(self.rounds).mean / calls)
+
+    def time_again(self) -> None:
+        """Every kernel timed so far, timed once more. On a shared machine a kernel's time varies by a sixth from
+        one minute to the next (a decode step of the benchmark model at 32 streams: 7.8 to 10.8 ms), as the
+        served engine's does, so a benchmark that runs its levels several times times its kernels beside each
+        round and takes their medians."""
+        for key in self._timers:
+            self._time(key)
 
     def _buffer(self, dtype, at_least: int):
         size = max(self.buffer_bytes // dtype.itemsize, at_least)
@@ -145,6 +167,6 @@ class PathPrediction:
 def predict_path(target: ModelSpec, probe: ModelSpec, kernels: Kernels, prompt_tokens: int, new_tokens: int,
                  measured: list[tuple[int, float, float]], decoding: float = 0.0) -> PathPrediction:
     """The prediction for one path from the probe's ``measured`` (streams, time per output token s, time to first
-    token s) at PROBE_STREAMS."""
+    token s) at its two levels (``probe_streams``)."""
     host = fit_host_costs(probe, kernels, Load(1, prompt_tokens, new_tokens), measured, decoding=decoding)
     return PathPrediction(host, target, kernels, prompt_tokens, new_tokens)

@@ -1,8 +1,8 @@
 """The serving prediction on this machine: the engine computes on the cores less the one a CPU server keeps, the
-kernels are timed with those threads and each shape once, their figures add up as the planner's tree says, the
-last-level cache is read from what the kernel reports, and the streams a probe's tokens saw decoding at once are
-read from the client's records and fit the cost of a token. How fast the kernels are is measured by
-``python -m deploy.bench``, not asserted here."""
+kernels are timed with those threads and each shape once (timed again, the median of the timings), their figures
+add up as the planner's tree says, the last-level cache is read from what the kernel reports, the probe spans the
+levels asked, and the streams a probe's tokens saw decoding at once are read from the client's records and fit the
+cost of a token. How fast the kernels are is measured by ``python -m deploy.bench``, not asserted here."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from deploy.aiperf_client import decoding_streams
-from deploy.bench_predict import TimedKernels, largest_cache_bytes, probe_spec
+from deploy.bench_predict import TimedKernels, largest_cache_bytes, probe_spec, probe_streams
 from deploy.serving.tensor_parallel import cpu_threads
 from trainer.contract.presets import MODELS
 from trainer.planner.estimate.gemms import Gemm
@@ -48,6 +48,17 @@ def test_each_shape_is_timed_once_and_experts_multiply_one_products_time(kernels
     assert kernels.gemm(Gemm("experts", 2, 64, 32, count=3), 4).value == 3 * one.value
 
 
+def test_timed_again_each_kernel_takes_the_median_of_its_timings():
+    kernels = TimedKernels(threads=1, buffer_bytes=2**20, rounds=1)
+    g = Gemm("up", 1, 64, 32)
+    first = kernels.gemm(g, 4).value
+    kernels.time_again()
+    kernels.time_again()
+    (timings,) = kernels._seconds.values()
+    assert len(timings) == 3 and timings[0] == first
+    assert kernels.gemm(g, 4).value == sorted(timings)[1]
+
+
 def test_a_decode_steps_device_time_is_its_timed_gemms_and_each_layers_attention(kernels):
     model = probe_spec(MODELS["tiny-llama"])
     step = iteration_device(model, kernels, Load(2, 8, 8), 2)
@@ -75,6 +86,12 @@ def _record(start_ms: float, first_ms: float, end_ms: float, phase: str = "profi
     return json.dumps({"metadata": {"benchmark_phase": phase, "request_start_ns": int(start_ms * 1e6),
                                     "request_end_ns": int(end_ms * 1e6)},
                        "metrics": {"time_to_first_token": {"value": first_ms, "unit": "ms"}}})
+
+
+def test_the_probe_spans_every_level_asked_from_one_stream_to_the_most_and_at_least_sixteen():
+    assert probe_streams([1, 8, 32]) == (1, 32)
+    assert probe_streams([64]) == (1, 64)
+    assert probe_streams([2]) == probe_streams([1, 8]) == (1, 16)
 
 
 def test_the_streams_decoding_at_once_are_those_each_token_saw(tmp_path):
