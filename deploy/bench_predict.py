@@ -137,7 +137,7 @@ class TimedKernels:
 
     def time_again(self) -> None:
         """Every kernel timed so far, timed once more. On a shared machine a kernel's time varies by a sixth from
-        one minute to the next (a decode step of the benchmark model at 32 streams: 7.8 to 10.8 ms), as the
+        one minute to the next (a decode step of the benchmark model at 32 streams: 7.7 to 11.4 ms), as the
         served engine's does, so a benchmark that runs its levels several times times its kernels beside each
         round and takes their medians."""
         for key in self._timers:
