@@ -63,8 +63,8 @@ def largest_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache"))
 
 class TimedKernels:
     """``Kernels`` timed on this machine, each shape once and kept (and again at ``time_again``, each kernel then
-    the median of its timings): a linear layer's product as the engine computes
-    it (``serving.model.Linear``) and its attention core (``serving.model.attend``), on the engine's compute threads
+    the median of its timings): a linear layer's product as the engine computes it (``serving.model.Linear``) and
+    its attention core (``serving.model.attend``), on the engine's compute threads
     (``serving.tensor_parallel.cpu_threads``). A decode step reads each weight once, after all the others have gone
     through the caches, so every product here reads its weights, and every attention its keys and values, from a
     different part of a buffer larger than the caches, all of it in turn (``torch.utils.benchmark.Timer`` times the

@@ -34,8 +34,8 @@ def test_the_client_measures_triton_and_v1_beside_the_floor_and_the_table_agrees
                                                                                   tmp_path, capsys):
     results = tmp_path / "rows.json"
     assert main(["--checkpoint", str(served_checkpoint), "--engines", "workbench", "--streams", "2",
-                 "--new-tokens", str(NEW_TOKENS),
-                 "--requests-per-stream", "2", "--min-requests", "4", "--repeats", "1", "--work-dir", str(tmp_path / "work"), "--json", str(results)]) == 0
+                 "--new-tokens", str(NEW_TOKENS), "--requests-per-stream", "2", "--min-requests", "4",
+                 "--repeats", "1", "--work-dir", str(tmp_path / "work"), "--json", str(results)]) == 0
     rows = parse(capsys.readouterr().out)
     by_path = {row["path"]: row for row in rows}
     written = {r["path"]: r for r in json.loads(results.read_text())}  # the same rows, unrounded
