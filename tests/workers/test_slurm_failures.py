@@ -1,6 +1,7 @@
 """Failures provoked for real on the test Slurm cluster (24.11), each answered without a person: the run ends as an
 uninterrupted run of the same plan ends, and its history says what happened and what was done about it."""
 import os
+import re
 import signal
 import threading
 import time
@@ -63,19 +64,21 @@ def test_a_hung_collective_is_cancelled_naming_the_frozen_rank_and_the_run_resum
         broker, plans, slurm_cluster_24):
     client, make_plan, dataset = plans
     plan = make_plan(ranks=2)
-    # saved at step 20 and at the end only: a rank frozen in between is frozen in a step, not in a save
-    steps = dict(steps=40, checkpoint_every=20)
+    # saved at steps 200 and 400: rank 1 is frozen in a step between them, a hundred steps clear of a save (a live
+    # rank that saves is not judged, and rank 0 would wait for the frozen one in the save's closing barrier)
+    steps = dict(steps=400, checkpoint_every=200)
     hung_id = _start(client, plan, dataset, "hangs", **steps)
     reference_id = _start(client, plan, dataset, "uninterrupted", **steps)
     folder = Path(reconcile_until(broker, hung_id, lambda r: r.run_dir and r.job_id).run_dir)
 
-    # Rank 1 freezes (SIGSTOP) once step 20 is saved: rank 0 waits for it in the next collective
-    def saved_and_beating():
-        beats = Heartbeat.read_all(folder)
-        ready = (folder / "checkpoints" / "step-20" / "manifest.json").exists() and len(beats) == 2
-        return ready and beats[1].step < 40 and beats
+    # Rank 1 freezes (SIGSTOP) once its own log says it is past step 200's save: rank 0 waits for it in the next
+    # collective. Its log line is written as the step ends; its heartbeat, every second, is too late to tell.
+    def stepping_past_the_save():
+        beats, log = Heartbeat.read_all(folder), folder / "logs" / "rank-1.log"
+        steps_logged = re.findall(r"rank 1: step (\d+) ", log.read_text()) if log.exists() else []
+        return len(beats) == 2 and steps_logged and 200 < int(steps_logged[-1]) < 300 and beats
 
-    beats = _until("step 20 saved while both ranks beat", saved_and_beating, hung_id)
+    beats = _until("rank 1 past step 200's save", stepping_past_the_save, hung_id)
     os.kill(beats[1].pid, signal.SIGSTOP)
     try:
         hung = reconcile_until(broker, hung_id, lambda r: r.history.filter(kind="hang").exists(), timeout=60)
@@ -95,7 +98,7 @@ def test_a_hung_collective_is_cancelled_naming_the_frozen_rank_and_the_run_resum
     assert (first.state, first.counts_as_restart) == ("CANCELLED", False)
     assert second.resume and second.why == "requeued after a hung collective"
     assert (hung.attempts, hung.restarts, reference.attempts) == (2, 0, 1)
-    assert hung.history.get(source="trainer", kind="started", attempt=2).data["step"] >= 20
+    assert hung.history.get(source="trainer", kind="started", attempt=2).data["step"] >= 200
     assert abs(final_loss(hung) - final_loss(reference)) <= 1e-6, (final_loss(hung), final_loss(reference))
 
 
