@@ -16,6 +16,7 @@ from webapp import models, services
 from webapp.selectors.goodput import goodput_of
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# On SQLite too (the test command's second pass) the first run alone: the others check processes, not queries
 
 
 def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, tiny_run_parts):
@@ -42,6 +43,7 @@ def test_it_trains_a_queued_run_to_completion_and_ingests_what_it_wrote(broker, 
     assert set(goodput.parts) >= {"training", "startup", "evaluation", "checkpoint_save", "shutdown"}, goodput
 
 
+@pytest.mark.once
 def test_it_retries_a_failing_run_until_its_attempts_are_used(broker, tiny_run_parts, tmp_path):
     owner, plan, dataset = tiny_run_parts
     Path(dataset.path).write_text("too short to train on\n")
@@ -52,6 +54,7 @@ def test_it_retries_a_failing_run_until_its_attempts_are_used(broker, tiny_run_p
     assert "attempt 2" in run.status_message and run.metrics.count() == 0
 
 
+@pytest.mark.once
 def test_it_stops_a_cancelled_run_which_saves_a_checkpoint_on_the_way_out(broker, tiny_run_parts):
     owner, plan, dataset = tiny_run_parts
     run = services.run_create(owner=owner, name="long", plan=plan, dataset=dataset, steps=100_000, launch=True)
@@ -63,6 +66,7 @@ def test_it_stops_a_cancelled_run_which_saves_a_checkpoint_on_the_way_out(broker
     assert run.ingest_state["last_event"] == "stopped"
 
 
+@pytest.mark.once
 def test_a_dp2_run_through_the_api_is_queued_runs_and_completes_with_all_it_wrote_readable(broker, tiny_run_parts):
     owner, one_rank, dataset = tiny_run_parts
     cluster = models.Cluster.objects.create(name="local-2", spec=presets.local_cpu_cluster(2).to_dict())

@@ -50,6 +50,7 @@ def _rank_pid(run_dir: str, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.once
 def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with_the_uninterrupted_loss(
         broker, tiny_run_parts):
     owner, one_rank, dataset = tiny_run_parts
@@ -82,7 +83,9 @@ def test_a_rank_killed_mid_run_restarts_from_its_newest_checkpoint_and_ends_with
 
 
 @pytest.mark.once
-@pytest.mark.parametrize("kind", ["slurm", "slurm-rest"])
+# each release's REST API (its fields differ from release to release), and Slurm's commands on one release
+@pytest.mark.parametrize("any_slurm, kind", [("22.05", "slurm"), ("22.05", "slurm-rest"), ("24.11", "slurm-rest")],
+                         indirect=["any_slurm"])
 def test_a_slurm_run_longer_than_its_time_limit_checkpoints_requeues_and_ends_with_the_uninterrupted_loss(
         broker, tiny_run_parts, any_slurm, kind):
     """Through Slurm's commands and through slurmrestd; the reference through the commands."""

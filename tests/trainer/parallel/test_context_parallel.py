@@ -4,8 +4,9 @@ train as one process does.
 Ring attention is checked on two gloo ranks against F.scaled_dot_product_attention on the whole sequence (forward
 and the gradients of q, k and v, fp32, 1e-5), with and without grouped-query heads. The trainer is checked on
 tiny-llama (rotary positions, key/value heads shared by two query heads, RMSNorm) and on the GPT-2-style 'tiny'
-(learned positions, tied head): cp2, cp2 × tp2 with sequence parallel, FSDP2 over dp2 × cp2; 20 fp32 steps,
-per-step losses within 1e-5 relative of one process. One launch per world size.
+(learned positions, tied head): cp2, cp2 × tp2 with sequence parallel, FSDP2 over dp2 × cp2; 20 fp32 steps (the
+four-rank plans stop after 6: four processes on two cores make every collective wait its turn), per-step losses
+within 1e-5 relative of one process. One launch per world size.
 """
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ TWO_RANK = {"llama-cp2": (LLAMA, dict(cp=2)), "tiny-cp2": (TINY, dict(cp=2))}
 FOUR_RANK = {"llama-cp2-tp2-sp": (LLAMA, dict(cp=2, tp=2, sequence_parallel=True)),
              "llama-fsdp-dp2-cp2": (LLAMA, dict(cp=2, dp=2, zero_stage=3))}
 ONE_RANK = {"llama-ref": (LLAMA, {}), "tiny-ref": (TINY, {})}
+FOUR_RANK_STEPS = 6
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,8 @@ def cp_runs(tmp_path_factory, dataset) -> Path:
     runs = tmp_path_factory.mktemp("cp-runs")
     launch(1, model_jobs(runs, dataset, ONE_RANK, PARITY_STEPS), runs / "jobs")
     launch(2, model_jobs(runs, dataset, TWO_RANK, PARITY_STEPS), runs / "jobs")
-    launch(4, model_jobs(runs, dataset, FOUR_RANK, PARITY_STEPS), runs / "jobs")
+    launch(4, [{**job, "stop_at": FOUR_RANK_STEPS} for job in model_jobs(runs, dataset, FOUR_RANK, PARITY_STEPS)],
+           runs / "jobs")
     return runs
 
 
@@ -120,9 +123,9 @@ def cp_runs(tmp_path_factory, dataset) -> Path:
 def test_a_context_parallel_plan_trains_as_one_process(cp_runs, name):
     ref = losses(cp_runs / f"{name.split('-')[0]}-ref")
     got = losses(cp_runs / name)
-    assert len(got) == PARITY_STEPS
+    assert len(got) == (PARITY_STEPS if name in TWO_RANK else FOUR_RANK_STEPS)
     assert ref[-1] < ref[0] - 0.5  # it learns
-    assert max_rel_error(ref, got) < TOLERANCE
+    assert max_rel_error(ref[:len(got)], got) < TOLERANCE
 
 
 @pytest.mark.slow

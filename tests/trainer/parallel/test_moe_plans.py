@@ -10,6 +10,7 @@ from trainer.contract.presets import MODELS
 from trainer.contract.rules import check_plan
 
 STEPS = 20
+TP_STEPS = 8
 TOLERANCE = 1e-5
 QWEN = MODELS["tiny-qwen-moe"]  # routed experts without renormalising, a gated shared expert
 MIXTRAL = MODELS["tiny-mixtral"]
@@ -30,18 +31,24 @@ PLANS = {
 }
 
 
-def _job(spec) -> dict:
-    return {"spec": spec, "run_dir": spec.output_dir, "resume": False, "stop_at": 0}
+def _stop_at(name: str) -> int:
+    """Tensor parallel waits on collectives in every layer, slow on two shared cores: its plans stop (saved) after
+    TP_STEPS of their STEPS, the learning rate scheduled over all of them; 0 for the plans that run them all."""
+    return TP_STEPS if "tp" in PLANS[name][2] else 0
+
+
+def _job(spec, stop_at: int = 0) -> dict:
+    return {"spec": spec, "run_dir": spec.output_dir, "resume": False, "stop_at": stop_at}
 
 
 @pytest.fixture(scope="module")
 def moe_runs(tmp_path_factory, dataset):
-    """One launch per world size (references, 2 ranks, 4 ranks): ~80 s on two cores."""
+    """One launch per world size (references, 2 ranks, 4 ranks): ~60 s on two cores."""
     runs = tmp_path_factory.mktemp("moe-plans")
     launch(1, [_job(tiny_spec(runs / f"ref-{name}", dataset, STEPS, model=model))
                for name, model in REFERENCES.items()], runs / "jobs")
     for nproc in (2, 4):
-        launch(nproc, [_job(tiny_spec(runs / name, dataset, STEPS, model=REFERENCES[ref], **kw))
+        launch(nproc, [_job(tiny_spec(runs / name, dataset, STEPS, model=REFERENCES[ref], **kw), _stop_at(name))
                        for name, (n, ref, kw) in PLANS.items() if n == nproc], runs / "jobs")
     return runs
 
@@ -51,10 +58,10 @@ def moe_runs(tmp_path_factory, dataset):
 def test_it_trains_a_moe_model_like_one_process(moe_runs, name):
     reference = moe_runs / f"ref-{PLANS[name][1]}"
     got = losses(moe_runs / name)
-    assert len(got) == STEPS
-    assert max_rel_error(losses(reference), got) < TOLERANCE
+    assert len(got) == (_stop_at(name) or STEPS)
+    assert max_rel_error(losses(reference)[:len(got)], got) < TOLERANCE
     # routing as one process reports it: every MoE layer of the model, in order, whichever stage holds it
-    mine, ref = records(moe_runs / name)[-1], records(reference)[-1]
+    mine, ref = records(moe_runs / name)[-1], records(reference)[len(got) - 1]
     assert mine["aux_loss"] == pytest.approx(ref["aux_loss"], rel=TOLERANCE)
     assert mine["dropped_fraction"] == ref["dropped_fraction"] == 0.0
     assert len(mine["expert_load"]) == len(ref["expert_load"]) == len(REFERENCES[PLANS[name][1]].moe_layers)
