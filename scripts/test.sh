@@ -18,6 +18,10 @@ if [ -n "${DATABASE_URL:-}" ] && [[ "$DATABASE_URL" == postgres* ]]; then
 fi
 
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+# the checkpoints the suite trains once (tests/xdist_groups.py, once_per_run), kept for the SQLite pass too
+WORKBENCH_TEST_SHARED="$(mktemp -d)"
+export WORKBENCH_TEST_SHARED
+trap 'rm -rf "$WORKBENCH_TEST_SHARED"' EXIT
 # Two pytest-xdist workers: much of the suite waits (on Slurm, on servers starting, on runs it polls), so two share
 # two cores well. Tests that share an expensive fixture stay on one worker (tests/xdist_groups.py).
 # TEST_WORKERS=0 runs everything in this one process.

@@ -10,7 +10,7 @@ import pytest
 from celery import Celery
 
 from tests.conftest import REPO
-from tests.xdist_groups import run_temp_root
+from tests.xdist_groups import data_roots
 from trainer.contract import presets
 from webapp import models
 
@@ -72,7 +72,7 @@ def worker_process(redis_url, tmp_path_factory, django_db_setup) -> WorkerProces
            "WORKBENCH_LOCAL_SLOTS": str(LOCAL_SLOTS), "WORKBENCH_VAR": str(tmp_path_factory.mktemp("var")),
            # the tests' datasets lie in their own temporary folders, all under this one
            # (and the demo corpus, the dataset a first run made in the pages uses)
-           "WORKBENCH_DATA_ROOTS": f"{run_temp_root(tmp_path_factory)}:{presets.DEMO_TEXT.parent}",
+           "WORKBENCH_DATA_ROOTS": ":".join(map(str, [*data_roots(tmp_path_factory), presets.DEMO_TEXT.parent])),
            "DJANGO_SECRET_KEY": "a-worker-of-the-tests-signs-nothing-that-outlives-them-0123456789",
            # a rank silent this long in a step is hung: no tiny run's step comes near it, and a node the node
            # failure test kills is found down by Slurm well before (SlurmdTimeout 10 s)

@@ -8,7 +8,8 @@ databases (tests.conftest), its own Celery worker, Triton and browser. Those are
 - the one Slurm cluster the machine can hold: its tests form one group too, started first among their kind because
   they mostly wait on Slurm while the other worker computes;
 - the trained checkpoints that tests of every package read: built once per test run, by whichever worker asks
-  first, in a folder all workers share (``once_per_run``).
+  first, in a folder all workers share (``once_per_run``); the test command's two passes (PostgreSQL, then SQLite)
+  share it too (``WORKBENCH_TEST_SHARED``).
 
 Without xdist (``-p no:xdist``, or a plain ``pytest`` call) the groups mean nothing and the shared folder is the
 session's own temporary folder.
@@ -100,10 +101,18 @@ def run_temp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
+def data_roots(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """The data roots under which the tests' datasets and checkpoints lie: the run's temporary folder and, under the
+    test command, the folder its passes share (``once_per_run``)."""
+    shared = os.environ.get("WORKBENCH_TEST_SHARED")
+    return [run_temp_root(tmp_path_factory), *([Path(shared)] if shared else [])]
+
+
 def once_per_run(tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], object]) -> Path:
     """The folder ``name``, made by ``make(folder)`` once for the whole test run: the first worker to ask makes it
-    while the others wait on its lock, then all of them read it. A folder left half-made by a failure is made again."""
-    shared = run_temp_root(tmp_path_factory)
+    while the others wait on its lock, then all of them read it. A folder left half-made by a failure is made again.
+    Under ``WORKBENCH_TEST_SHARED`` (a folder the test command makes for its passes, and removes), once for them all."""
+    shared = Path(os.environ.get("WORKBENCH_TEST_SHARED") or run_temp_root(tmp_path_factory))
     folder, done = shared / name, shared / f"{name}.done"
     with FileLock(str(shared / f"{name}.lock")):
         if not done.exists():

@@ -5,7 +5,7 @@ import json
 from playwright.sync_api import expect
 
 from tests.browser.conftest import check_page
-from tests.xdist_groups import run_temp_root
+from tests.xdist_groups import data_roots
 from trainer.contract import presets
 from webapp import models
 
@@ -13,7 +13,7 @@ from webapp import models
 def test_a_jsonl_dataset_registered_on_its_page_is_prepared_on_slurm_and_reports_its_bad_row(
         signed_in_page, broker, slurm_cluster, settings, tmp_path_factory, tmp_path):
     page = signed_in_page
-    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [run_temp_root(tmp_path_factory)]}
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": data_roots(tmp_path_factory)}
     models.Cluster.objects.create(name="hpc", kind="slurm", partition=slurm_cluster.partition,
                                   spec=presets.cluster("cpu", nodes=1, gpus_per_node=1).to_dict())
     lines = presets.demo_text(300 * 80).decode().split("\n")

@@ -12,7 +12,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from tests.worker_fixtures import reconcile_until
-from tests.xdist_groups import run_temp_root
+from tests.xdist_groups import data_roots
 from trainer.contract import ParallelPlan, presets
 from trainer.data.prepare import TRAIN, VAL, load_tokens
 from webapp import models
@@ -62,7 +62,7 @@ def folders(settings, tmp_path_factory, tmp_path, models_dir):
     session's worker reads as a data root too."""
     root = models_dir
     settings.WORKBENCH = {**settings.WORKBENCH, "MODELS_ROOT": root, "CONVERSIONS_ROOT": tmp_path / "conversions",
-                          "DATA_ROOTS": [run_temp_root(tmp_path_factory)], "RUNS_ROOT": tmp_path / "runs"}
+                          "DATA_ROOTS": data_roots(tmp_path_factory), "RUNS_ROOT": tmp_path / "runs"}
     return root
 
 

@@ -11,7 +11,7 @@ from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from tests.webapp import serving
-from tests.xdist_groups import run_temp_root
+from tests.xdist_groups import data_roots
 from webapp import models
 from workers import deploying
 
@@ -27,7 +27,7 @@ def owner(db):
 def roots(settings, tmp_path_factory):
     """Every temporary folder of the test run is a data root, as for the session's worker (tests.worker_fixtures),
     so that the checkpoints the tests import may be exported."""
-    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [run_temp_root(tmp_path_factory)]}
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": data_roots(tmp_path_factory)}
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from rest_framework.test import APIClient
 
 from tests.deploy_fixtures import TEXT_BYTES
-from tests.xdist_groups import run_temp_root
+from tests.xdist_groups import data_roots
 from trainer.contract.manifest import read_manifest
 from trainer.contract.presets import demo_text
 from webapp import models
@@ -30,7 +30,7 @@ def owner(db):
 @pytest.fixture
 def data_root(settings, tmp_path_factory, tmp_path):
     """A folder of the test run's temporary folder, which the session's worker reads as a data root too."""
-    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [run_temp_root(tmp_path_factory)]}
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": data_roots(tmp_path_factory)}
     return tmp_path
 
 

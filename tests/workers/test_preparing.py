@@ -10,7 +10,7 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from tests.xdist_groups import run_temp_root
+from tests.xdist_groups import data_roots
 from trainer.contract import presets
 from webapp import models
 from webapp.services.preparations import dataset_prepare, preparation_claim
@@ -29,7 +29,7 @@ def owner(db):
 @pytest.fixture
 def data_root(settings, tmp_path_factory, tmp_path):
     """A folder of the test run's temporary folder, which the session's worker reads as a data root too."""
-    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": [run_temp_root(tmp_path_factory)]}
+    settings.WORKBENCH = {**settings.WORKBENCH, "DATA_ROOTS": data_roots(tmp_path_factory)}
     return tmp_path
 
 
