@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.launch import launch, tiny_spec
+from tests.trainer.launch import job as _job, launch, tiny_spec
 from trainer.contract import DatasetSpec, InitFrom
 from trainer.contract.presets import demo_text
 
@@ -55,10 +55,6 @@ PRECISION_RUNS = {1: {"fp32": {}, "bf16": dict(precision="bf16"), "fp16": dict(p
                   2: {"fp16-pp2": dict(precision="fp16", pp=2), "bf16-fsdp2": dict(precision="bf16", dp=2, zero_stage=3),
                       "bf16-tp2-sp": dict(precision="bf16", tp=2, sequence_parallel=True)}}
 AC_MODES = ("none", "selective", "full")
-
-
-def _job(spec, resume=False, stop_at=0) -> dict:
-    return {"spec": spec, "run_dir": spec.output_dir, "resume": resume, "stop_at": stop_at}
 
 
 @pytest.fixture(scope="session")

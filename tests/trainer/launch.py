@@ -31,14 +31,17 @@ def tiny_spec(run_dir: Path, dataset: DatasetSpec, steps: int = 20, tied: bool =
                    output_dir=str(run_dir), steps=steps, **run_kw).validate()
 
 
-def model_jobs(runs: Path, dataset: DatasetSpec, plans: dict, steps: int) -> list[dict]:
+def job(spec: RunSpec, resume: bool = False, stop_at: int = 0) -> dict:
+    """What ``launch`` runs of ``spec``, in its output folder: ``resume`` from its newest checkpoint; ``stop_at``: stop
+    (saved) after that many steps, the learning rate still scheduled over all of ``spec.steps``."""
+    return {"spec": spec, "run_dir": spec.output_dir, "resume": resume, "stop_at": stop_at}
+
+
+def model_jobs(runs: Path, dataset: DatasetSpec, plans: dict, steps: int, stop_at: int = 0) -> list[dict]:
     """One job a named (model, plan fields) pair, each run in its own folder under ``runs``: what a parity test
     launches, then compares with the same model's run on one process."""
-    jobs = []
-    for name, (model, kw) in plans.items():
-        spec = tiny_spec(runs / name, dataset, steps, model=model, **kw)
-        jobs.append({"spec": spec, "run_dir": spec.output_dir, "resume": False, "stop_at": 0})
-    return jobs
+    return [job(tiny_spec(runs / name, dataset, steps, model=model, **kw), stop_at=stop_at)
+            for name, (model, kw) in plans.items()]
 
 
 def free_port() -> int:

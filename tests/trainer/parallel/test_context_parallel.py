@@ -113,8 +113,7 @@ def cp_runs(tmp_path_factory, dataset) -> Path:
     runs = tmp_path_factory.mktemp("cp-runs")
     launch(1, model_jobs(runs, dataset, ONE_RANK, PARITY_STEPS), runs / "jobs")
     launch(2, model_jobs(runs, dataset, TWO_RANK, PARITY_STEPS), runs / "jobs")
-    launch(4, [{**job, "stop_at": FOUR_RANK_STEPS} for job in model_jobs(runs, dataset, FOUR_RANK, PARITY_STEPS)],
-           runs / "jobs")
+    launch(4, model_jobs(runs, dataset, FOUR_RANK, PARITY_STEPS, stop_at=FOUR_RANK_STEPS), runs / "jobs")
     return runs
 
 

@@ -4,7 +4,7 @@ process: expert parallel with a shared expert, tensor parallel (experts split li
 SwiGLU experts; and the plans the contract still refuses, with their reasons."""
 import pytest
 
-from tests.trainer.launch import launch, losses, max_rel_error, records, tiny_spec
+from tests.trainer.launch import job, launch, losses, max_rel_error, records, tiny_spec
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS
 from trainer.contract.rules import check_plan
@@ -32,23 +32,19 @@ PLANS = {
 
 
 def _stop_at(name: str) -> int:
-    """Tensor parallel waits on collectives in every layer, slow on two shared cores: its plans stop (saved) after
-    TP_STEPS of their STEPS, the learning rate scheduled over all of them; 0 for the plans that run them all."""
+    """Tensor parallel waits on collectives in every layer, slow on two shared cores: its plans stop after TP_STEPS
+    of their STEPS; 0 for the plans that run them all."""
     return TP_STEPS if "tp" in PLANS[name][2] else 0
-
-
-def _job(spec, stop_at: int = 0) -> dict:
-    return {"spec": spec, "run_dir": spec.output_dir, "resume": False, "stop_at": stop_at}
 
 
 @pytest.fixture(scope="module")
 def moe_runs(tmp_path_factory, dataset):
     """One launch per world size (references, 2 ranks, 4 ranks): ~60 s on two cores."""
     runs = tmp_path_factory.mktemp("moe-plans")
-    launch(1, [_job(tiny_spec(runs / f"ref-{name}", dataset, STEPS, model=model))
+    launch(1, [job(tiny_spec(runs / f"ref-{name}", dataset, STEPS, model=model))
                for name, model in REFERENCES.items()], runs / "jobs")
     for nproc in (2, 4):
-        launch(nproc, [_job(tiny_spec(runs / name, dataset, STEPS, model=REFERENCES[ref], **kw), _stop_at(name))
+        launch(nproc, [job(tiny_spec(runs / name, dataset, STEPS, model=REFERENCES[ref], **kw), stop_at=_stop_at(name))
                        for name, (n, ref, kw) in PLANS.items() if n == nproc], runs / "jobs")
     return runs
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer.conftest import PARITY_STEPS, RESUME_AT, RESUME_STEPS
-from tests.trainer.launch import launch, losses, max_rel_error, records, tiny_spec
+from tests.trainer.launch import job as _job, launch, losses, max_rel_error, records, tiny_spec
 from trainer.contract.presets import MODELS
 
 pytestmark = pytest.mark.slow
@@ -36,10 +36,6 @@ PIPELINES = {
     "dualpipev-1-2-1-1": (LLAMA5_TIED, dict(pp=2, pipeline_schedule="dualpipev", virtual_stages=2,
                                             stage_layers=(1, 2, 1, 1)), "ref-5-tied"),
 }
-
-
-def _job(spec, resume: bool = False, stop_at: int = 0) -> dict:
-    return {"spec": spec, "run_dir": spec.output_dir, "resume": resume, "stop_at": stop_at}
 
 
 @pytest.fixture(scope="module")
