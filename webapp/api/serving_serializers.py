@@ -216,8 +216,7 @@ class GenerateSerializer(SamplingSerializer):
 
     prompt = StrictCharField(max_length=MAX_PROMPT_CHARS, trim_whitespace=False)
     protocol = serializers.ChoiceField(choices=PROTOCOLS, required=False,
-                                       help_text="How the web app asks Triton; by default HTTP, and gRPC for a "
-                                                 "stream where the server has it")
+                                       help_text="How the web app asks Triton; by default HTTP, streams too")
     stream = StrictBooleanField(default=False, help_text="Answer as server-sent events: `token` events, then "
                                                          "`done` (or `error`)")
 
