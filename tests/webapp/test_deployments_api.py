@@ -199,6 +199,14 @@ def test_it_answers_503_with_a_message_when_the_triton_server_cannot_be_reached(
     assert "cannot be reached" in answer.json()["detail"], answer.json()
 
 
+def test_it_asks_triton_over_http_unless_the_request_names_grpc_streams_too(nowhere):
+    """A gRPC stream costs the web server twice the CPU of an HTTP one (docs/deployment.md, The client)."""
+    from webapp.services.deployments import _protocol
+
+    asked = {named: _protocol(nowhere, named) for named in (None, "grpc", "http")}
+    assert asked == {None: "http", "grpc": "grpc", "http": "http"}
+
+
 @pytest.mark.once  # the real Triton: once, on the first database
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
