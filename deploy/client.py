@@ -286,6 +286,8 @@ class TritonClient:
         return _chunk(data.get)
 
     def _http_stream(self, model: str, params: GenerateParams) -> Iterator[Chunk]:
+        """Triton's generate_stream events. Its last response carries the finish reason and nothing marks the end
+        otherwise, so a stream that ends before it was cut off (the server stopped or the connection broke)."""
         answer = self._request(model, "generate_stream", params.json(stream=True))
         counted = 0
         try:
@@ -301,8 +303,12 @@ class TritonClient:
                 yield chunk
                 if chunk.finish_reason:
                     return
+        except (http.client.HTTPException, OSError) as exc:
+            raise TritonUnavailable(f"Triton at {self.http_url} broke off the stream: {exc}") from None
         finally:
             answer.close()  # leaving early drops the connection: Triton cancels the request
+        raise TritonUnavailable(f"Triton at {self.http_url} ended the stream before its last response, after "
+                                f"{counted} tokens: the server stopped or the connection broke")
 
     def _grpc_error(self, client, error) -> TritonError:
         """A stream's error, classified; a broken stream's message hides why it broke, so ask the server."""
