@@ -286,8 +286,8 @@ class TritonClient:
         return _chunk(data.get)
 
     def _http_stream(self, model: str, params: GenerateParams) -> Iterator[Chunk]:
-        """Triton's generate_stream events. Its last response carries the finish reason and nothing marks the end
-        otherwise, so a stream that ends before it was cut off (the server stopped or the connection broke)."""
+        """Triton's generate_stream events. Only the last response's finish reason marks the end, so a stream that
+        ends without one was cut off (the server stopped or the connection broke)."""
         answer = self._request(model, "generate_stream", params.json(stream=True))
         counted = 0
         try:
