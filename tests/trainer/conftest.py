@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.launch import job as _job, launch, tiny_spec
+from tests.trainer.launch import job as _job, launch, parity_stop, tiny_spec
 from trainer.contract import DatasetSpec, InitFrom
 from trainer.contract.presets import demo_text
 
@@ -48,17 +48,6 @@ FOUR_RANK_PLANS = {
     "fsdp2-tp2-sp": dict(dp=2, zero_stage=3, tp=2, sequence_parallel=True),
 }
 PARITY_STEPS = 20
-# Tensor parallel on gloo is what makes these launches slow (DTensor's dispatch: a tp2 step costs ~10 dp2 steps),
-# so its plans stop after their first steps, the learning rate still scheduled over PARITY_STEPS, and are compared
-# with the reference's first steps.
-TP_PARITY_STEPS = 8
-
-
-def parity_stop(plan: dict) -> int:
-    """The step a parity plan stops at (0: it runs all PARITY_STEPS)."""
-    return TP_PARITY_STEPS if plan.get("tp", 1) > 1 else 0
-
-
 RESUME_STEPS, RESUME_AT = 10, 5
 PRECISION_STEPS = 5
 # Mixed precision across plans, compared with the fp32 reference's first steps.

@@ -31,6 +31,17 @@ def tiny_spec(run_dir: Path, dataset: DatasetSpec, steps: int = 20, tied: bool =
                    output_dir=str(run_dir), steps=steps, **run_kw).validate()
 
 
+# Tensor parallel is what makes the parity launches slow (gloo on shared cores, DTensor's dispatch: a tp2 step costs
+# ~10 dp2 steps), so its plans stop after their first steps, the learning rate still scheduled over all of them, and
+# are compared with the reference's first steps.
+TP_PARITY_STEPS = 8
+
+
+def parity_stop(plan: dict) -> int:
+    """The step a parity plan of these plan fields stops at (0: it runs all its steps)."""
+    return TP_PARITY_STEPS if plan.get("tp", 1) > 1 else 0
+
+
 def job(spec: RunSpec, resume: bool = False, stop_at: int = 0) -> dict:
     """What ``launch`` runs of ``spec``, in its output folder: ``resume`` from its newest checkpoint; ``stop_at``: stop
     (saved) after that many steps, the learning rate still scheduled over all of ``spec.steps``."""

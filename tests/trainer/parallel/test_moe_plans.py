@@ -4,13 +4,12 @@ process: expert parallel with a shared expert, tensor parallel (experts split li
 SwiGLU experts; and the plans the contract still refuses, with their reasons."""
 import pytest
 
-from tests.trainer.launch import job, launch, losses, max_rel_error, records, tiny_spec
+from tests.trainer.launch import job, launch, losses, max_rel_error, parity_stop, records, tiny_spec
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS
 from trainer.contract.rules import check_plan
 
 STEPS = 20
-TP_STEPS = 8
 TOLERANCE = 1e-5
 QWEN = MODELS["tiny-qwen-moe"]  # routed experts without renormalising, a gated shared expert
 MIXTRAL = MODELS["tiny-mixtral"]
@@ -32,9 +31,7 @@ PLANS = {
 
 
 def _stop_at(name: str) -> int:
-    """Tensor parallel waits on collectives in every layer, slow on two shared cores: its plans stop after TP_STEPS
-    of their STEPS; 0 for the plans that run them all."""
-    return TP_STEPS if "tp" in PLANS[name][2] else 0
+    return parity_stop(PLANS[name][2])
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ gradients are averaged, not summed, over micro-batches and replicas. What remain
 """
 import pytest
 
-from tests.trainer.conftest import FOUR_RANK_PLANS, PARITY_STEPS, TWO_RANK_PLANS, parity_stop
-from tests.trainer.launch import losses, max_rel_error, records
+from tests.trainer.conftest import FOUR_RANK_PLANS, PARITY_STEPS, TWO_RANK_PLANS
+from tests.trainer.launch import losses, max_rel_error, parity_stop, records
 
 pytestmark = pytest.mark.slow
 TOLERANCE = 1e-5
