@@ -74,6 +74,19 @@ class PreparedData:
 # ---------------------------------------------------------------- source files
 
 
+def dataset_path(path: Path) -> Path:
+    """The dataset ``path`` names. A Megatron dataset is a pair, X.bin (the tokens) and X.idx (its index), and its
+    users name it by either: by its index, it is its .bin, which must be beside it."""
+    if path.suffix != indexed.IDX or not path.is_file():
+        return path
+    tokens = path.with_suffix(indexed.BIN)
+    if not tokens.is_file():
+        raise DataError(f"dataset path {path} is the index of a Megatron dataset, whose tokens are in {tokens.name}, "
+                        f"which is not beside it: put {tokens.name} next to {path.name}, or set dataset.path to the "
+                        f"dataset's .bin file")
+    return tokens
+
+
 def _source_files(path: Path, prepared_dir: Path) -> list[Path]:
     """The files to read, checked by the contract's one rule for dataset paths (regular files only, no link out of
     the folder) just before they are read."""
@@ -253,7 +266,7 @@ def _prepare_with(spec, vocab_size: int, given: Path | None, given_sha: str | No
                         f"would not fit the embedding; lower tokenizer_vocab or raise model.vocab_size")
     if not 0.0 < spec.val_fraction < 0.5:
         raise DataError(f"dataset.val_fraction={spec.val_fraction} must be in (0, 0.5)")
-    path = Path(spec.path).expanduser()
+    path = dataset_path(Path(spec.path).expanduser())
     out = Path(spec.prepared_dir).expanduser() if spec.prepared_dir else default_prepared_dir(path, requested)
     if given_sha is not None and _file_sha(out / TOKENIZER) != given_sha:
         # another tokenizer's files: beside the dataset's own, never over them

@@ -190,6 +190,27 @@ def test_a_megatron_dataset_built_from_the_format_is_read_document_by_document_a
                         VOCAB)
 
 
+def test_a_megatron_dataset_named_by_its_index_is_prepared_from_its_bin_or_refused_with_what_to_give(tmp_path, docs,
+                                                                                                   tokenizer):
+    import subprocess
+    import sys
+    documents = megatron_documents(load_tokenizer(tokenizer), docs[:50])
+    megatron_by_hand(tmp_path / "corpus_text_document", documents)
+    command = [sys.executable, "-m", "trainer.data", "prepare", "--path", str(tmp_path / "corpus_text_document.idx"),
+               "--vocab", str(VOCAB), "--tokenizer", str(tokenizer), "--out", str(tmp_path / "out"), "--json",
+               "--workers", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads(done.stdout)
+    assert meta["source_kinds"] == ["megatron"] and meta["documents"] == 50
+    assert meta["train_tokens"] + meta["val_tokens"] == sum(len(seq) for doc in documents for seq in doc)
+    (tmp_path / "corpus_text_document.bin").unlink()
+    with pytest.raises(DataError, match=r"index of a Megatron dataset, whose tokens are in corpus_text_document\.bin, "
+                                        r"which is not beside it"):
+        prepare_dataset(DatasetSpec(path=str(tmp_path / "corpus_text_document.idx"), prepared_dir=str(tmp_path / "o"),
+                                    tokenizer=str(tokenizer)), VOCAB)
+
+
 def test_a_prepared_dataset_is_megatrons_format_read_back_id_for_id_with_its_documents_cut_at_the_split(tmp_path,
                                                                                                      docs):
     write_jsonl(tmp_path / "d.jsonl", [json.dumps({"text": d}).encode() for d in docs[:300]])
