@@ -28,7 +28,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 RESTART_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STABLE_S = 60.0   # a child that ran this long before it ended is restarted after the first delay again
@@ -68,7 +68,7 @@ class Child:
     def name(self) -> str:
         return self.description.split(" (")[0]
 
-    def start(self) -> None:
+    def start(self, now: float) -> None:
         out = None
         if self.log is not None:
             self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ class Child:
         finally:
             if out is not None:
                 out.close()
-        self.started_at, self.restart_at, self.starts = time.monotonic(), None, self.starts + 1
+        self.started_at, self.restart_at, self.starts = now, None, self.starts + 1
 
 
 @dataclass
@@ -90,6 +90,7 @@ class Supervisor:
     stable_s: float = STABLE_S
     grace_s: float = GRACE_S
     out: IO[str] = field(default_factory=lambda: sys.stdout)
+    clock: Callable[[], float] = time.monotonic  # what a child's running time and its backoff are measured by
     stopping: bool = False
 
     def say(self, line: str) -> None:
@@ -102,20 +103,20 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         try:
-            child.start()
+            child.start(self.clock())
         except OSError as exc:  # a command that cannot be run at all: tried again, later and later
             self._restart_later(child, 0.0, f"could not be started ({exc})")
 
     def _restart_later(self, child: Child, ran_s: float, what: str) -> None:
         child.ends_in_a_row = 1 if ran_s >= self.stable_s else child.ends_in_a_row + 1
         delay = self.delays_s[min(child.ends_in_a_row, len(self.delays_s)) - 1]
-        child.process, child.restart_at = None, time.monotonic() + delay
+        child.process, child.restart_at = None, self.clock() + delay
         self.say(f"== {child.name} {what}; starting it again in {delay:g} s"
                  + (f" (its log: {child.log})" if child.log else ""))
 
     def watch_once(self) -> None:
         """Restart what has ended and is due."""
-        now = time.monotonic()
+        now = self.clock()
         for child in self.children:
             if child.process is not None and child.process.poll() is not None:
                 _kill_group(child.process.pid)  # what it started and left behind
