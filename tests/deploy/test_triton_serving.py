@@ -161,21 +161,24 @@ def test_it_stops_the_sequence_of_a_client_that_disconnects(served, protocol):
         if received >= 5:
             break
     stream.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the gauge is set at the end of the step that finished the request
-        after = served.metrics()
-        cancelled = _metric(after, "workbench_requests_total", "par", version="1", finish_reason="cancelled") - \
-            _metric(before, "workbench_requests_total", "par", version="1", finish_reason="cancelled")
-        if cancelled and _metric(after, "workbench_active_sequences", "par", version="1") == 0:
-            break
+
+    def ended(text: str) -> dict[str, float]:
+        return {reason: _metric(text, "workbench_requests_total", "par", version="1", finish_reason=reason)
+                - _metric(before, "workbench_requests_total", "par", version="1", finish_reason=reason)
+                for reason in ("cancelled", "length", "stop")}
+
+    # The event: the engine ended the request (the gauge is set at the end of the step that finished it). However
+    # long the disconnect takes to travel on a loaded machine, a request left running would end as "length" only
+    # after its 100,000 tokens.
+    deadline, after = time.monotonic() + 120, served.metrics()
+    while not (any(ended(after).values()) and _metric(after, "workbench_active_sequences", "par", version="1") == 0):
+        assert time.monotonic() < deadline, "the request did not end within 120 s of its client leaving"
         time.sleep(0.05)
-    assert cancelled == 1, "the engine finished the request as cancelled"
+        after = served.metrics()
+    assert ended(after) == {"cancelled": 1, "length": 0, "stop": 0}, "the engine finished the request as cancelled"
     generated = _metric(after, "workbench_generated_tokens_total", "par", version="1") - \
         _metric(before, "workbench_generated_tokens_total", "par", version="1")
-    # Tokens decoded while the disconnect travels to the engine are generated too: how many depends on how busy the
-    # machine is (56 to 445 seen here), not on max_tokens. A request left running would pass 2,000 within seconds
-    # on its way to the 100,000 asked for.
-    assert generated < 2_000, f"{generated:.0f} tokens generated for a client that left after {received}"
+    assert received <= generated < 100_000, f"{generated:.0f} tokens generated for a client that left after {received}"
     assert _metric(after, "workbench_active_sequences", "par", version="1") == 0
 
 
