@@ -14,7 +14,10 @@ cd "$REPO"
 PORT="${PORT:-8000}"
 TRITON_PORT="${TRITON_PORT:-8100}"
 export WORKBENCH_URL="${WORKBENCH_URL:-http://127.0.0.1:$PORT}"  # where the worker reaches /v1
-mkdir -p var/log
+# the product's folder (webapp/settings.py: the SQLite file, run folders); the logs and Triton's files beside them
+export WORKBENCH_VAR="${WORKBENCH_VAR:-$REPO/var}"
+VAR="$WORKBENCH_VAR"
+mkdir -p "$VAR/log"
 
 ensure_redis
 echo "== migrating the database"
@@ -22,7 +25,7 @@ echo "== migrating the database"
 
 "$PY" manage.py register_triton --name local --http-url "http://127.0.0.1:$TRITON_PORT" \
   --grpc-url "127.0.0.1:$((TRITON_PORT + 1))" --metrics-url "http://127.0.0.1:$((TRITON_PORT + 2))" \
-  --repository var/triton-models
+  --repository "$VAR/triton-models"
 
 # While no admin can sign in with a password: an admin and a one-time sign-in link for it, shown on this terminal
 # only (never written to a log), as Jupyter shows its token.
@@ -41,7 +44,7 @@ banner="$(cat <<MSG
   API documentation        http://127.0.0.1:$PORT/api/docs/
   Admin                    http://127.0.0.1:$PORT/admin/
   OpenAI-compatible API    http://127.0.0.1:$PORT/v1/    (key: your API token)
-  Triton (local)           http://127.0.0.1:$TRITON_PORT   (models: var/triton-models)
+  Triton (local)           http://127.0.0.1:$TRITON_PORT   (models: $VAR/triton-models)
 
   $sign_in
 
@@ -50,12 +53,14 @@ MSG
 )"$'\n'
 
 # The supervisor starts each of these in a session of its own and starts again, after a backoff, whichever ends while
-# the product runs (the others carry on); Ctrl-C stops them all (scripts/supervisor.py).
-exec "$PY" scripts/supervisor.py --banner "$banner" \
-  --child "a Celery worker with beat (log: var/log/worker.log)" var/log/worker.log \
+# the product runs (the others carry on); Ctrl-C stops them all (scripts/supervisor.py). The banner, with its sign-in
+# link, goes through standard input: a command line is anyone's to read (ps).
+exec "$PY" scripts/supervisor.py --banner - \
+  --child "a Celery worker with beat (log: $VAR/log/worker.log)" "$VAR/log/worker.log" \
     "$VENV/bin/celery" -A workers.celery_app worker -B --loglevel=INFO --concurrency=2 \
-    --schedule var/celerybeat-schedule \
-  --child "a local Triton server (log: var/triton/tritonserver.log)" var/log/triton.log \
-    "$PY" -m deploy triton --repository var/triton-models --work-dir var/triton --http-port "$TRITON_PORT" \
+    --schedule "$VAR/celerybeat-schedule" \
+  --child "a local Triton server (log: $VAR/triton/tritonserver.log)" "$VAR/log/triton.log" \
+    "$PY" -m deploy triton --repository "$VAR/triton-models" --work-dir "$VAR/triton" --http-port "$TRITON_PORT" \
     --grpc-port "$((TRITON_PORT + 1))" --metrics-port "$((TRITON_PORT + 2))" \
-  --child "the web server" - "$PY" manage.py runserver "127.0.0.1:$PORT" --noreload
+  --child "the web server" - "$PY" manage.py runserver "127.0.0.1:$PORT" --noreload \
+  <<<"$banner"

@@ -1,6 +1,6 @@
 """The run command's supervisor: starts the product's long-running processes and keeps them running.
 
-    python scripts/supervisor.py [--banner TEXT] \
+    python scripts/supervisor.py [--banner TEXT | --banner -] \
         --child "a Celery worker with beat (log: var/log/worker.log)" var/log/worker.log celery -A … \
         --child "the web server" - python manage.py runserver …
 
@@ -15,6 +15,8 @@ alone, which then stops the children itself, and so that what a child started ca
 - SIGINT (Ctrl-C) or SIGTERM stops them all: SIGTERM to each child, SIGKILL to whatever of its process group still
   runs GRACE_S later.
 - A child gets SIGTERM if the supervisor itself is killed (PR_SET_PDEATHSIG), so none outlives the run command.
+- ``--banner -`` reads the banner from standard input: what it holds (the run command's one-time sign-in link) then
+  never stands on a command line, which any local user can read (``ps``).
 
 Standard library only: it runs commands and knows nothing of what they are.
 """
@@ -160,11 +162,14 @@ class Supervisor:
         return 0
 
 
-def parse_children(argv: list[str]) -> tuple[str, list[Child]]:
-    """``[--banner TEXT] (--child DESCRIPTION LOG COMMAND...)...`` → the banner and the children."""
+def parse_children(argv: list[str], stdin: IO[str] = sys.stdin) -> tuple[str, list[Child]]:
+    """``[--banner TEXT | --banner -] (--child DESCRIPTION LOG COMMAND...)...`` → the banner (``-``: read from
+    ``stdin``) and the children."""
     banner = ""
     if argv[:1] == ["--banner"] and len(argv) >= 2:
         banner, argv = argv[1], argv[2:]
+        if banner == "-":
+            banner = stdin.read()
     children, groups = [], []
     for arg in argv:
         if arg == "--child":

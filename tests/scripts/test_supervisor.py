@@ -156,6 +156,9 @@ def test_it_refuses_a_command_line_without_children():
         supervisor.parse_children(["--child", "a sleeper", "-"])
     banner, children = supervisor.parse_children(["--banner", "hi", "--child", "a (log: x)", "x.log", "sleep", "1"])
     assert banner == "hi" and children[0].name == "a" and children[0].log == Path("x.log")
+    banner, _ = supervisor.parse_children(["--banner", "-", "--child", "a", "-", "sleep", "1"],
+                                          stdin=io.StringIO("read, not given\n"))
+    assert banner == "read, not given\n"
 
 
 # -- the real Triton ------------------------------------------------------------------------------------------------
