@@ -55,10 +55,15 @@ def _cmdline(pid: int) -> str:
 @pytest.mark.slow
 @pytest.mark.once
 def test_the_first_start_shows_the_sign_in_link_on_its_terminal_and_on_no_command_line(redis_url, tmp_path):
+    import redis
+
+    # its worker and beat on the Redis database no test's worker listens on (tests.conftest), emptied after
+    base, _, number = redis_url.rpartition("/")
+    broker = f"{base}/{int(number) - 1}"
     port = free_ports(1)[0]
     env = {**{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "DJANGO_SECRET_KEY")},
            "WORKBENCH_VAR": str(tmp_path / "var"), "PORT": str(port), "TRITON_PORT": str(_consecutive_free_ports(3)),
-           "REDIS_URL": redis_url}
+           "REDIS_URL": broker}
     run = RunCommand(env)
     try:
         prefix = f"http://127.0.0.1:{port}/"
@@ -78,4 +83,5 @@ def test_the_first_start_shows_the_sign_in_link_on_its_terminal_and_on_no_comman
         except subprocess.TimeoutExpired:
             os.killpg(run.process.pid, signal.SIGKILL)
             run.process.wait()
+        redis.Redis.from_url(broker).flushdb()
     assert run.process.returncode == 0, run.lines
