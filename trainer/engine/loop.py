@@ -64,13 +64,13 @@ def run(spec: RunSpec, run_dir: Path, resume: bool, stop_at: int = 0) -> str:
 
 
 class Trainer:
-    """One rank's run of ``spec`` in ``run_dir``: built here, trained by ``train``. A failure from the first
-    record on, while building or training, is written as an event (``RunFiles.failure_recorded``) once the rank's
+    """One rank's run of ``spec`` in ``run_dir``: built here, trained by ``train``. A failure once the run's files
+    are open, while building or training, is written as an event (``RunFiles.failure_recorded``) after the rank's
     heartbeat and engine are closed, then raised. ``stop``: the process's SIGTERM listener, agreed on after each
     step; ``stop_at`` > 0: stop after that step too."""
 
     def __init__(self, spec: RunSpec, run_dir: Path, stop: StopRequest, *, resume: bool, stop_at: int = 0):
-        self.spec, self.run_dir, self.stop, self.stop_at = spec, run_dir, stop, stop_at
+        self.spec, self.stop, self.stop_at = spec, stop, stop_at
         self.engine = build_engine(spec)  # joins the process group: the rank is known before anything can fail
         self.files = RunFiles(run_dir, self.engine.rank)
         self.heartbeat = HeartbeatThread(run_dir, self.engine.rank, self.engine.world_size).start()
