@@ -52,6 +52,14 @@ class Backward:
     activations: Optional[SavedActivations] = None  # a measured step's probe of the activations autograd saved
 
 
+@dataclass(frozen=True)
+class Description:
+    """What an engine says of itself as the run starts."""
+
+    started: dict[str, Any]  # fields of the "started" event: the plan as this engine runs it, the device
+    layout: str              # one log line about the layout
+
+
 class Engine(Protocol):
     """One rank's side of a run. The constructor joins the job's process group (so the rank is known before anything
     can fail and be recorded); ``build`` makes the rest."""
@@ -62,7 +70,7 @@ class Engine(Protocol):
     dp_rank: int               # which share of the global batch this rank draws
     checkpoint_format: str     # what ``save`` writes, and what ``latest_checkpoint`` looks for
 
-    def describe(self) -> tuple[dict[str, Any], str]:
+    def describe(self) -> Description:
         """Fields for the "started" event, and one log line about the layout."""
 
     def build(self) -> None:

@@ -22,7 +22,7 @@ from trainer.checkpoint.dcp import load_checkpoint, save_checkpoint
 from trainer.checkpoint.weights import load_weights
 from trainer.contract import RunSpec
 from trainer.contract.manifest import FORMAT_DCP, CheckpointManifest
-from trainer.engine.base import Backward, MicroBatches, StepResult
+from trainer.engine.base import Backward, Description, MicroBatches, StepResult
 from trainer.engine.runfiles import RunFiles
 from trainer.engine.stragglers import ComputeClock
 from trainer.model import loss_fn
@@ -85,12 +85,13 @@ class NativeEngine:
         self.moe_layers = moe_layers(self.pm.modules)  # found once: a dense model's step walks no module tree
         self._compute_clock = ComputeClock.for_plan(spec.plan, self.pm.modules[0], self.pm.fsdp)
 
-    def describe(self) -> tuple[dict[str, Any], str]:
+    def describe(self) -> Description:
         plan, pm = self.spec.plan, self.pm
         held = sum(_plain(p).numel() for p in self.params)  # a DTensor's numel() is the whole tensor's
-        return ({"plan": {"dp": plan.dp, "cp": plan.cp, "tp": plan.tp, "pp": plan.pp}, "device": str(self.device)},
-                f"mesh pp={plan.pp} dp={plan.dp} cp={plan.cp} tp={plan.tp}; stages {pm.stage_ids}; this rank holds "
-                f"{held:,} of the model's {count(self.spec.model).total:,} parameters")
+        return Description(
+            {"plan": {"dp": plan.dp, "cp": plan.cp, "tp": plan.tp, "pp": plan.pp}, "device": str(self.device)},
+            f"mesh pp={plan.pp} dp={plan.dp} cp={plan.cp} tp={plan.tp}; stages {pm.stage_ids}; this rank holds "
+            f"{held:,} of the model's {count(self.spec.model).total:,} parameters")
 
     def announce(self, files: RunFiles) -> None:
         """Nothing beyond the loop's own "started" event."""

@@ -57,6 +57,14 @@ class SpikeGuard:
         return None
 
 
+@dataclass(frozen=True)
+class RollBack:
+    """Where a spike sends the run: the checkpoint to load, and the batches skipped from there."""
+
+    folder: Path
+    skip: Skip
+
+
 class DataSkips:
     """The run's skips, and the step whose batch each step trains on."""
 
@@ -68,7 +76,7 @@ class DataSkips:
         """The step whose batch the step after ``step`` steps done draws: past every batch skipped before it."""
         return step + sum(s.batches for s in self.skips if s.after_step <= step)
 
-    def roll_back(self, spike: Spike, factor: float, format: str, write: bool) -> tuple[Path, Skip]:
+    def roll_back(self, spike: Spike, factor: float, format: str, write: bool) -> RollBack:
         """The checkpoint (of ``format``) to go back to for ``spike``, and the skip that goes with it (recorded when
         ``write``: on rank 0). Raises LossDiverged when there is none to go back to, or the run went back there
         already."""
@@ -88,4 +96,4 @@ class DataSkips:
         self.skips.append(skip)
         if write:
             Skip.write_all(self.run_dir, self.skips)
-        return folder, skip
+        return RollBack(folder, skip)

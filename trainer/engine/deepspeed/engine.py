@@ -24,7 +24,7 @@ from trainer.contract import RunSpec
 from trainer.contract.manifest import FORMAT_DEEPSPEED, CheckpointManifest
 from trainer.contract.records import Event
 from trainer.contract.runfolder import write_json_atomic
-from trainer.engine.base import Backward, MicroBatches, StepResult
+from trainer.engine.base import Backward, Description, MicroBatches, StepResult
 from trainer.engine.runfiles import RunFiles
 from trainer.engine.deepspeed import checkpoint
 from trainer.engine.deepspeed.config import CONFIG_FILE, deepspeed_config
@@ -80,13 +80,15 @@ class DeepSpeedEngine:
         self.engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                     dist_init_required=False)
 
-    def describe(self) -> tuple[dict[str, Any], str]:
+    def describe(self) -> Description:
         plan = self.spec.plan
         n_params = count(self.spec.model).total  # ZeRO-3 and the pipeline leave each rank a part; this is the whole
-        return ({"engine": "deepspeed", "plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp,
-                                                 "zero_stage": plan.zero_stage}, "device": str(self.device)},
-                f"deepspeed ZeRO-{plan.zero_stage} dp={plan.dp} pp={plan.pp}; the model's {n_params:,} parameters on "
-                f"{self.world_size} ranks; config {CONFIG_FILE}")
+        return Description(
+            {"engine": "deepspeed",
+             "plan": {"dp": plan.dp, "tp": plan.tp, "pp": plan.pp, "zero_stage": plan.zero_stage},
+             "device": str(self.device)},
+            f"deepspeed ZeRO-{plan.zero_stage} dp={plan.dp} pp={plan.pp}; the model's {n_params:,} parameters on "
+            f"{self.world_size} ranks; config {CONFIG_FILE}")
 
     def announce(self, files: RunFiles) -> None:
         """What only this engine records once built: the config it made, the flops profiler against the formula."""
