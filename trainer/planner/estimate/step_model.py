@@ -10,6 +10,8 @@ bytes an activation element; the rest are named for what they are.
 """
 from __future__ import annotations
 
+from trainer.contract import ParallelPlan
+from trainer.contract.schedules import ZERO_BUBBLE
 from trainer.planner.estimate.expr import Term, maximum, symbols
 
 (B, s, dp, d, p, t, ep, m, v, T, h, e, r, k, c, L) = symbols("B s dp d p t ep m v T h e r k c L")
@@ -120,5 +122,8 @@ def offload_term(optimizer: bool, params: bool) -> Term:
     return OFFLOAD_BOTH if optimizer and params else (OFFLOAD_OPTIMIZER if optimizer else OFFLOAD_PARAMS)
 
 
-def bubble_term(zero_bubble: bool) -> Term:
-    return BUBBLE_ZERO if zero_bubble else BUBBLE
+def bubble(plan: ParallelPlan) -> tuple[Term, tuple[int, int, int]]:
+    """The pipeline's bubble, a fraction of a rank's work: the term of the plan's schedule and the numbers it takes.
+    Step time, memory's ``bubble_fraction`` and through it calibration call this."""
+    return (BUBBLE_ZERO if plan.pipeline_schedule in ZERO_BUBBLE else BUBBLE), (plan.pp, plan.model_chunks,
+                                                                                 plan.grad_accum)
