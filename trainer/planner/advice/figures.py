@@ -25,6 +25,7 @@ from trainer.planner.estimate import flops as F
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import count
+from trainer.planner.estimate.step_model import TOKENS_PER_S
 
 GB = 1e9
 
@@ -85,8 +86,8 @@ class Assessor:
         # the planner's kernel-by-kernel compute already follows the shapes: refine only its FLOPs model
         scale = 1.0 if planner.clock else self.reference_efficiency / efficiency
         step = numbers.step_time.with_compute_scaled(scale)
-        tokens = plan.global_batch * model.seq_len
         return Figures(model, plan, step, numbers.step_s, numbers.peak_bytes, numbers.peak_band.high,
                        numbers.capacity_bytes,
                        F.mfu(numbers.model_flops_per_step, step, self.cluster.gpu.peak_tflops, plan.world_size),
-                       tokens / step, efficiency, count(model).total, planner.model_flops_per_token)
+                       TOKENS_PER_S(plan.global_batch, model.seq_len, step), efficiency, count(model).total,
+                       planner.model_flops_per_token)

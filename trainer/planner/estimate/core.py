@@ -39,7 +39,7 @@ class Planner:
         self.counts = count(model)
         self.model_flops_per_token = F.model_flops_per_token(model)
         self.peak_flops = cluster.gpu.peak_tflops * 1e12
-        self.capacity_bytes = cluster.gpu.memory_gb * GB
+        self.capacity_bytes = MM.CAPACITY(cluster.gpu.memory_gb)
         self.recompute_flops = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
         # Hardware FLOPs per token split by where they run: the blocks (each stage its share of the layers) and
         # the V·h head (on the last stage only), so that the slowest stage sets a pipeline's pace.
@@ -220,7 +220,7 @@ class Planner:
         flight = M.in_flight(plan, stage)
         buffer_terms = self._buffers(plan, settings, last, params, layers)
         buffers = {name: float(sum(saved.value for saved in terms)) for name, terms in buffer_terms.items()}
-        dynamic = flight * sum(acts.values()) + sum(buffers.values())
+        dynamic = MM.ACTIVATIONS(flight, sum(acts.values())) + sum(buffers.values())
         return StageMemory(stage, params, sharded, states, acts, flight, layers, buffers,
                            self.overheads(plan, dynamic), held, buffer_terms, model_states.saved)
 
@@ -346,8 +346,7 @@ class Planner:
         e = M.activation_bytes_per_element(plan.precision)
         h = m.d_model
         T = m.seq_len // cp * b  # positions a rank holds of its micro-batch
-        tokens = plan.global_batch * m.seq_len
-        hw_flops = (self.model_flops_per_token + self.recompute_flops[ckpt]) * tokens
+        hw_flops = F.PER_STEP(self.model_flops_per_token + self.recompute_flops[ckpt], plan.global_batch, m.seq_len)
         # the slowest stage sets the pace: with equal stages the last (blocks/p + head)
         _, head, held, moe_here = self.pace(plan)
         layers = len(held)
@@ -446,8 +445,8 @@ class Planner:
                 M.optimizer_bytes_per_param(plan.precision, plan.engine, plan.zero_stage), self.clock.hbm)
         if o.step_overhead_s:
             add("step_overhead", S.STEP_OVERHEAD, o.step_overhead_s)
-        return StepTime(t, sum(t.values()), self.model_flops_per_token * tokens, hw_flops, eff, bw, collectives,
-                        used)
+        return StepTime(t, sum(t.values()), F.PER_STEP(self.model_flops_per_token, plan.global_batch, m.seq_len),
+                        hw_flops, eff, bw, collectives, used)
 
     # ---- the tuner's fast path -----------------------------------------------------------------------------
     def _stage_static(self, plan: ParallelPlan, stage: int, plan_key: tuple) -> StageStatic:
@@ -479,12 +478,12 @@ class Planner:
                 first = static  # what data parallel moves: the first stage's, or an uneven layout's largest
             acts = static.activation_bytes_per_microbatch
             if piped:  # without a pipeline one micro-batch is in flight
-                acts *= M.in_flight(plan, stage)
+                acts = MM.ACTIVATIONS(M.in_flight(plan, stage), acts)
             dynamic = acts + static.buffer_bytes
-            total = static.state_bytes + dynamic + fixed.expected + frag * dynamic
+            total = static.state_bytes + dynamic + fixed.expected + MM.FRAGMENTATION(frag, dynamic)
             if total > peak:
                 peak, peak_stage, states, flight = total, stage, static.state_bytes, acts
-            high = max(high, static.state_bytes + dynamic + fixed.high + frag_high * dynamic)
+            high = max(high, static.state_bytes + dynamic + fixed.high + MM.FRAGMENTATION(frag_high, dynamic))
         step = self.step_time(plan, first.params, first.params_sharded)
         return PlanSummary(step.seconds, peak, peak_stage, step.model_flops, states, flight, high)
 

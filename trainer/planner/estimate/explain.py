@@ -6,28 +6,37 @@ print the formulas of the terms that computed them (``step_model``, ``memory_mod
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
+from trainer.planner.estimate import memory_model as MM
 from trainer.planner.estimate import params as P
-from trainer.planner.estimate.comm import RING_GRAD_BYTES, ring_attention
+from trainer.planner.estimate import step_model as S
 from trainer.planner.estimate.core import GB, Planner, PlanNumbers, StageMemory, rank_of
 from trainer.planner.estimate.numbers import IN_MICROBATCH
+from trainer.planner.estimate.expr import Term
 from trainer.planner.estimate.figure import Figure, fig, symbolic, total
 from trainer.planner.estimate.kernel_time import Work
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError, check_plan
 
+
+def _figure(term: Term, args: tuple, unit: str, **shown: Any) -> Figure:
+    """A figure of a term called with ``args`` (numbers, or figures standing for their values): its value, its
+    formula and those numbers; ``shown`` adds what the reader may want beside them."""
+    numbers = tuple(a.value if isinstance(a, Figure) else a for a in args)
+    return Figure(term.function(*numbers), unit, term.formula, {**term.values(args), **shown})
+
+
 def _saved_figure(saved: M.Saved, unit: str = "bytes", count: int = 1, per: str = "", **shown: Any) -> Figure:
     """A figure of a ``memory_model`` term: its value, its formula and the numbers it took; ``per`` names a count of
     it (a stage's layers of one kind), ``shown`` adds what the reader may want beside them."""
-    values = saved.term.values(saved.args)
     if per:
-        return Figure(count * saved.value, unit, saved.term.formula_times(per), {**values, per: count, **shown})
-    return Figure(saved.value, unit, saved.term.formula, {**values, **shown})
+        return Figure(count * saved.value, unit, saved.term.formula_times(per),
+                      {**saved.term.values(saved.args), per: count, **shown})
+    return _figure(saved.term, saved.args, unit, **shown)
 
 
 @dataclass
@@ -138,30 +147,20 @@ def _parameters(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
 def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     m, plan = planner.model, numbers.plan
     B, L, h, s, V = plan.global_batch, m.n_layers, m.d_model, m.seq_len, m.vocab_size
-    tokens = B * s
     N = planner.counts.matmul_per_token
-    per_token = fig(planner.model_flops_per_token, "FLOP/token", "6·N + 12·L·h·s  (PaLM appendix B)",
-                    N=N, L=L, h=h, s=s)
+    per_token = _figure(F.MODEL_FLOPS_PER_TOKEN, (N, L, h, s), "FLOP/token")
     ckpt = plan.activation_checkpointing
-    recompute = fig(planner.recompute_flops[ckpt], "FLOP/token",
-                    {"full": "2·N_blocks + 4·L·h·s  (full recompute: the blocks' forward again)",
-                     "selective": "4·L·h·s  (selective recompute: the attention core's forward again)",
-                     "none": "0  (no recompute)"}[ckpt],
-                    checkpointing=ckpt, N_blocks=N - V * h, L=L, h=h, s=s)
-    hw = fig(per_token.value + recompute.value, "FLOP/token", "model + recompute", model=per_token,
-             recompute=recompute)
+    recompute = _figure(F.RECOMPUTE_FLOPS_PER_TOKEN[ckpt], F.recompute_args(m, ckpt), "FLOP/token",
+                        checkpointing=ckpt)
+    hw = total("FLOP/token", {"model": per_token, "recompute": recompute})
     out = {"model_per_token": per_token, "hardware_per_token": hw,
-           "model_per_step": fig(numbers.model_flops_per_step, "FLOP", "model_per_token · B·s",
-                                 model_per_token=per_token.value, B=B, s=s, tokens=tokens),
-           "hardware_per_step": fig(numbers.hardware_flops_per_step, "FLOP", "hardware_per_token · B·s",
-                                    hardware_per_token=hw.value, B=B, s=s, tokens=tokens)}
+           "model_per_step": _figure(F.PER_STEP, (per_token, B, s), "FLOP"),
+           "hardware_per_step": _figure(F.PER_STEP, (hw, B, s), "FLOP")}
     if not m.is_moe and m.ffn == 4 * m.d_model and m.kv_heads == m.n_heads:
         full = ckpt == "full"
-        out["narayanan_check"] = fig(F.narayanan_flops_per_step(m, B, full), "FLOP",
-                                     "96·B·s·L·h²·(1 + s/(6·h) + V/(16·L·h))" if full else
-                                     "72·B·s·L·h²·(1 + s/(6·h) + V/(12·h·L))", B=B, s=s, L=L, h=h, V=V,
-                                     note="Narayanan et al. 2021 eq. 3: equals model_per_step without recompute "
-                                          "and hardware_per_step with full recompute (N = 12·L·h² + V·h)")
+        out["narayanan_check"] = _figure(F.NARAYANAN[full], (B, s, L, h, V), "FLOP",
+                                         note="Narayanan et al. 2021 eq. 3: equals model_per_step without recompute "
+                                              "and hardware_per_step with full recompute (N = 12·L·h² + V·h)")
     return out
 
 
@@ -178,10 +177,8 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
     per_mb = {name: _saved_figure(h.saved, count=h.count, per=h.per) for name, h in st.activation_terms.items()}
     per_mb_total = total("bytes", per_mb)
     per_mb_total.terms.update(common)
-    activations = fig(st.activations, "bytes", "in_flight · activations_per_microbatch",
-                      in_flight=_saved_figure(M.in_flight_saved(plan, st.stage), "micro-batches",
-                                              schedule=plan.pipeline_schedule),
-                      activations_per_microbatch=per_mb_total)
+    in_flight = _saved_figure(M.in_flight_saved(plan, st.stage), "micro-batches", schedule=plan.pipeline_schedule)
+    activations = _figure(MM.ACTIVATIONS, (in_flight, per_mb_total), "bytes")
     buffers = {}
     for name, terms in st.buffer_terms.items():
         if name == "recompute_working_set":
@@ -205,9 +202,7 @@ def _overhead_figure(name: str, band: M.Band, planner: Planner, dynamic: float) 
     """One named overhead as expected, with its range in the formula's note."""
     if name == "fragmentation":
         expected, high = planner.fragmentation
-        return fig(band.expected, "bytes", "fragmentation · dynamic  (the most: fragmentation_high · dynamic; "
-                   "dynamic = activations + buffers)", fragmentation=expected, fragmentation_high=high,
-                   dynamic=dynamic)
+        return _figure(MM.FRAGMENTATION, (expected, dynamic), "bytes", fragmentation_high=high, high=band.high)
     return fig(band.expected, "bytes", f"expected  ({band.low / M.GIB:.2f} to {band.high / M.GIB:.2f} GiB)",
                expected=band.expected)
 
@@ -229,16 +224,11 @@ def _ring_figure(planner: Planner, plan: ParallelPlan, T: int, e: int, numbers: 
     m = planner.model
     kv, bw = m.kv_heads * m.head_dim, numbers.bandwidths["cp"]
     flops = planner.peak_flops * numbers.efficiency
-    full = plan.activation_checkpointing == "full"
-    ring = ring_attention(T, m.d_model, kv, plan.tp, plan.cp, e, bw, flops, full)
-    a = fig(2 * T * T * (m.d_model / plan.tp) / flops, "s", "2·T²·(h/t) / (peak_flops · efficiency)  (a half-block "
-            "of attention, q kᵀ and p v over T × T/2 pairs)", T=T, h=m.d_model, t=plan.tp,
-            peak_flops=planner.peak_flops, efficiency=numbers.efficiency)
-    return fig(ring.exposed_s, "s", "forwards·(cp − 1)·max(0, S_kv/bw − a) + (cp − 1)·max(0, (S_kv + S_grad)/bw − 2·a) "
-               "+ S_grad/bw  (cp − 1 forward hops of K and V; backward, cp − 1 more beside cp hops of the fp32 "
-               "gradient accumulators, the last one home hidden by nothing; the forward ring twice with full "
-               "recompute)", forwards=2 if full else 1, cp=plan.cp, S_kv=2 * T * kv / plan.tp * e,
-               S_grad=2 * T * kv / plan.tp * RING_GRAD_BYTES, bw=bw, a=a)
+    a = _figure(S.HALF_BLOCK, (T, m.d_model, plan.tp, flops), "s", peak_flops=planner.peak_flops,
+                efficiency=numbers.efficiency)
+    blocks = (_figure(S.KV_BLOCK, (T, kv, plan.tp, e), "bytes"), _figure(S.GRAD_BLOCK, (T, kv, plan.tp), "bytes"))
+    forwards = 2 if plan.activation_checkpointing == "full" else 1
+    return _figure(S.RING_EXPOSED, (forwards, plan.cp, *blocks, bw, a), "s")
 
 
 def _work(work: Work, what: str) -> Figure:
@@ -308,35 +298,24 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         terms[name] = _term_figure(used, name, "s", own)
         terms[name].terms.update(extra)
     step = total("s", terms)
-    tokens = plan.global_batch * m.seq_len
-    gpus, peak, peak_tflops = plan.world_size, planner.peak_flops, planner.cluster.gpu.peak_tflops
+    gpus, peak = plan.world_size, planner.peak_flops
     return {
         "step": step,
-        "tokens_per_s": fig(tokens / step.value, "tokens/s", "B·s / step", B=plan.global_batch, s=m.seq_len,
-                            step=step.value),
-        "mfu": fig(F.mfu(numbers.model_flops_per_step, step.value, peak_tflops, gpus), "fraction",
-                   "model_flops_per_step / (step · gpus · peak_flops)",
-                   model_flops_per_step=numbers.model_flops_per_step, step=step.value, peak_flops=peak, gpus=gpus,
-                   peak_name="dense bf16 (datasheet)"),
-        "hfu": fig(F.mfu(numbers.hardware_flops_per_step, step.value, peak_tflops, gpus), "fraction",
-                   "hardware_flops_per_step / (step · gpus · peak_flops)",
-                   hardware_flops_per_step=numbers.hardware_flops_per_step, step=step.value, peak_flops=peak,
-                   gpus=gpus),
+        "tokens_per_s": _figure(S.TOKENS_PER_S, (plan.global_batch, m.seq_len, step.value), "tokens/s"),
+        "mfu": _figure(F.UTILISATION, (numbers.model_flops_per_step, step.value, peak, gpus), "fraction",
+                       peak_name="dense bf16 (datasheet)", what="model FLOPs"),
+        "hfu": _figure(F.UTILISATION, (numbers.hardware_flops_per_step, step.value, peak, gpus), "fraction",
+                       what="hardware FLOPs"),
     }
 
 
 def _budget(cluster: ClusterSpec, plan: ParallelPlan, model: ModelSpec, step_s: float, tokens: float):
-    per_step = plan.global_batch * model.seq_len
-    steps = math.ceil(tokens / per_step)
-    seconds = steps * step_s
-    hours = seconds * plan.world_size / 3600
-    return {"tokens": fig(tokens, "tokens", "token_budget  (requested)", token_budget=tokens),
-            "steps": fig(steps, "steps", "⌈tokens / tokens_per_step⌉  (tokens_per_step = B·s)", tokens=tokens,
-                         tokens_per_step=per_step),
-            "time": fig(seconds, "s", "steps · step", steps=steps, step=step_s),
-            "gpu_hours": fig(hours, "GPU·h", "time · gpus / 3600", time=seconds, gpus=plan.world_size),
-            "cost": fig(hours * cluster.gpu_hour_cost, "currency", "gpu_hours · gpu_hour_cost", gpu_hours=hours,
-                        gpu_hour_cost=cluster.gpu_hour_cost)}
+    tokens_figure = _figure(S.BUDGET_TOKENS, (tokens,), "tokens")
+    steps = _figure(S.BUDGET_STEPS, (tokens, plan.global_batch, model.seq_len), "steps")
+    seconds = fig(steps.value * step_s, "s", "steps · step", steps=steps, step=step_s)
+    hours = _figure(S.BUDGET_GPU_HOURS, (seconds, plan.world_size), "GPU·h")
+    return {"tokens": tokens_figure, "steps": steps, "time": seconds, "gpu_hours": hours,
+            "cost": _figure(S.BUDGET_COST, (hours, cluster.gpu_hour_cost), "currency")}
 
 
 def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options: EstimateOptions | None = None,
@@ -358,7 +337,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options
                     "stage_0  (the stage total)", stage=peak["stage"], rank=peak["rank"],
                     **{f"stage_{st['stage']}": st["total"].value for st in stages}),
         "peak_stage": peak["stage"], "peak_rank": peak["rank"],
-        "capacity": fig(capacity, "bytes", "memory_gb · 1e9  (gpu.memory_gb)", memory_gb=cluster.gpu.memory_gb),
+        "capacity": _figure(MM.CAPACITY, (cluster.gpu.memory_gb,), "bytes"),
         "band": numbers.peak_band.to_dict(),
         "fits": numbers.fits,
         "rank_rule": "rank = ((stage·dp + d)·cp + c)·tp + j; the figures are for d = 0, c = 0, j = 0 (the largest "

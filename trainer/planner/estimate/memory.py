@@ -237,7 +237,7 @@ def fixed_overheads(on_gpu: bool, distributed: bool, overhead_bytes: float | Non
 def fragmentation_band(dynamic: float, expected: float, high: float) -> Band:
     """Bytes the allocator loses to fragmentation of the ``dynamic`` part: none at the least, the expected share
     (calibration fits it), the high share at the most."""
-    return Band(0.0, expected * dynamic, max(expected, high) * dynamic)
+    return Band(0.0, MM.FRAGMENTATION(expected, dynamic), MM.FRAGMENTATION(max(expected, high), dynamic))
 
 
 # ---- activations ----------------------------------------------------------------------------------------------

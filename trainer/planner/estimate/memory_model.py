@@ -106,6 +106,14 @@ AUTOCAST_WEIGHT_COPIES = Term(2 * P_rank, "P_rank", "16-bit casts of fp32 weight
 PIPELINE_P2P = Term(2 * T * h * e / r, "T h e r", "send + receive")
 ALL_TO_ALL = Term(2 * T * k * c * h * e, "T k c h e", "dispatch and combine buffers")
 
+# ---- a stage's activations, what the allocator loses, what the GPU has -------------------------------------------
+(in_flight, per_microbatch, fragmentation, dynamic, memory_gb) = symbols(
+    "in_flight activations_per_microbatch fragmentation dynamic memory_gb")
+ACTIVATIONS = Term(in_flight * per_microbatch, "in_flight activations_per_microbatch")
+FRAGMENTATION = Term(fragmentation * dynamic, "fragmentation dynamic",
+                     "the allocator's loss of the dynamic part: activations in flight + buffers")
+CAPACITY = Term(memory_gb * 1e9, "memory_gb", "gpu.memory_gb")
+
 # ---- micro-batches in flight on a pipeline rank (docs/formulas.md, Pipeline bubble) ------------------------------
 IN_FLIGHT_ONE = Term(lift(1), "", "no pipeline: each micro-batch is freed after its backward")
 IN_FLIGHT_GPIPE = Term(m, "m", "GPipe: every micro-batch")

@@ -10,6 +10,7 @@ from typing import Mapping
 
 from trainer.planner.estimate.comm import Collectives
 from trainer.planner.estimate.memory import Band, Held, Saved
+from trainer.planner.estimate.memory_model import ACTIVATIONS
 from trainer.contract import ParallelPlan
 
 
@@ -42,7 +43,7 @@ class StageMemory:
 
     @property
     def activations(self) -> float:
-        return self.in_flight * sum(self.activations_per_microbatch.values())
+        return ACTIVATIONS(self.in_flight, sum(self.activations_per_microbatch.values()))
 
     @property
     def model_state_bytes(self) -> float:
