@@ -246,7 +246,7 @@ class StepTerms:
         return communication / (compute + communication or 1.0)
 
 
-# the name trial mode's features went by
+# trial mode's features under their earlier name, which its benchmark (tune/bench_trials.py) still imports
 TimeFeatures = StepTerms
 
 

@@ -208,21 +208,21 @@ class Planner:
         held = self.rank_layers(plan, stage)
         layers = len(held)
         n_moe = sum(1 for i in held if m.is_moe_layer(i))
-        held: dict[str, M.Held] = {}
+        activation_terms: dict[str, M.Held] = {}
         for moe_layer, n in ((False, layers - n_moe), (True, n_moe)):
             if n:
                 per = "n_moe_layers" if moe_layer else ("n_dense_layers" if m.is_moe else "n_layers")
                 for saved in M.layer_saved(self.layer_shape(moe_layer, plan.cp), settings):
-                    held[("moe_" if moe_layer else "") + saved.name] = M.Held(saved, n, per)
+                    activation_terms[("moe_" if moe_layer else "") + saved.name] = M.Held(saved, n, per)
         for saved in M.edge_saved(self.share(plan.cp), settings, stage == 0, last):
-            held[saved.name] = M.Held(saved)
-        acts = {name: h.value for name, h in held.items()}
+            activation_terms[saved.name] = M.Held(saved)
+        acts = {name: h.value for name, h in activation_terms.items()}
         flight = M.in_flight(plan, stage)
         buffer_terms = self._buffers(plan, settings, last, params, layers)
         buffers = {name: float(sum(saved.value for saved in terms)) for name, terms in buffer_terms.items()}
         dynamic = MM.ACTIVATIONS(flight, sum(acts.values())) + sum(buffers.values())
         return StageMemory(stage, params, sharded, states, acts, flight, layers, buffers,
-                           self.overheads(plan, dynamic), held, buffer_terms, model_states.saved)
+                           self.overheads(plan, dynamic), activation_terms, buffer_terms, model_states.saved)
 
     def overheads(self, plan: ParallelPlan, dynamic: float) -> dict[str, M.Band]:
         """What a rank's GPU holds besides the plan's tensors, named, each a range: the fixed overheads and the
