@@ -4,8 +4,10 @@ import pytest
 from trainer.contract import ParallelPlan, SpecError
 from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
 from trainer.planner.advice import Gemm, advise, gemm_efficiency
-from trainer.planner.advice.figures import refined_step
+from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.gpu_kernels import kernels_for
+from trainer.planner.estimate.numbers import IN_MICROBATCH
+from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.flops import model_flops_per_token
 
 A100 = kernels_for("A100-SXM-80GB")
@@ -113,9 +115,17 @@ def test_on_the_cpu_every_figure_is_the_planners_own():
 
 
 def test_the_pipeline_bubble_follows_a_scaled_compute_term():
-    parts = {"compute": 2.0, "tensor_parallel": 1.0, "pipeline_bubble": 1.5, "data_parallel": 0.5}
-    # compute halved: the bubble (p−1)/(v·m) of (compute + tp) = 3 → 2 shrinks by the same 2/3
-    assert refined_step(parts, 5.0, 0.5) == pytest.approx(1.0 + 1.0 + 1.0 + 0.5)
+    flops_model = EstimateOptions(compute_model="efficiency", compute_efficiency=0.4)
+    plan = ParallelPlan(dp=2, tp=2, pp=2, micro_batch=2, global_batch=32, precision="bf16")
+    step = Planner(GPT2, cluster("A100-SXM-80GB", 1), flops_model).evaluate(plan).step_time
+    parts = step.parts
+    compute, work = parts["compute"], sum(parts[k] for k in IN_MICROBATCH if k in parts)
+    # compute halved: the bubble (p−1)/(v·m) of a micro-batch's work shrinks as that work does
+    assert step.with_compute_scaled(0.5) == pytest.approx(
+        step.seconds - compute / 2 - parts["pipeline_bubble"] * compute / 2 / work, rel=1e-12)
+    # and is the planner's own step at twice the efficiency
+    twice = Planner(GPT2, cluster("A100-SXM-80GB", 1), flops_model.replace(compute_efficiency=0.8))
+    assert step.with_compute_scaled(0.5) == pytest.approx(twice.evaluate(plan).step_s, rel=1e-12)
 
 
 @pytest.mark.parametrize("kwargs, field, number", [

@@ -12,7 +12,7 @@ def test_it_prints_the_gpt3_breakdown_with_formulas(capsys):
                           "--tokens", "3e11", "--inference"])
     out = capsys.readouterr().out
     assert code == 0
-    for text in ("174,604.259 M params", "6·N + 12·L·h·s", "Memory per GPU, pipeline stage 0", "Peak:",
+    for text in ("174,604.259 M params", "6 · N + 12 · L · h · s", "Memory per GPU, pipeline stage 0", "Peak:",
                  "2 · (t − 1) / t", "mfu", "gpu_hours", "2 · L · n_kv_heads · head_dim · bytes"):
         assert text in out
 

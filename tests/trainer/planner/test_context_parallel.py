@@ -7,7 +7,8 @@ import pytest
 
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS, cluster
-from trainer.planner.estimate.comm import RING_GRAD_BYTES, rank_of, ring_attention
+from trainer.planner.estimate.comm import rank_of, ring_attention
+from trainer.planner.estimate.step_model import RING_GRAD_BYTES
 from trainer.planner.estimate import estimate
 from trainer.planner.estimate.core import Planner
 from trainer.planner.tune import tune

@@ -1,5 +1,6 @@
-"""The step-time model is written once: each term of a step is one expression in ``step_model``, from which both the
-number and the printed formula come, and no other module restates one."""
+"""The planner's formulas are written once: each term of a step is one expression in ``step_model``, each term of a
+rank's memory one in ``memory_model``, from which both the number and the printed formula come, and no other module
+restates one."""
 from __future__ import annotations
 
 import ast
@@ -12,14 +13,16 @@ import pytest
 from tests.trainer.planner.test_figure_formulas import evaluate
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
-from trainer.planner.estimate import estimate, step_model
+from trainer.planner.estimate import estimate, memory_model, step_model
+from trainer.planner.estimate import memory as M
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.expr import Term, symbols
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.published import published_runs
 
 ROOT = Path(__file__).resolve().parents[3]
-TERMS = {name: value for name, value in vars(step_model).items() if isinstance(value, Term)}
+TERMS = {f"{module.__name__.rsplit('.', 1)[1]}.{name}": value for module in (step_model, memory_model)
+         for name, value in vars(module).items() if isinstance(value, Term)}
 PLANS = [
     (MODELS["gpt3-175b"], cluster("A100-SXM-80GB", 16), ParallelPlan(dp=2, tp=8, pp=8, micro_batch=1, global_batch=64,
                                                                      precision="bf16", sequence_parallel=True),
@@ -53,6 +56,33 @@ def test_every_part_of_a_step_prints_the_formula_of_the_term_that_computed_it():
     assert len(seen) >= 14
 
 
+def test_every_part_of_a_ranks_memory_prints_the_formula_of_the_term_that_computed_it():
+    cases = PLANS + [(r.model, r.cluster, r.plan, r.options) for r in published_runs()]
+    seen = set()
+    for model, clu, plan, options in cases:
+        numbers = Planner(model, clu, options).evaluate(plan)
+        stages = estimate(model, plan, clu, options).memory["stages"]
+        for st, figures in zip(numbers.stages, stages):
+            for name, held in st.activation_terms.items():
+                figure = figures["activations_per_microbatch"].terms[name]
+                formula = held.saved.term.formula_times(held.per) if held.per else held.saved.term.formula
+                assert figure.formula == formula and figure.value == held.value, name
+                seen.add(held.saved.term)
+            for name, saved in st.state_terms.items():
+                assert figures[name].formula == saved.term.formula and figures[name].value == saved.value, name
+                seen.add(saved.term)
+            for name, terms in st.buffer_terms.items():
+                shown = figures["buffers"].terms[name]
+                parts = [shown] if len(terms) == 1 else list(shown.terms.values())
+                for saved, figure in zip(terms, parts, strict=True):
+                    assert figure.formula == saved.term.formula and figure.value == saved.value, name
+                    seen.add(saved.term)
+            in_flight = figures["activations"].terms["in_flight"]
+            assert in_flight.formula == M.in_flight_saved(plan, st.stage).term.formula
+            assert in_flight.value == st.in_flight
+    assert len(seen) >= 30
+
+
 def _squeeze(text: str) -> str:
     return re.sub(r"\s+", "", text)
 
@@ -67,19 +97,24 @@ def _strings(path: Path) -> str:
                      if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings)
 
 
-def test_no_module_restates_a_step_time_formula(tmp_path):
-    """Whitespace aside, the text of no term appears among the strings of the project's code: a formula printed
-    anywhere is printed from its term (in ``step_model`` the terms are Python, not this text)."""
+def test_no_module_restates_a_formula(tmp_path):
+    """Whitespace aside, the text of no term of step time or memory appears among the strings of the project's code:
+    a formula printed anywhere is printed from its term (in ``step_model`` and ``memory_model`` the terms are Python,
+    not this text)."""
     texts = {name: _squeeze(term.expr.text()) for name, term in TERMS.items() if len(term.expr.names()) > 1}
     sources = [p for folder in ("trainer", "webapp", "workers", "deploy") for p in (ROOT / folder).rglob("*.py")]
     restated = [(name, str(p.relative_to(ROOT))) for p in sources
                 for strings in [_squeeze(_strings(p))] for name, text in texts.items() if text in strings]
     assert not restated
-    assert len(texts) >= 20
+    assert sum(name.startswith("step_model.") for name in texts) >= 20
+    assert sum(name.startswith("memory_model.") for name in texts) >= 40
     # the check finds a restated formula, and leaves a docstring's alone
     planted = tmp_path / "planted.py"
-    planted.write_text('"""The bubble is (p − 1)/(v·m)."""\nLABEL = "bubble (p−1) / (v·m) of the step"\n')
-    assert _squeeze(_strings(planted)).count(texts["BUBBLE"]) == 1
+    planted.write_text('"""The bubble is (p − 1)/(v·m)."""\nLABEL = "bubble (p−1) / (v·m) of the step"\n'
+                       'NORMS = {"layernorm_inputs": "2·T·h·e_norm / r  (the norms\' inputs)"}\n')
+    strings = _squeeze(_strings(planted))
+    assert strings.count(texts["step_model.BUBBLE"]) == 1
+    assert strings.count(texts["memory_model.LAYERNORM_INPUTS"]) == 1
 
 
 @pytest.mark.parametrize("name", sorted(TERMS))

@@ -5,8 +5,8 @@ The planner (``estimate.core.Planner``) gives them; the advice then refines the 
 (``gemms.shape_efficiency``) relative to the model it was asked about:
 
     compute' = compute · E_shape(asked) / E_shape(variant)
-    bubble'  = bubble · (work' of a micro-batch) / (work of a micro-batch)   (numbers.IN_MICROBATCH)
-    step'    = step − compute − bubble + compute' + bubble'
+    step'    = the planner's step with compute' in place of compute, its pipeline bubble following the micro-batch's
+               work (``StepTime.with_compute_scaled``)
 
 so the asked-about model's figures are the planner's own, and a variant's differ from the planner's by its shapes
 alone. Without tile figures (the CPU device) E_shape is 1 and every figure is the planner's. Where the planner
@@ -20,12 +20,12 @@ from typing import Any
 
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
 from trainer.planner.estimate.gpu_kernels import kernels_for
-from trainer.planner.estimate.numbers import IN_MICROBATCH
 from trainer.planner.estimate.gemms import shape_efficiency
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import count
+from trainer.planner.estimate.step_model import TOKENS_PER_S
 
 GB = 1e9
 
@@ -63,16 +63,6 @@ class Figures:
                 "plan": self.plan.to_dict()}
 
 
-def refined_step(parts: dict[str, float], step: float, compute_scale: float) -> float:
-    """The step time with its compute term scaled by ``compute_scale`` and the pipeline bubble following it."""
-    compute = parts.get("compute", 0.0)
-    inside = sum(parts.get(k, 0.0) for k in IN_MICROBATCH)
-    new_compute = compute * compute_scale
-    bubble = parts.get("pipeline_bubble", 0.0)
-    new_bubble = bubble * (inside - compute + new_compute) / inside if inside > 0 else bubble
-    return step - compute - bubble + new_compute + new_bubble
-
-
 class Assessor:
     """Figures of variants of one model on one cluster, each refined against the asked-about model's shapes."""
 
@@ -95,9 +85,9 @@ class Assessor:
         efficiency = shape_efficiency(model, plan, self.tiles).value
         # the planner's kernel-by-kernel compute already follows the shapes: refine only its FLOPs model
         scale = 1.0 if planner.clock else self.reference_efficiency / efficiency
-        step = refined_step(numbers.time, numbers.step_s, scale)
-        tokens = plan.global_batch * model.seq_len
+        step = numbers.step_time.with_compute_scaled(scale)
         return Figures(model, plan, step, numbers.step_s, numbers.peak_bytes, numbers.peak_band.high,
                        numbers.capacity_bytes,
                        F.mfu(numbers.model_flops_per_step, step, self.cluster.gpu.peak_tflops, plan.world_size),
-                       tokens / step, efficiency, count(model).total, planner.model_flops_per_token)
+                       TOKENS_PER_S(plan.global_batch, model.seq_len, step), efficiency, count(model).total,
+                       planner.model_flops_per_token)

@@ -53,15 +53,11 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Sequence
 
-from trainer.planner.estimate.core import Planner, PlanNumbers
-from trainer.planner.estimate.memory import bubble_fraction, fixed_overheads
-from trainer.planner.estimate.numbers import IN_MICROBATCH
+from trainer.planner.estimate.core import Planner
+from trainer.planner.estimate.memory import fixed_overheads
 from trainer.planner.estimate.explain import validate_inputs
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError
-
-_COMPUTE = ("compute",)
-_COMM = ("tensor_parallel", "context_parallel", "expert_all_to_all", "pipeline_p2p", "data_parallel", "offload")
 
 # The fitted coefficients: (name, lower bound, the option a unit of it is, how the option follows from the fit).
 # "compute" and "communication" are reciprocals of efficiencies (x = 1/efficiency ≥ 1); the rest are seconds.
@@ -197,21 +193,6 @@ def ideal_options(base: EstimateOptions) -> EstimateOptions:
                         expert_overhead_s=0.0)
 
 
-@dataclass(frozen=True, slots=True)
-class TimeFeatures:
-    """A plan's step at ideal options: C compute seconds (with its share of the pipeline bubble), N bandwidth
-    seconds of communication (with the rest of the bubble) and K latency hops (``collective_feature``). What trial
-    mode refits (``tune.trials``); calibration uses the fuller ``StepTerms``."""
-
-    compute_s: float
-    communication_s: float
-    latency_hops: float = 0.0
-
-    @property
-    def communication_share(self) -> float:
-        return self.communication_s / (self.compute_s + self.communication_s or 1.0)
-
-
 @dataclass(frozen=True)
 class TimeFit:
     """Coefficients of the step-time terms (module docstring); the defaults are the ideal options' own."""
@@ -228,11 +209,8 @@ class TimeFit:
     dp_call_s: float = 0.0
     pp_call_s: float = 0.0
 
-    def predict(self, f: TimeFeatures | "StepTerms") -> float:
-        if isinstance(f, StepTerms):
-            return f.rest_s + sum(self.coefficient(name) * f.values[name] for name in TERMS)
-        return self.compute * f.compute_s + self.communication * f.communication_s + self.latency_s * f.latency_hops \
-            + self.fixed_s
+    def predict(self, f: "StepTerms") -> float:
+        return f.rest_s + sum(self.coefficient(name) * f.values[name] for name in TERMS)
 
     def coefficient(self, term: str) -> float:
         return getattr(self, _FIT_FIELD[term])
@@ -261,49 +239,39 @@ class StepTerms:
     values: dict[str, float]
     rest_s: float
 
+    @property
+    def communication_share(self) -> float:
+        """What of the step at ideal options is communication rather than compute."""
+        compute, communication = self.values["compute"], self.values["communication"]
+        return communication / (compute + communication or 1.0)
+
+
+# trial mode's features under their earlier name, which its benchmark (tune/bench_trials.py) still imports
+TimeFeatures = StepTerms
+
 
 def step_terms(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, base: EstimateOptions) -> StepTerms:
     """The features of ``plan``: the step at ideal options (efficiencies 1, w½ = 0, nothing else) and how much it
     grows when one coefficient is set to 1 — the planner is linear in each, so these are exact."""
+    return plans_step_terms(model, cluster, [plan], base)[0]
+
+
+def plans_step_terms(model: ModelSpec, cluster: ClusterSpec, plans: Sequence[ParallelPlan],
+                     base: EstimateOptions) -> list[StepTerms]:
+    """``step_terms`` of each of ``plans`` of one model on one cluster, each planner built once."""
     ideal = ideal_options(base).replace(efficiency_half_work=0.0)
-
-    def step(**unit) -> float:
-        return Planner(model, cluster, ideal.replace(**unit)).evaluate(plan).step_s
-
-    zero = step()
-    values = {"compute": step(compute_efficiency=0.5) - zero,        # doubling compute time adds C
-              "communication": step(comm_efficiency=0.5) - zero,     # doubling bandwidth time adds N
-              "compute_shape": step(efficiency_half_work=1.0) - zero,  # C·(1 + 1/w) − C = C/w
-              "fixed": 1.0}
-    for term, option in _SECONDS_OPTION.items():
-        if term != "fixed":
-            values[term] = step(**{option: 1.0}) - zero
-    return StepTerms(values, zero - values["compute"] - values["communication"])
-
-
-def _features(numbers: PlanNumbers) -> TimeFeatures:
-    """C and N take the bubble's share of what it stretches; K from ``collective_feature``."""
-    t = numbers.time
-    compute = sum(t.get(k, 0.0) for k in _COMPUTE)
-    in_stage = sum(t.get(k, 0.0) for k in IN_MICROBATCH)
-    bubble = t.get("pipeline_bubble", 0.0)
-    compute_share = bubble * compute / in_stage if in_stage else 0.0
-    comm = sum(t.get(k, 0.0) for k in _COMM) + bubble - compute_share
-    return TimeFeatures(compute + compute_share, comm, collective_feature(numbers))
-
-
-def collective_feature(numbers: PlanNumbers) -> float:
-    """K: the latency hops of a step (comm.collective_counts) as step time counts them — the tp and all-to-all ones
-    run inside each micro-batch's work, which the pipeline bubble stretches by its fraction (``bubble_fraction``:
-    the schedule's); pipeline messages and dp collectives once. Step time = … + α·K."""
-    plan, calls = numbers.plan, numbers.latency_hops
-    stretch = 1.0 + bubble_fraction(plan)
-    return (calls.get("tp", 0.0) + calls.get("ep", 0.0)) * stretch + calls.get("pp", 0.0) + calls.get("dp", 0.0)
-
-
-def time_features(planner: Planner, plan: ParallelPlan) -> TimeFeatures:
-    """C, N and K of one plan (``planner`` at ideal options): trial mode's refit."""
-    return _features(planner.evaluate(plan))
+    units = {"zero": {}, "compute": dict(compute_efficiency=0.5),        # doubling compute time adds C
+             "communication": dict(comm_efficiency=0.5),                # doubling bandwidth time adds N
+             "compute_shape": dict(efficiency_half_work=1.0)}           # C·(1 + 1/w) − C = C/w
+    units.update({term: {option: 1.0} for term, option in _SECONDS_OPTION.items() if term != "fixed"})
+    planners = {name: Planner(model, cluster, ideal.replace(**unit)) for name, unit in units.items()}
+    out = []
+    for plan in plans:
+        zero = planners["zero"].evaluate(plan).step_s
+        values = {name: planner.evaluate(plan).step_s - zero for name, planner in planners.items() if name != "zero"}
+        values["fixed"] = 1.0
+        out.append(StepTerms(values, zero - values["compute"] - values["communication"]))
+    return out
 
 
 def fit_time(features: Sequence[StepTerms], y: Sequence[float], terms: Sequence[str] = TERMS,
@@ -352,6 +320,12 @@ MODELS: tuple[tuple[str, ...], ...] = (
      "fixed"),
     TERMS,
 )
+# Trial mode (tune.trials) measures a handful of plans of one model on one cluster, three to a third of its pool,
+# and must rank the rest: what sets them apart is how much of each step is compute and how much communication, so
+# it frees those two and keeps every other term at the tuner's options. Host overheads, latency and per-call costs
+# move with the same degrees as those two across such plans (nearly collinear on a few points), and choosing among
+# MODELS by leave-one-out on three to ten runs picks on noise.
+TRIAL_TERMS = ("compute", "communication")
 
 
 LEAVE_ONE_OUT_RUNS = 25

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from trainer.contract import ParallelPlan
+from trainer.planner.estimate import step_model as S
 
 # DDP's default bucket_cap_mb: gradients are all-reduced in ~25 MB buckets, one collective each
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
@@ -132,7 +133,6 @@ def collective_counts(plan: ParallelPlan, n_layers: int, moe_layers_per_stage: i
 
 
 # ---- context parallel: the K/V ring of each attention --------------------------------------------------------
-RING_GRAD_BYTES = 4  # the ring's dK/dV accumulators travel in fp32 (trainer/parallel/context.py)
 
 
 @dataclass(slots=True)
@@ -159,14 +159,13 @@ def ring_attention(tokens: float, d_model: int, kv_dim: int, tp: int, cp: int, e
     accumulator's hop home overlaps nothing. Full recompute runs the forward ring twice."""
     if cp <= 1:
         return RingAttention(0.0, 0.0, 0.0, 0)
-    kv_block = 2 * tokens * (kv_dim / tp) * e
-    grad_block = 2 * tokens * (kv_dim / tp) * RING_GRAD_BYTES
-    half_block_s = 2 * tokens * tokens * (d_model / tp) / flops_per_s
+    kv_block = S.KV_BLOCK(tokens, kv_dim, tp, e)
+    grad_block = S.GRAD_BLOCK(tokens, kv_dim, tp)
+    half_block_s = S.HALF_BLOCK(tokens, d_model, tp, flops_per_s)
     forwards = 2 if full_recompute else 1
     fwd_hop, bwd_hop = kv_block / bandwidth, (kv_block + grad_block) / bandwidth
     sent = forwards * (cp - 1) * kv_block + (cp - 1) * kv_block + cp * grad_block
     transfer = forwards * (cp - 1) * fwd_hop + (cp - 1) * bwd_hop + grad_block / bandwidth
-    exposed = (forwards * (cp - 1) * max(0.0, fwd_hop - half_block_s)
-               + (cp - 1) * max(0.0, bwd_hop - 2 * half_block_s) + grad_block / bandwidth)
+    exposed = S.RING_EXPOSED(forwards, cp, kv_block, grad_block, bandwidth, half_block_s)
     hops = forwards * (cp - 1) + 2 * (cp - 1) + 1
     return RingAttention(sent, transfer, exposed, hops)

@@ -11,6 +11,7 @@ from typing import Mapping
 
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
+from trainer.planner.estimate import memory_model as MM
 from trainer.planner.estimate import step_model as S
 from trainer.planner.estimate.comm import (collective_counts, fits_in_node, pipeline_scatter_gather, rank_of,
                                            ring_all_reduce_s, ring_attention, ring_gather_s, tp_all_reduces_per_layer)
@@ -21,7 +22,7 @@ from trainer.planner.estimate.numbers import (IN_MICROBATCH, PlanNumbers, PlanSu
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.params import Layout, count, layout, rank_expert_params, rank_params, stage_layers
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan
-from trainer.contract.schedules import V_SCHEDULES, ZERO_BUBBLE
+from trainer.contract.schedules import V_SCHEDULES
 
 GB = 1e9
 
@@ -38,7 +39,7 @@ class Planner:
         self.counts = count(model)
         self.model_flops_per_token = F.model_flops_per_token(model)
         self.peak_flops = cluster.gpu.peak_tflops * 1e12
-        self.capacity_bytes = cluster.gpu.memory_gb * GB
+        self.capacity_bytes = MM.CAPACITY(cluster.gpu.memory_gb)
         self.recompute_flops = {c: F.recompute_flops_per_token(model, c) for c in ("none", "selective", "full")}
         # Hardware FLOPs per token split by where they run: the blocks (each stage its share of the layers) and
         # the V·h head (on the last stage only), so that the slowest stage sets a pipeline's pace.
@@ -194,32 +195,34 @@ class Planner:
         experts = rank_expert_params(m, pp, v, stage, plan.ep, counts, v_shape) if plan.engine != "native" else 0
         sharded = rank_params(m, tp, pp, v, stage, plan.ep, dp, last=last, counts=counts, v_shape=v_shape) \
             if (plan.zero_stage >= 3 and plan.engine == "native") else M.deepspeed_shard(params, dp, experts, plan.ep)
-        states = M.model_states(params, sharded, dp, plan.zero_stage, plan.precision, plan.engine,
-                                plan.offload_optimizer, plan.offload_params, experts, plan.ep)
-        if (stage == 0 and tp > 1 and plan.engine == "native" and plan.zero_stage < 3
-                and (pp > 1 or not m.tied_embeddings)):
-            # measured on the native trainer: the gradient of a vocabulary-split embedding that is not also the
-            # head is a 1/t view of a full V×h gradient, which stays allocated
-            g_bytes = M.state_bytes_per_param(plan.precision, plan.engine).gradients
-            states["gradients"] += (m.vocab_size - -(-m.vocab_size // tp)) * m.d_model * g_bytes
+        # measured on the native trainer: the gradient of a vocabulary-split embedding that is not also the head is
+        # a 1/t view of a full V×h gradient, which stays allocated
+        vocabulary_view = (stage == 0 and tp > 1 and plan.engine == "native" and plan.zero_stage < 3
+                           and (pp > 1 or not m.tied_embeddings))
+        model_states = M.model_state_terms(params, sharded, dp, plan.zero_stage, plan.precision, plan.engine,
+                                           plan.offload_optimizer, plan.offload_params, experts, plan.ep,
+                                           (m.vocab_size, tp, m.d_model) if vocabulary_view else None)
+        states = model_states.bytes()
 
         settings = self.activation_settings(plan)
         held = self.rank_layers(plan, stage)
         layers = len(held)
         n_moe = sum(1 for i in held if m.is_moe_layer(i))
-        acts: dict[str, float] = {}
+        activation_terms: dict[str, M.Held] = {}
         for moe_layer, n in ((False, layers - n_moe), (True, n_moe)):
             if n:
-                for name, value in M.layer_activations(self.layer_shape(moe_layer, plan.cp), settings):
-                    key = ("moe_" if moe_layer else "") + name
-                    acts[key] = acts.get(key, 0.0) + n * value
-        for name, value in M.edge_activations(self.share(plan.cp), settings, stage == 0, last):
-            acts[name] = value
+                per = "n_moe_layers" if moe_layer else ("n_dense_layers" if m.is_moe else "n_layers")
+                for saved in M.layer_saved(self.layer_shape(moe_layer, plan.cp), settings):
+                    activation_terms[("moe_" if moe_layer else "") + saved.name] = M.Held(saved, n, per)
+        for saved in M.edge_saved(self.share(plan.cp), settings, stage == 0, last):
+            activation_terms[saved.name] = M.Held(saved)
+        acts = {name: h.value for name, h in activation_terms.items()}
         flight = M.in_flight(plan, stage)
-        buffers = self._buffers(plan, settings, last, params, layers)
-        dynamic = flight * sum(acts.values()) + sum(buffers.values())
+        buffer_terms = self._buffers(plan, settings, last, params, layers)
+        buffers = {name: float(sum(saved.value for saved in terms)) for name, terms in buffer_terms.items()}
+        dynamic = MM.ACTIVATIONS(flight, sum(acts.values())) + sum(buffers.values())
         return StageMemory(stage, params, sharded, states, acts, flight, layers, buffers,
-                           self.overheads(plan, dynamic))
+                           self.overheads(plan, dynamic), activation_terms, buffer_terms, model_states.saved)
 
     def overheads(self, plan: ParallelPlan, dynamic: float) -> dict[str, M.Band]:
         """What a rank's GPU holds besides the plan's tensors, named, each a range: the fixed overheads and the
@@ -230,38 +233,41 @@ class Planner:
         return named
 
     def _buffers(self, plan: ParallelPlan, settings: M.ActivationSettings, last: bool, params: int,
-                 layers: int) -> dict[str, float]:
-        """Transient tensors live at the peak, beside the saved activations."""
+                 layers: int) -> dict[str, tuple[M.Saved, ...]]:
+        """Transient tensors live at the peak, beside the saved activations: each the sum of its terms (one, or a
+        layer's activations)."""
         m, o = self.model, self.options
         e = settings.bytes_per_element
         T = m.seq_len // plan.cp * plan.micro_batch  # this rank's positions
         replicas = plan.dp * plan.cp
         g_bytes = M.state_bytes_per_param(plan.precision, plan.engine).gradients
-        out: dict[str, float] = {}
+        out: dict[str, tuple[M.Saved, ...]] = {}
+
+        def add(name: str, term: MM.Term, *args: float) -> None:
+            out[name] = (M.Saved(name, term, args),)
+
         if last:
             # fp32 logits and their gradient exist together at the loss
-            out["logits_and_grad"] = 2.0 * T * -(-m.vocab_size // plan.tp) * o.loss_bytes
+            add("logits_and_grad", MM.LOGITS_AND_GRAD, T, m.vocab_size, plan.tp, o.loss_bytes)
         if plan.activation_checkpointing != "none":
             # the backward of a recomputed layer re-creates that layer's full activations
             whole = self.activation_settings(plan, "none")
-            out["recompute_working_set"] = sum(v for _, v in M.layer_activations(self.layer_shape(m.is_moe, plan.cp),
-                                                                                 whole))
+            out["recompute_working_set"] = M.layer_saved(self.layer_shape(m.is_moe, plan.cp), whole)
         if plan.zero_stage >= 3 and replicas > 1:
             # two layers' gathered weights (current + prefetch) and one layer's unsharded gradient
-            per_layer = params / max(layers, 1)
-            out["gathered_params"] = 2 * per_layer * e + per_layer * g_bytes
+            add("gathered_params", MM.GATHERED_PARAMS, params, max(layers, 1), e, g_bytes)
         elif plan.engine == "native" and replicas > 1 and plan.tp == 1:
             # DDP (gradient_as_bucket_view off) keeps a flat copy of the gradients for the all-reduce; with tp > 1
             # the native trainer averages the DTensor gradients in place instead
-            out["ddp_buckets"] = float(params * g_bytes)
+            add("ddp_buckets", MM.DDP_BUCKETS, params, g_bytes)
         elif plan.engine == "deepspeed" and plan.dp > 1:
-            out["zero_buckets"] = 2.0 * min(5e8, params) * g_bytes  # reduce + all-gather buckets of 5e8 elements
+            add("zero_buckets", MM.ZERO_BUCKETS, params, g_bytes)
         if plan.engine == "native" and plan.precision != "fp32" and plan.zero_stage < 3:
-            out["autocast_weight_copies"] = 2.0 * params  # 16-bit casts of the fp32 weights, saved for backward
+            add("autocast_weight_copies", MM.AUTOCAST_WEIGHT_COPIES, params)
         if plan.pp > 1:
-            out["pipeline_p2p"] = 2.0 * T * m.d_model * e / settings.sp_split
+            add("pipeline_p2p", MM.PIPELINE_P2P, T, m.d_model, e, settings.sp_split)
         if m.is_moe:
-            out["all_to_all"] = 2.0 * T * m.top_k * M.routed_capacity_factor(m) * m.d_model * e
+            add("all_to_all", MM.ALL_TO_ALL, T, m.top_k, M.routed_capacity_factor(m), m.d_model, e)
         return out
 
     # ---- time ---------------------------------------------------------------------------------------------
@@ -340,8 +346,7 @@ class Planner:
         e = M.activation_bytes_per_element(plan.precision)
         h = m.d_model
         T = m.seq_len // cp * b  # positions a rank holds of its micro-batch
-        tokens = plan.global_batch * m.seq_len
-        hw_flops = (self.model_flops_per_token + self.recompute_flops[ckpt]) * tokens
+        hw_flops = F.PER_STEP(self.model_flops_per_token + self.recompute_flops[ckpt], plan.global_batch, m.seq_len)
         # the slowest stage sets the pace: with equal stages the last (blocks/p + head)
         _, head, held, moe_here = self.pace(plan)
         layers = len(held)
@@ -411,7 +416,8 @@ class Planner:
         if pp > 1:
             v = plan.model_chunks
             work = sum(t[k] for k in IN_MICROBATCH if k in t)
-            bubble = call("bubble", S.bubble_term(plan.pipeline_schedule in ZERO_BUBBLE), pp, v, mb)
+            term, args = S.bubble(plan)
+            bubble = call("bubble", term, *args)
             add("pipeline_bubble", S.PIPELINE_BUBBLE, work, bubble)
             if pipeline_scatter_gather(plan):
                 add("pipeline_p2p", S.PIPELINE_P2P_SCATTER_GATHER, mb, v, T, h, e, tp, bw["pp"], bw["tp"],
@@ -439,8 +445,8 @@ class Planner:
                 M.optimizer_bytes_per_param(plan.precision, plan.engine, plan.zero_stage), self.clock.hbm)
         if o.step_overhead_s:
             add("step_overhead", S.STEP_OVERHEAD, o.step_overhead_s)
-        return StepTime(t, sum(t.values()), self.model_flops_per_token * tokens, hw_flops, eff, bw, collectives,
-                        used)
+        return StepTime(t, sum(t.values()), F.PER_STEP(self.model_flops_per_token, plan.global_batch, m.seq_len),
+                        hw_flops, eff, bw, collectives, used)
 
     # ---- the tuner's fast path -----------------------------------------------------------------------------
     def _stage_static(self, plan: ParallelPlan, stage: int, plan_key: tuple) -> StageStatic:
@@ -472,12 +478,12 @@ class Planner:
                 first = static  # what data parallel moves: the first stage's, or an uneven layout's largest
             acts = static.activation_bytes_per_microbatch
             if piped:  # without a pipeline one micro-batch is in flight
-                acts *= M.in_flight(plan, stage)
+                acts = MM.ACTIVATIONS(M.in_flight(plan, stage), acts)
             dynamic = acts + static.buffer_bytes
-            total = static.state_bytes + dynamic + fixed.expected + frag * dynamic
+            total = static.state_bytes + dynamic + fixed.expected + MM.FRAGMENTATION(frag, dynamic)
             if total > peak:
                 peak, peak_stage, states, flight = total, stage, static.state_bytes, acts
-            high = max(high, static.state_bytes + dynamic + fixed.high + frag_high * dynamic)
+            high = max(high, static.state_bytes + dynamic + fixed.high + MM.FRAGMENTATION(frag_high, dynamic))
         step = self.step_time(plan, first.params, first.params_sharded)
         return PlanSummary(step.seconds, peak, peak_stage, step.model_flops, states, flight, high)
 

@@ -1,139 +1,42 @@
 """``estimate(model, plan, cluster)``: the planner's numbers as figures that carry their formulas.
 
 The values come from ``core.Planner`` (the same arithmetic the auto-tuner ranks with); this module names each term,
-writes the formula it came from and the inputs, and returns a JSON-serialisable ``Estimate``.
+shows the formula it came from and the inputs, and returns a JSON-serialisable ``Estimate``. Step time and memory
+print the formulas of the terms that computed them (``step_model``, ``memory_model``).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.contract.schedules import ZERO_BUBBLE
 from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
+from trainer.planner.estimate import memory_model as MM
 from trainer.planner.estimate import params as P
-from trainer.planner.estimate.comm import RING_GRAD_BYTES, ring_attention
+from trainer.planner.estimate import step_model as S
 from trainer.planner.estimate.core import GB, Planner, PlanNumbers, StageMemory, rank_of
 from trainer.planner.estimate.numbers import IN_MICROBATCH
+from trainer.planner.estimate.expr import Term
 from trainer.planner.estimate.figure import Figure, fig, symbolic, total
 from trainer.planner.estimate.kernel_time import Work
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError, check_plan
 
-# Formulas of the named activation terms, per layer (a stage's figure is n_layers · the formula). T = s·b tokens per
-# micro-batch, e bytes per activation element, e_stream those of the residual stream (fp32 under autocast), r = t with
-# sequence parallel else 1, r_ln what the saved LayerNorm outputs are divided by (1 when sequence parallel keeps them
-# gathered), ln_copies the saved LayerNorm outputs (2; under autocast one 16-bit cast per consuming matmul, 4).
-# MoE layers (memory.moe_activations): cap = max(1, ⌈c·T·k/E⌉) slots per expert, M = min(T·k, E·min(cap, T)) kept
-# assignments (exact when c ≥ E/k; an upper bound otherwise).
-ACTIVATION_FORMULAS = {
-    "layernorm_inputs": "2·T·h·e_norm / r  (e_norm = e_stream, or 4 for RMSNorm upcasting on the CPU)",
-    "layernorm_outputs": "ln_copies·T·h·e / r_ln",
-    "layernorm_stats": "2·2·T·stat_bytes / r  (mean and 1/σ of two LayerNorms)",
-    "dropout_masks": "2·T·h·mask_bytes / r",
-    "qkv": "T·(h + 2·kv_saved)·e / t  (kv_saved = h when keys and values are repeated to the heads, kv under cp)",
-    "attention_output": "T·h·e / t",
-    "rotary": "T·h·e / t  (rotated q, k)",
-    "rotary_tables": "gathers·2·s·floor(head_dim/2)·table_bytes  (cos, sin; gathered for q and k apart under cp)",
-    "attention_scores": "T·a·s·e / t  (softmax output)",
-    "attention_dropout": "T·a·s·(mask_bytes + e) / t  (mask + dropped scores)",
-    "causal_mask": "s²",
-    "attention_logsumexp": "T·a·4 / t",
-    "mlp": "2·T·f·e / t  (up-projection output, GELU output)",
-    "swiglu": "4·T·f·e / t  (gate output, SiLU output, up output, their product)",
-    "gate_input_cast": "T·h·e / r_ln  (autocast's cast of the norm output for SwiGLU's gate)",
-    "rmsnorm_stats": "2·T·4 / r  (1/rms of two RMSNorms, fp32)",
-    "rmsnorm_normalized": "2·T·h·4 / r  (fp32 x/rms before the gain: RMSNorm as separate operations, on the CPU)",
-    "expert_gate_inputs": "E·cap·h·e  (each expert's gate's cast of its rows, under autocast)",
-    "expert_swiglu": "4·E·cap·f_e·e  (each expert's gate, SiLU, up and product outputs)",
-    "shared_expert": "mlp_saved·T·f_s·e  (the shared expert's MLP on every token)",
-    "shared_expert_input_casts": "shared_casts·T·h·e  (the shared expert's and its gate's casts, under autocast)",
-    "shared_expert_output": "T·h·e  (kept by the gate's multiply)",
-    "shared_gate_small": "T·e  (the gate's sigmoid)",
-    "router_probs": "T·E·4  (softmax output, fp32)",
-    "dispatched_tokens": "M·h·e_stream  (index_copy keeps its gathered source)",
-    "expert_inputs": "E·cap·h·e  (the dispatch buffer at capacity)",
-    "expert_mlp": "2·E·cap·f_e·e  (each expert's up-projection and GELU outputs)",
-    "combine": "2·M·h·e  (gathered expert outputs, gated outputs kept by index_add)",
-    "routing_small": "T·k·8 + T·k + 2·M·8 + M·e + E·4  (top-k indices, kept mask, row/slot indices, gates, aux "
-                     "fractions)",
-    "layer_input": "T·h·e_stream / r  (full recompute keeps the layer input only)",
-}
-# with k > 1 the renormalisation of the top-k probabilities keeps T·k·4 + T·4 more
-ROUTING_SMALL_TOP_K = ("T·k·8 + T·k + 2·M·8 + M·e + E·4 + T·k·4 + T·4  (top-k indices, kept mask, row/slot indices, "
-                       "gates, aux fractions, renormalisation)")
-# What the embedding (first stage) and the final LayerNorm, head and loss (last stage) save, once a stage.
-EDGE_FORMULAS = {
-    "token_ids": "T·8",
-    "position_ids": "s·8",
-    "embedding_dropout_mask": "T·h·mask_bytes / r",
-    "final_layernorm_input": "T·h·e_norm / r",
-    "final_layernorm_output": "T·h·e / r_ln",
-    "final_layernorm_stats": "2·T·stat_bytes / r",
-    "final_rmsnorm_stats": "T·4 / r",
-    "final_rmsnorm_normalized": "T·h·4 / r",
-    "log_probs": "T·⌈V/t⌉·loss_bytes",
-    "targets": "T·8",
-    "loss_scalars": "4",
-}
-BUFFER_FORMULAS = {
-    "logits_and_grad": "2·T·⌈V/t⌉·loss_bytes  (the logits and their gradient)",
-    "gathered_params": "2·(P_rank/layers)·e + (P_rank/layers)·grad_bytes  (two gathered layers + one gradient)",
-    "ddp_buckets": "P_rank·grad_bytes  (DDP's flat gradient buckets)",
-    "zero_buckets": "2·min(5e8, P_rank)·grad_bytes  (reduce + all-gather buckets of 5e8 elements)",
-    "autocast_weight_copies": "2·P_rank  (16-bit casts of fp32 weights saved for backward)",
-    "pipeline_p2p": "2·T·h·e / r  (send + receive)",
-    "all_to_all": "2·T·k·c·h·e",
-}
+
+def _figure(term: Term, args: tuple, unit: str, **shown: Any) -> Figure:
+    """A figure of a term called with ``args`` (numbers, or figures standing for their values): its value, its
+    formula and those numbers; ``shown`` adds what the reader may want beside them."""
+    numbers = tuple(a.value if isinstance(a, Figure) else a for a in args)
+    return Figure(term.function(*numbers), unit, term.formula, {**term.values(args), **shown})
 
 
-def _outer_sum(expr: str) -> bool:
-    """Whether ``expr`` adds or subtracts outside any parenthesis."""
-    depth = 0
-    for ch in expr:
-        if ch in "(⌈":
-            depth += 1
-        elif ch in ")⌉":
-            depth -= 1
-        elif depth == 0 and ch in "+−":
-            return True
-    return False
-
-
-def _times(count: str, formula: str) -> str:
-    """``count · formula``, the formula parenthesised when it is a sum; its note kept."""
-    expr, _, note = formula.partition("  ")
-    return f"{count} · " + (f"({expr})" if _outer_sum(expr) else expr) + (f"  {note}" if note else "")
-
-
-def _layer_formula(name: str, top_k: int) -> str:
-    if name == "routing_small" and top_k > 1:
-        return ROUTING_SMALL_TOP_K
-    return ACTIVATION_FORMULAS.get(name, name)
-
-
-def _activation_symbols(model: ModelSpec, settings: M.ActivationSettings, cp: int) -> dict[str, float]:
-    """The values of the symbols of the activation and buffer formulas, for ``settings``; ``model`` as a rank of
-    ``cp`` sees it (``Planner.share``)."""
-    T = model.seq_len * settings.micro_batch
-    kv = model.kv_heads * model.head_dim
-    symbols = dict(T=T, s=model.seq_len, b=settings.micro_batch, h=model.d_model, a=model.n_heads, f=model.ffn,
-                   V=model.vocab_size, head_dim=model.head_dim, t=settings.tp, e=settings.bytes_per_element,
-                   e_stream=settings.stream_bytes, r=settings.sp_split, r_ln=settings.ln_output_split,
-                   ln_copies=settings.ln_output_copies, stat_bytes=settings.stat_bytes,
-                   mask_bytes=settings.mask_bytes, loss_bytes=settings.loss_bytes,
-                   table_bytes=settings.rotary_table_bytes,
-                   kv_saved=kv if cp > 1 else settings.kv_saved(model.d_model, kv), gathers=2 if cp > 1 else 1,
-                   e_norm=settings.norm_input_bytes(model.norm == "rmsnorm"))
-    if model.is_moe:
-        E, k, c = model.n_experts, model.top_k, model.capacity_factor
-        # c = 0 (no token dropped) sizes the buffers and the all-to-all as c = E/k would
-        symbols.update(E=E, k=k, c=M.routed_capacity_factor(model), cap=M.expert_capacity(T, E, k, c),
-                       M=M.moe_kept(T, E, k, c),
-                       f_e=model.moe_ffn, f_s=model.shared_expert_ffn, mlp_saved=4 if model.is_gated else 2,
-                       shared_casts=(2 if model.is_gated else 1) + (1 if model.shared_expert_gate else 0))
-    return symbols
+def _saved_figure(saved: M.Saved, unit: str = "bytes", count: int = 1, per: str = "", **shown: Any) -> Figure:
+    """A figure of a ``memory_model`` term: its value, its formula and the numbers it took; ``per`` names a count of
+    it (a stage's layers of one kind), ``shown`` adds what the reader may want beside them."""
+    if per:
+        return Figure(count * saved.value, unit, saved.term.formula_times(per),
+                      {**saved.term.values(saved.args), per: count, **shown})
+    return _figure(saved.term, saved.args, unit, **shown)
 
 
 @dataclass
@@ -244,117 +147,47 @@ def _parameters(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
 def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     m, plan = planner.model, numbers.plan
     B, L, h, s, V = plan.global_batch, m.n_layers, m.d_model, m.seq_len, m.vocab_size
-    tokens = B * s
     N = planner.counts.matmul_per_token
-    per_token = fig(planner.model_flops_per_token, "FLOP/token", "6·N + 12·L·h·s  (PaLM appendix B)",
-                    N=N, L=L, h=h, s=s)
+    per_token = _figure(F.MODEL_FLOPS_PER_TOKEN, (N, L, h, s), "FLOP/token")
     ckpt = plan.activation_checkpointing
-    recompute = fig(planner.recompute_flops[ckpt], "FLOP/token",
-                    {"full": "2·N_blocks + 4·L·h·s  (full recompute: the blocks' forward again)",
-                     "selective": "4·L·h·s  (selective recompute: the attention core's forward again)",
-                     "none": "0  (no recompute)"}[ckpt],
-                    checkpointing=ckpt, N_blocks=N - V * h, L=L, h=h, s=s)
-    hw = fig(per_token.value + recompute.value, "FLOP/token", "model + recompute", model=per_token,
-             recompute=recompute)
+    recompute = _figure(F.RECOMPUTE_FLOPS_PER_TOKEN[ckpt], F.recompute_args(m, ckpt), "FLOP/token",
+                        checkpointing=ckpt)
+    hw = total("FLOP/token", {"model": per_token, "recompute": recompute})
     out = {"model_per_token": per_token, "hardware_per_token": hw,
-           "model_per_step": fig(numbers.model_flops_per_step, "FLOP", "model_per_token · B·s",
-                                 model_per_token=per_token.value, B=B, s=s, tokens=tokens),
-           "hardware_per_step": fig(numbers.hardware_flops_per_step, "FLOP", "hardware_per_token · B·s",
-                                    hardware_per_token=hw.value, B=B, s=s, tokens=tokens)}
+           "model_per_step": _figure(F.PER_STEP, (per_token, B, s), "FLOP"),
+           "hardware_per_step": _figure(F.PER_STEP, (hw, B, s), "FLOP")}
     if not m.is_moe and m.ffn == 4 * m.d_model and m.kv_heads == m.n_heads:
         full = ckpt == "full"
-        out["narayanan_check"] = fig(F.narayanan_flops_per_step(m, B, full), "FLOP",
-                                     "96·B·s·L·h²·(1 + s/(6·h) + V/(16·L·h))" if full else
-                                     "72·B·s·L·h²·(1 + s/(6·h) + V/(12·h·L))", B=B, s=s, L=L, h=h, V=V,
-                                     note="Narayanan et al. 2021 eq. 3: equals model_per_step without recompute "
-                                          "and hardware_per_step with full recompute (N = 12·L·h² + V·h)")
+        out["narayanan_check"] = _figure(F.NARAYANAN[full], (B, s, L, h, V), "FLOP",
+                                         note="Narayanan et al. 2021 eq. 3: equals model_per_step without recompute "
+                                              "and hardware_per_step with full recompute (N = 12·L·h² + V·h)")
     return out
-
-
-def _in_flight_formula(plan: ParallelPlan) -> str:
-    if plan.pp <= 1:
-        return "1  (no pipeline: each micro-batch is freed after its backward)"
-    if plan.pipeline_schedule == "gpipe":
-        return "m  (GPipe: every micro-batch)"
-    if plan.pipeline_schedule == "interleaved":
-        return "min(m, (p − stage) + (p − 1)/v)  (interleaved 1F1B, Korthikanti 2022)"
-    if plan.pipeline_schedule == "dualpipev":
-        return "min(m, p + 1/2)  (dualpipev: every rank, weight backward deferred)"
-    if plan.pipeline_schedule in ZERO_BUBBLE:
-        return f"min(m, p)  ({plan.pipeline_schedule}: every rank, weight backward deferred)"
-    return "min(m, p − stage)  (1F1B)"
-
-
-def _embedding_gradient_view(planner: Planner, plan: ParallelPlan, stage: int) -> bool:
-    """The native trainer's vocabulary-split embedding that is not also the head keeps a full V×h gradient of
-    which its 1/t view is used (measured; core.Planner.stage_memory adds it)."""
-    m = planner.model
-    return (stage == 0 and plan.tp > 1 and plan.engine == "native" and plan.zero_stage < 3
-            and (plan.pp > 1 or not m.tied_embeddings))
 
 
 def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dict[str, Any]:
     m = planner.model
-    per = M.state_bytes_per_param(plan.precision, plan.engine, plan.zero_stage)
-    g_bytes = M.state_bytes_per_param(plan.precision, plan.engine).gradients
-    shard_w = "P_shard" if plan.zero_stage >= 3 else "P_rank"
-    shard_g = "P_shard" if plan.zero_stage >= 2 else "P_rank"
-    shard_o = "P_shard" if plan.zero_stage >= 1 else "P_rank"
-    terms = dict(P_rank=st.params, P_shard=st.params_sharded, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp)
-    gradients = f"{per.gradients}·{shard_g}"
-    if _embedding_gradient_view(planner, plan, st.stage):
-        gradients += (f" + (V − ⌈V/t⌉)·h·{g_bytes}  (the vocabulary-split embedding's gradient is a 1/t view of a "
-                      "full V×h gradient, which stays allocated)")
-        terms_g = dict(terms, V=m.vocab_size, h=m.d_model, t=plan.tp)
-    else:
-        terms_g = terms
-    states = {
-        "weights": fig(st.states["weights"], "bytes", f"0  (offloaded: {per.weights}·{shard_w} in host memory)"
-                       if plan.offload_params else f"{per.weights}·{shard_w}", **terms),
-        "gradients": fig(st.states["gradients"], "bytes", gradients, **terms_g),
-        "optimizer": fig(st.states["optimizer"], "bytes", f"0  (offloaded: {per.optimizer}·{shard_o} in host "
-                         "memory)" if plan.offload_optimizer else f"{per.optimizer}·{shard_o}", **terms),
-    }
-    settings = planner.activation_settings(plan)
-    symbols = _activation_symbols(planner.share(plan.cp), settings, plan.cp)  # a rank's s/cp positions under cp
+    shown = dict(P_rank=st.params, P_shard=st.params_sharded, zero_stage=plan.zero_stage, dp=plan.dp * plan.cp)
+    states = {name: _saved_figure(saved, **shown) for name, saved in st.state_terms.items()}
     common = dict(s=m.seq_len // plan.cp, b=plan.micro_batch, h=m.d_model, a=m.n_heads, t=plan.tp,
-                  e=settings.bytes_per_element, layers=st.layers, sequence_parallel=plan.sequence_parallel,
-                  checkpointing=plan.activation_checkpointing)
+                  e=M.activation_bytes_per_element(plan.precision), layers=st.layers,
+                  sequence_parallel=plan.sequence_parallel, checkpointing=plan.activation_checkpointing)
     if m.is_moe:
-        common.update({n: symbols[n] for n in ("E", "k", "c", "cap", "M")}, f=m.ffn, moe_layers=len(m.moe_layers))
+        common.update(E=m.n_experts, k=m.top_k, c=M.routed_capacity_factor(m), f=m.ffn, moe_layers=len(m.moe_layers))
     held = planner.rank_layers(plan, st.stage)
-    n_moe = sum(1 for i in held if m.is_moe_layer(i))
-    counts = {False: ("n_dense_layers" if m.is_moe else "n_layers", st.layers - n_moe), True: ("n_moe_layers", n_moe)}
-    top_k = m.top_k if m.is_moe and m.renormalizes_topk else 1  # the routing formula with renormalisation or not
-    per_mb = {}
-    for name, value in st.activations_per_microbatch.items():
-        if name in EDGE_FORMULAS:
-            per_mb[name] = symbolic(value, "bytes", EDGE_FORMULAS[name], symbols)
-            continue
-        moe_layer = name.startswith("moe_")
-        count_name, n = counts[moe_layer]
-        per_mb[name] = symbolic(value, "bytes", _times(count_name, _layer_formula(name.removeprefix("moe_"), top_k)),
-                                {**symbols, count_name: n})
+    per_mb = {name: _saved_figure(h.saved, count=h.count, per=h.per) for name, h in st.activation_terms.items()}
     per_mb_total = total("bytes", per_mb)
     per_mb_total.terms.update(common)
-    activations = fig(st.activations, "bytes", "in_flight · activations_per_microbatch",
-                      in_flight=fig(st.in_flight, "micro-batches", _in_flight_formula(plan),
-                                    schedule=plan.pipeline_schedule, p=plan.pp, m=plan.grad_accum,
-                                    v=plan.virtual_stages, stage=st.stage),
-                      activations_per_microbatch=per_mb_total)
-    buffer_symbols = {**symbols, "P_rank": st.params, "layers": st.layers, "grad_bytes": g_bytes}
+    in_flight = _saved_figure(M.in_flight_saved(plan, st.stage), "micro-batches", schedule=plan.pipeline_schedule)
+    activations = _figure(MM.ACTIVATIONS, (in_flight, per_mb_total), "bytes")
     buffers = {}
-    for name, value in st.buffers.items():
+    for name, terms in st.buffer_terms.items():
         if name == "recompute_working_set":
-            # the backward of a recomputed layer re-creates that layer's activations without recompute
-            whole = planner.activation_settings(plan, "none")
-            whole_symbols = _activation_symbols(planner.share(plan.cp), whole, plan.cp)
-            layer = {n: symbolic(v, "bytes", _layer_formula(n, top_k), whole_symbols)
-                     for n, v in M.layer_activations(planner.layer_shape(m.is_moe, plan.cp), whole)}
+            layer = {saved.name: _saved_figure(saved) for saved in terms}
             buffers[name] = total("bytes", layer, " + ".join(layer) + "  (one layer's activations without "
                                   "recompute, re-created by the backward of a recomputed layer)")
         else:
-            buffers[name] = symbolic(value, "bytes", BUFFER_FORMULAS.get(name, name), buffer_symbols)
+            (saved,) = terms
+            buffers[name] = _saved_figure(saved)
     buffers = total("bytes", buffers)
     overhead = total("bytes", {name: _overhead_figure(name, band, planner, activations.value + buffers.value)
                                for name, band in st.overheads.items()})
@@ -369,9 +202,7 @@ def _overhead_figure(name: str, band: M.Band, planner: Planner, dynamic: float) 
     """One named overhead as expected, with its range in the formula's note."""
     if name == "fragmentation":
         expected, high = planner.fragmentation
-        return fig(band.expected, "bytes", "fragmentation · dynamic  (the most: fragmentation_high · dynamic; "
-                   "dynamic = activations + buffers)", fragmentation=expected, fragmentation_high=high,
-                   dynamic=dynamic)
+        return _figure(MM.FRAGMENTATION, (expected, dynamic), "bytes", fragmentation_high=high, high=band.high)
     return fig(band.expected, "bytes", f"expected  ({band.low / M.GIB:.2f} to {band.high / M.GIB:.2f} GiB)",
                expected=band.expected)
 
@@ -393,16 +224,11 @@ def _ring_figure(planner: Planner, plan: ParallelPlan, T: int, e: int, numbers: 
     m = planner.model
     kv, bw = m.kv_heads * m.head_dim, numbers.bandwidths["cp"]
     flops = planner.peak_flops * numbers.efficiency
-    full = plan.activation_checkpointing == "full"
-    ring = ring_attention(T, m.d_model, kv, plan.tp, plan.cp, e, bw, flops, full)
-    a = fig(2 * T * T * (m.d_model / plan.tp) / flops, "s", "2·T²·(h/t) / (peak_flops · efficiency)  (a half-block "
-            "of attention, q kᵀ and p v over T × T/2 pairs)", T=T, h=m.d_model, t=plan.tp,
-            peak_flops=planner.peak_flops, efficiency=numbers.efficiency)
-    return fig(ring.exposed_s, "s", "forwards·(cp − 1)·max(0, S_kv/bw − a) + (cp − 1)·max(0, (S_kv + S_grad)/bw − 2·a) "
-               "+ S_grad/bw  (cp − 1 forward hops of K and V; backward, cp − 1 more beside cp hops of the fp32 "
-               "gradient accumulators, the last one home hidden by nothing; the forward ring twice with full "
-               "recompute)", forwards=2 if full else 1, cp=plan.cp, S_kv=2 * T * kv / plan.tp * e,
-               S_grad=2 * T * kv / plan.tp * RING_GRAD_BYTES, bw=bw, a=a)
+    a = _figure(S.HALF_BLOCK, (T, m.d_model, plan.tp, flops), "s", peak_flops=planner.peak_flops,
+                efficiency=numbers.efficiency)
+    blocks = (_figure(S.KV_BLOCK, (T, kv, plan.tp, e), "bytes"), _figure(S.GRAD_BLOCK, (T, kv, plan.tp), "bytes"))
+    forwards = 2 if plan.activation_checkpointing == "full" else 1
+    return _figure(S.RING_EXPOSED, (forwards, plan.cp, *blocks, bw, a), "s")
 
 
 def _work(work: Work, what: str) -> Figure:
@@ -472,35 +298,24 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         terms[name] = _term_figure(used, name, "s", own)
         terms[name].terms.update(extra)
     step = total("s", terms)
-    tokens = plan.global_batch * m.seq_len
-    gpus, peak, peak_tflops = plan.world_size, planner.peak_flops, planner.cluster.gpu.peak_tflops
+    gpus, peak = plan.world_size, planner.peak_flops
     return {
         "step": step,
-        "tokens_per_s": fig(tokens / step.value, "tokens/s", "B·s / step", B=plan.global_batch, s=m.seq_len,
-                            step=step.value),
-        "mfu": fig(F.mfu(numbers.model_flops_per_step, step.value, peak_tflops, gpus), "fraction",
-                   "model_flops_per_step / (step · gpus · peak_flops)",
-                   model_flops_per_step=numbers.model_flops_per_step, step=step.value, peak_flops=peak, gpus=gpus,
-                   peak_name="dense bf16 (datasheet)"),
-        "hfu": fig(F.mfu(numbers.hardware_flops_per_step, step.value, peak_tflops, gpus), "fraction",
-                   "hardware_flops_per_step / (step · gpus · peak_flops)",
-                   hardware_flops_per_step=numbers.hardware_flops_per_step, step=step.value, peak_flops=peak,
-                   gpus=gpus),
+        "tokens_per_s": _figure(S.TOKENS_PER_S, (plan.global_batch, m.seq_len, step.value), "tokens/s"),
+        "mfu": _figure(F.UTILISATION, (numbers.model_flops_per_step, step.value, peak, gpus), "fraction",
+                       peak_name="dense bf16 (datasheet)", what="model FLOPs"),
+        "hfu": _figure(F.UTILISATION, (numbers.hardware_flops_per_step, step.value, peak, gpus), "fraction",
+                       what="hardware FLOPs"),
     }
 
 
 def _budget(cluster: ClusterSpec, plan: ParallelPlan, model: ModelSpec, step_s: float, tokens: float):
-    per_step = plan.global_batch * model.seq_len
-    steps = math.ceil(tokens / per_step)
-    seconds = steps * step_s
-    hours = seconds * plan.world_size / 3600
-    return {"tokens": fig(tokens, "tokens", "token_budget  (requested)", token_budget=tokens),
-            "steps": fig(steps, "steps", "⌈tokens / tokens_per_step⌉  (tokens_per_step = B·s)", tokens=tokens,
-                         tokens_per_step=per_step),
-            "time": fig(seconds, "s", "steps · step", steps=steps, step=step_s),
-            "gpu_hours": fig(hours, "GPU·h", "time · gpus / 3600", time=seconds, gpus=plan.world_size),
-            "cost": fig(hours * cluster.gpu_hour_cost, "currency", "gpu_hours · gpu_hour_cost", gpu_hours=hours,
-                        gpu_hour_cost=cluster.gpu_hour_cost)}
+    tokens_figure = _figure(S.BUDGET_TOKENS, (tokens,), "tokens")
+    steps = _figure(S.BUDGET_STEPS, (tokens, plan.global_batch, model.seq_len), "steps")
+    seconds = fig(steps.value * step_s, "s", "steps · step", steps=steps, step=step_s)
+    hours = _figure(S.BUDGET_GPU_HOURS, (seconds, plan.world_size), "GPU·h")
+    return {"tokens": tokens_figure, "steps": steps, "time": seconds, "gpu_hours": hours,
+            "cost": _figure(S.BUDGET_COST, (hours, cluster.gpu_hour_cost), "currency")}
 
 
 def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options: EstimateOptions | None = None,
@@ -522,7 +337,7 @@ def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options
                     "stage_0  (the stage total)", stage=peak["stage"], rank=peak["rank"],
                     **{f"stage_{st['stage']}": st["total"].value for st in stages}),
         "peak_stage": peak["stage"], "peak_rank": peak["rank"],
-        "capacity": fig(capacity, "bytes", "memory_gb · 1e9  (gpu.memory_gb)", memory_gb=cluster.gpu.memory_gb),
+        "capacity": _figure(MM.CAPACITY, (cluster.gpu.memory_gb,), "bytes"),
         "band": numbers.peak_band.to_dict(),
         "fits": numbers.fits,
         "rank_rule": "rank = ((stage·dp + d)·cp + c)·tp + j; the figures are for d = 0, c = 0, j = 0 (the largest "

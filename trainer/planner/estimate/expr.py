@@ -5,19 +5,24 @@
     term(4, 3)              # 4.5, by a function compiled from the expression
     term.formula            # "2 · (a − 1) / a · b  (a ring's share)", in the notation of ``figure.Figure``
 
-· multiplies, − subtracts, / divides, max and min; whatever follows two spaces is a note. The function and the text
-come from the same tree, so a printed formula is the arithmetic that gave the number (the figure check evaluates
-the text back to the value). Standard library only.
+· multiplies, − subtracts, / divides, max, min, ceil and floor; whatever follows two spaces is a note. The function
+and the text come from the same tree, so a printed formula is the arithmetic that gave the number (the figure check
+evaluates the text back to the value). Standard library only.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import math
 from typing import Callable, Union
 
 Operand = Union["Expr", int, float]
 
 # operator: (precedence, the figures' notation, Python's)
 _OPS = {"+": (1, " + ", "+"), "-": (1, " − ", "-"), "*": (2, " · ", "*"), "/": (2, " / ", "/")}
+
+
+# the functions an expression may call, as the compiled function sees them (the figure check reads the same names)
+_FUNCTIONS = {"max": max, "min": min, "ceil": math.ceil, "floor": math.floor}
 
 
 class Expr:
@@ -136,6 +141,20 @@ def maximum(*args: Operand) -> Expr:
     return Call("max", tuple(lift(a) for a in args))
 
 
+def minimum(*args: Operand) -> Expr:
+    return Call("min", tuple(lift(a) for a in args))
+
+
+def ceil(x: Operand) -> Expr:
+    """⌈x⌉, an integer."""
+    return Call("ceil", (lift(x),))
+
+
+def floor(x: Operand) -> Expr:
+    """⌊x⌋, an integer."""
+    return Call("floor", (lift(x),))
+
+
 def symbols(names: str) -> tuple[Sym, ...]:
     """``symbols("a b c")``: (Sym("a"), Sym("b"), Sym("c"))."""
     return tuple(Sym(n) for n in names.split())
@@ -160,7 +179,7 @@ class Term:
         if missing or len(set(order)) != len(order):
             raise ValueError(f"params {order} must name each symbol of {self.expr.text()!r} once")
         code = f"lambda {', '.join(order)}: {self.expr.python()}"
-        object.__setattr__(self, "function", eval(code, {"max": max, "min": min}))  # noqa: S307 - our own text
+        object.__setattr__(self, "function", eval(code, _FUNCTIONS))  # noqa: S307 - our own text
 
     def __call__(self, *args: float) -> float:
         return self.function(*args)
@@ -172,3 +191,8 @@ class Term:
     @property
     def formula(self) -> str:
         return f"{self.expr.text()}  ({self.note})" if self.note else self.expr.text()
+
+    def formula_times(self, count: str) -> str:
+        """The formula of ``count`` of this quantity, ``count · (expression)``, its note kept."""
+        text = (Sym(count) * self.expr).text()
+        return f"{text}  ({self.note})" if self.note else text

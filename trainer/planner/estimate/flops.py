@@ -14,8 +14,25 @@ measurement of the same run divide the same FLOPs.
 """
 from __future__ import annotations
 
+from trainer.planner.estimate.expr import Term, lift, symbols
 from trainer.planner.estimate.params import count
 from trainer.contract import ModelSpec
+
+(N, N_blocks, L, h, s, B, V) = symbols("N N_blocks L h s B V")
+(flops, step, gpus, peak_flops, per_token) = symbols("flops step gpus peak_flops per_token")
+ATTENTION_FORWARD = 4 * L * h * s
+MODEL_FLOPS_PER_TOKEN = Term(6 * N + 12 * L * h * s, "N L h s", "PaLM appendix B")
+RECOMPUTE_FLOPS_PER_TOKEN = {
+    "full": Term(2 * N_blocks + ATTENTION_FORWARD, "N_blocks L h s", "full recompute: the blocks' forward again"),
+    "selective": Term(ATTENTION_FORWARD, "L h s", "selective recompute: the attention core's forward again"),
+    "none": Term(lift(0), "", "no recompute"),
+}
+PER_STEP = Term(per_token * B * s, "per_token B s", "B sequences of s tokens")
+UTILISATION = Term(flops / step / (peak_flops * gpus), "flops step peak_flops gpus",
+                   "FLOPs a step over what the devices could do in it")
+# Narayanan et al. 2021, eq. 3, with and without full recompute
+NARAYANAN = {True: Term(96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), "B s L h V"),
+             False: Term(72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L)), "B s L h V")}
 
 
 def matmul_params(model: ModelSpec) -> int:
@@ -23,29 +40,28 @@ def matmul_params(model: ModelSpec) -> int:
     return count(model).matmul_per_token
 
 
-def attention_flops_per_token(model: ModelSpec) -> int:
-    return 12 * model.n_layers * model.d_model * model.seq_len
-
-
 def model_flops_per_token(model: ModelSpec) -> int:
     """6·N + 12·L·h·s."""
-    return 6 * matmul_params(model) + attention_flops_per_token(model)
+    return MODEL_FLOPS_PER_TOKEN(matmul_params(model), model.n_layers, model.d_model, model.seq_len)
 
 
 def model_flops_per_step(model: ModelSpec, global_batch: int) -> int:
     """Model FLOPs of one step of ``global_batch`` sequences of seq_len tokens."""
-    return model_flops_per_token(model) * global_batch * model.seq_len
+    return PER_STEP(model_flops_per_token(model), global_batch, model.seq_len)
 
 
 def recompute_flops_per_token(model: ModelSpec, checkpointing: str) -> int:
     """FLOPs per token that activation checkpointing adds: what hardware FLOPs count beyond model FLOPs."""
-    attention_forward = 4 * model.n_layers * model.d_model * model.seq_len
+    term = RECOMPUTE_FLOPS_PER_TOKEN[checkpointing]
+    return term(*recompute_args(model, checkpointing))
+
+
+def recompute_args(model: ModelSpec, checkpointing: str) -> tuple[int, ...]:
+    """The numbers ``RECOMPUTE_FLOPS_PER_TOKEN[checkpointing]`` takes."""
+    shape = (model.n_layers, model.d_model, model.seq_len)
     if checkpointing == "full":
-        blocks = matmul_params(model) - model.vocab_size * model.d_model
-        return 2 * blocks + attention_forward
-    if checkpointing == "selective":
-        return attention_forward
-    return 0
+        return (matmul_params(model) - model.vocab_size * model.d_model, *shape)
+    return shape if checkpointing == "selective" else ()
 
 
 def mfu(flops: float, step_time_s: float, peak_tflops: float, n_devices: int) -> float:
@@ -53,12 +69,9 @@ def mfu(flops: float, step_time_s: float, peak_tflops: float, n_devices: int) ->
     step time. Model FLOPs give MFU, hardware FLOPs the hardware FLOPs utilisation."""
     if step_time_s <= 0:
         return 0.0
-    return flops / step_time_s / (peak_tflops * 1e12 * n_devices)
+    return UTILISATION(flops, step_time_s, peak_tflops * 1e12, n_devices)
 
 
 def narayanan_flops_per_step(model: ModelSpec, global_batch: int, full_recompute: bool) -> float:
     """Narayanan et al. 2021, eq. 3 — a cross-check for dense models with f = 4h."""
-    B, s, L, h, V = global_batch, model.seq_len, model.n_layers, model.d_model, model.vocab_size
-    if full_recompute:
-        return 96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-    return 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+    return NARAYANAN[full_recompute](global_batch, model.seq_len, model.n_layers, model.d_model, model.vocab_size)

@@ -1,4 +1,5 @@
-"""Memory per GPU: model states, activations, temporary buffers. Plain numbers; ``explain`` attaches the formulas.
+"""Memory per GPU: model states, activations, temporary buffers. Which terms of ``memory_model`` a plan's rank holds
+and the numbers each takes (a ``Saved``); ``explain`` prints the same terms' formulas.
 
 Model states (docs/formulas.md, ZeRO §3.1), bytes per parameter (weights + gradients + optimizer):
     DeepSpeed, 16-bit:  2 + 2 + 12  (fp32 master, momentum, variance)
@@ -34,19 +35,48 @@ each distinct pair are computed once however many plans share it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.contract.schedules import V_SCHEDULES, ZERO_BUBBLE
-from trainer.planner.estimate.step_model import bubble_term
+from trainer.planner.estimate import memory_model as MM
+from trainer.planner.estimate import step_model
+from trainer.planner.estimate.expr import Term
 
 LN_STAT_BYTES = 4   # LayerNorm saves mean and 1/σ in fp32 (in the input's dtype on the CPU)
 # Under autocast the fp32 LayerNorm output is cast to 16 bits once per consuming matmul: q, k, v and the MLP's up.
 AUTOCAST_LN_CONSUMERS = 4
-INDEX_BYTES = 8     # int64 token ids, positions, targets
 
 Terms = tuple[tuple[str, float], ...]   # named byte terms, in the order the layer saves them
+
+
+@dataclass(frozen=True, slots=True)
+class Saved:
+    """One named term of a rank's memory: its ``memory_model`` term and the numbers it took (what ``explain``
+    prints), and the bytes they give."""
+
+    name: str
+    term: Term
+    args: tuple
+    value: float = field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "value", self.term.function(*self.args))
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A term a pipeline stage holds ``count`` times: once per layer of a kind (``per`` names that count in its
+    figure), or once a stage (``per`` empty)."""
+
+    saved: Saved
+    count: int = 1
+    per: str = ""
+
+    @property
+    def value(self) -> float:
+        return float(self.count * self.saved.value)
 
 
 def activation_bytes_per_element(precision: str) -> int:
@@ -92,30 +122,61 @@ def optimizer_bytes_per_param(precision: str, engine: str, zero_stage: int = 0) 
     return 3 * b.gradients + 2 * (b.weights + b.optimizer)
 
 
+@dataclass(frozen=True)
+class ModelStates:
+    """A rank's model states: weights, gradients and optimizer on the GPU, each a term with its numbers, and the
+    bytes offload keeps in host memory."""
+
+    saved: dict[str, Saved]
+    host: int
+
+    def bytes(self) -> dict[str, float]:
+        return {**{name: saved.value for name, saved in self.saved.items()}, "host": self.host}
+
+
 def model_states(params: int, params_sharded: int, dp: int, zero_stage: int, precision: str, engine: str,
                  offload_optimizer: bool = False, offload_params: bool = False, expert_params: int = 0,
                  ep: int = 1) -> dict[str, int]:
-    """Bytes of weights, gradients, optimizer states on one GPU, and what offload keeps in host memory.
+    """Bytes of weights, gradients, optimizer states on one GPU, and what offload keeps in host memory
+    (``model_state_terms``'s, by value)."""
+    return model_state_terms(params, params_sharded, dp, zero_stage, precision, engine, offload_optimizer,
+                             offload_params, expert_params, ep).bytes()
+
+
+def model_state_terms(params: int, params_sharded: int, dp: int, zero_stage: int, precision: str, engine: str,
+                      offload_optimizer: bool = False, offload_params: bool = False, expert_params: int = 0,
+                      ep: int = 1, vocabulary: tuple[int, int, int] | None = None) -> ModelStates:
+    """Weights, gradients, optimizer states on one GPU as terms of ``memory_model``, and what offload keeps in host
+    memory.
 
     ``params`` are the rank's parameters before data-parallel sharding; ``params_sharded`` after ZeRO-3/FSDP sharding
     (the native engine's exact per-tensor chunks; for DeepSpeed pass ``deepspeed_shard``).
     ``expert_params`` of them are experts: DeepSpeed's ZeRO and Megatron's distributed optimizer partition them
     over the dp/ep ranks that hold the same experts (the expert-data-parallel group), the rest over all dp ranks.
+    ``vocabulary``: (V, t, h) of a vocabulary-split embedding whose gradient is a 1/t view of a full V×h one.
     """
     per = state_bytes_per_param(precision, engine, zero_stage)
     flat_shard = deepspeed_shard(params, dp, expert_params, ep)
-    sharded = params_sharded if engine == "native" else flat_shard
-    weights = per.weights * (sharded if zero_stage >= 3 else params)
-    grads = per.gradients * (sharded if zero_stage >= 3 else flat_shard if zero_stage == 2 else params)
-    optimizer = per.optimizer * (sharded if zero_stage >= 3 else flat_shard if zero_stage >= 1 else params)
+    shard = params_sharded if (zero_stage >= 3 and engine == "native") else flat_shard
+
+    def state(name: str, whole: Term, sharded: Term, sharded_from_stage: int, bytes_per_param: int) -> Saved:
+        if zero_stage >= sharded_from_stage:
+            return Saved(name, sharded, (bytes_per_param, shard))
+        return Saved(name, whole, (bytes_per_param, params))
+
+    weights = state("weights", MM.WEIGHTS, MM.WEIGHTS_SHARDED, 3, per.weights)
+    gradients = state("gradients", MM.GRADIENTS, MM.GRADIENTS_SHARDED, 2, per.gradients)
+    if vocabulary is not None and zero_stage < 2:
+        gradients = Saved("gradients", MM.GRADIENTS_VOCABULARY_VIEW, (per.gradients, params, *vocabulary))
+    optimizer = state("optimizer", MM.OPTIMIZER, MM.OPTIMIZER_SHARDED, 1, per.optimizer)
     host = 0
     if offload_optimizer:
-        host += optimizer
-        optimizer = 0
+        host += optimizer.value
+        optimizer = Saved("optimizer", MM.OFFLOADED, ())
     if offload_params:
-        host += weights
-        weights = 0
-    return {"weights": weights, "gradients": grads, "optimizer": optimizer, "host": host}
+        host += weights.value
+        weights = Saved("weights", MM.OFFLOADED, ())
+    return ModelStates({"weights": weights, "gradients": gradients, "optimizer": optimizer}, host)
 
 
 def deepspeed_shard(params: int, dp: int, expert_params: int = 0, ep: int = 1) -> int:
@@ -176,7 +237,7 @@ def fixed_overheads(on_gpu: bool, distributed: bool, overhead_bytes: float | Non
 def fragmentation_band(dynamic: float, expected: float, high: float) -> Band:
     """Bytes the allocator loses to fragmentation of the ``dynamic`` part: none at the least, the expected share
     (calibration fits it), the high share at the most."""
-    return Band(0.0, expected * dynamic, max(expected, high) * dynamic)
+    return Band(0.0, MM.FRAGMENTATION(expected, dynamic), MM.FRAGMENTATION(max(expected, high), dynamic))
 
 
 # ---- activations ----------------------------------------------------------------------------------------------
@@ -300,23 +361,18 @@ class ActivationSettings:
         the kernel and keeps the kv-wide projections only."""
         return d_model if (self.repeat_kv and self.checkpointing != "selective") else kv_dim
 
-    def norm_terms(self, tokens: int, d_model: int, rmsnorm: bool, norms: int, prefix: str) -> list[tuple[str, float]]:
+    def norm_terms(self, tokens: int, d_model: int, rmsnorm: bool, norms: int, prefix: str) -> list[Saved]:
         """What ``norms`` norms save besides their input and output: the statistics (small terms), and for a
         composite RMSNorm its fp32 x/rms (and the fp32 upcast of a 16-bit input, which replaces the input)."""
         r, terms = self.sp_split, []
         if rmsnorm:
             if self.small_terms:
-                terms.append((f"{prefix}rmsnorm_stats", norms * tokens * self.rms_stat_bytes / r))
+                terms.append(Saved(f"{prefix}rmsnorm_stats", MM.RMSNORM_STATS, (norms, tokens, r)))
             if self.rmsnorm_composite:
-                terms.append((f"{prefix}rmsnorm_normalized", norms * tokens * d_model * 4 / r))
+                terms.append(Saved(f"{prefix}rmsnorm_normalized", MM.RMSNORM_NORMALIZED, (norms, tokens, d_model, r)))
         elif self.small_terms:
-            terms.append((f"{prefix}layernorm_stats", norms * 2 * tokens * self.stat_bytes / r))
+            terms.append(Saved(f"{prefix}layernorm_stats", MM.LAYERNORM_STATS, (norms, tokens, self.stat_bytes, r)))
         return terms
-
-    @property
-    def rms_stat_bytes(self) -> int:
-        """Bytes of RMSNorm's 1/rms per token: fp32 always (the fused kernel and the composite one compute in fp32)."""
-        return 4
 
     def norm_input_bytes(self, rmsnorm: bool) -> int:
         """Bytes per element of a saved norm input: the residual stream's, or fp32 for a composite RMSNorm, which
@@ -335,7 +391,15 @@ def context_share(shape: LayerShape, cp: int) -> LayerShape:
 
 @lru_cache(maxsize=8192)
 def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
-    """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank.
+    """Named byte terms one transformer layer saves for backward for one micro-batch on one tensor-parallel rank
+    (``layer_saved``'s, by value)."""
+    return tuple((saved.name, saved.value) for saved in layer_saved(shape, settings))
+
+
+@lru_cache(maxsize=8192)
+def layer_saved(shape: LayerShape, settings: ActivationSettings) -> tuple[Saved, ...]:
+    """What one transformer layer saves for backward for one micro-batch on one tensor-parallel rank, each a term of
+    ``memory_model`` with the numbers it takes.
 
     An MoE layer (``shape.moe``) replaces the MLP terms with ``moe_activations``. Rotary positions save one extra
     T·h·e and the cos/sin tables (measured), none of which selective recompute keeps.
@@ -344,42 +408,43 @@ def layer_activations(shape: LayerShape, settings: ActivationSettings) -> Terms:
     t, e = settings.tp, settings.bytes_per_element
     T = s * settings.micro_batch
     r = settings.sp_split
-    stream = settings.stream_bytes
     if settings.checkpointing == "full":
-        return (("layer_input", T * h * stream / r),)
-    small, mask_bytes = settings.small_terms, settings.mask_bytes
-    terms = [("layernorm_inputs", 2 * T * h * settings.norm_input_bytes(shape.rmsnorm) / r),
-             ("layernorm_outputs", settings.ln_output_copies * T * h * e / settings.ln_output_split)]
+        return (Saved("layer_input", MM.LAYER_INPUT, (T, h, settings.stream_bytes, r)),)
+    small, mask_bytes, r_ln = settings.small_terms, settings.mask_bytes, settings.ln_output_split
+    terms = [Saved("layernorm_inputs", MM.LAYERNORM_INPUTS, (T, h, settings.norm_input_bytes(shape.rmsnorm), r)),
+             Saved("layernorm_outputs", MM.LAYERNORM_OUTPUTS, (settings.ln_output_copies, T, h, e, r_ln))]
     if settings.autocast and shape.gated and not shape.moe:
         # under autocast SwiGLU's gate casts the norm output once more, beside up's cast
-        terms.append(("gate_input_cast", T * h * e / settings.ln_output_split))
+        terms.append(Saved("gate_input_cast", MM.GATE_INPUT_CAST, (T, h, e, r_ln)))
     terms += settings.norm_terms(T, h, shape.rmsnorm, 2, "")
     if shape.dropout:
-        terms.append(("dropout_masks", 2 * T * h * mask_bytes / r))
+        terms.append(Saved("dropout_masks", MM.DROPOUT_MASKS, (T, h, mask_bytes, r)))
     selective = settings.checkpointing == "selective"
     kv_saved = kv if shape.ring else settings.kv_saved(h, kv)
-    terms += [("qkv", T * (h + 2 * kv_saved) * e / t), ("attention_output", T * h * e / t)]
+    terms += [Saved("qkv", MM.QKV, (T, h, kv_saved, e, t)),
+              Saved("attention_output", MM.ATTENTION_OUTPUT, (T, h, e, t))]
     if shape.rope and not selective:
         # rotated copies of q and k replace the projections, and one more h-sized tensor of the rotation is kept
-        terms.append(("rotary", T * h * e / t))
+        terms.append(Saved("rotary", MM.ROTARY, (T, h, e, t)))
         if small:  # fp32 cos/sin buffers; a model running in 16 bits saves 16-bit casts of them
             gathers = 2 if shape.ring else 1  # a cp share gathers its rows apart for q and for k
-            terms.append(("rotary_tables", gathers * 2 * s * (shape.head_dim // 2) * settings.rotary_table_bytes))
+            terms.append(Saved("rotary_tables", MM.ROTARY_TABLES,
+                               (gathers, s, shape.head_dim, settings.rotary_table_bytes)))
     if not selective:
         if settings.attention in ("math", "sdpa_math"):
-            terms.append(("attention_scores", T * a * s * e / t))
+            terms.append(Saved("attention_scores", MM.ATTENTION_SCORES, (T, a, s, e, t)))
             if shape.dropout:
-                terms.append(("attention_dropout", T * a * s * (mask_bytes + e) / t))
+                terms.append(Saved("attention_dropout", MM.ATTENTION_DROPOUT, (T, a, s, mask_bytes, e, t)))
             if small and settings.attention == "math":
-                terms.append(("causal_mask", float(s * s)))
+                terms.append(Saved("causal_mask", MM.CAUSAL_MASK, (s,)))
         elif small:
-            terms.append(("attention_logsumexp", T * a * 4 / t))
+            terms.append(Saved("attention_logsumexp", MM.ATTENTION_LOGSUMEXP, (T, a, t)))
     if shape.moe:
         terms += moe_activations(T, shape, settings)
     elif shape.gated:
-        terms.append(("swiglu", 4 * T * f * e / t))
+        terms.append(Saved("swiglu", MM.SWIGLU, (T, f, e, t)))
     else:
-        terms.append(("mlp", 2 * T * f * e / t))
+        terms.append(Saved("mlp", MM.MLP, (T, f, e, t)))
     return tuple(terms)
 
 
@@ -405,7 +470,7 @@ def moe_kept(tokens: int, n_experts: int, top_k: int, capacity_factor: float) ->
     return min(tokens * top_k, n_experts * min(cap, tokens))
 
 
-def moe_activations(tokens: int, shape: LayerShape, settings: ActivationSettings) -> list[tuple[str, float]]:
+def moe_activations(tokens: int, shape: LayerShape, settings: ActivationSettings) -> list[Saved]:
     """What one MoE layer of the trainer saves besides its attention half, for T = ``tokens`` on one rank (measured
     with saved-tensor hooks; tests/trainer/planner/test_activations_vs_torch.py). E experts, k = top_k, cap slots per
     expert, M kept assignments (``moe_kept``); e bytes per activation element.
@@ -430,63 +495,71 @@ def moe_activations(tokens: int, shape: LayerShape, settings: ActivationSettings
     E, k, c = moe.n_experts, moe.top_k, moe.capacity_factor
     cap = expert_capacity(T, E, k, c)
     M = moe_kept(T, E, k, c)
-    terms = [("router_probs", T * E * 4.0), ("dispatched_tokens", M * h * settings.stream_bytes),
-             ("expert_inputs", E * cap * h * e)]
+    terms = [Saved("router_probs", MM.ROUTER_PROBS, (T, E)),
+             Saved("dispatched_tokens", MM.DISPATCHED_TOKENS, (M, h, settings.stream_bytes)),
+             Saved("expert_inputs", MM.EXPERT_INPUTS, (E, cap, h, e))]
     if shape.gated:
         if settings.autocast:  # each expert's gate casts its rows too
-            terms.append(("expert_gate_inputs", E * cap * h * e))
-        terms.append(("expert_swiglu", 4 * E * cap * f * e))
+            terms.append(Saved("expert_gate_inputs", MM.EXPERT_GATE_INPUTS, (E, cap, h, e)))
+        terms.append(Saved("expert_swiglu", MM.EXPERT_SWIGLU, (E, cap, f, e)))
     else:
-        terms.append(("expert_mlp", 2 * E * cap * f * e))
-    terms.append(("combine", 2 * M * h * e))
+        terms.append(Saved("expert_mlp", MM.EXPERT_MLP, (E, cap, f, e)))
+    terms.append(Saved("combine", MM.COMBINE, (M, h, e)))
     if moe.shared_ffn:
         terms += shared_expert_activations(T, shape, settings)
     if settings.small_terms:
-        routing = T * k * 8 + T * k + 2 * M * 8 + M * e + E * 4
-        if moe.renormalize or (moe.renormalize is None and k > 1):
-            routing += T * k * 4 + T * 4
-        terms.append(("routing_small", float(routing)))
+        renormalized = moe.renormalize or (moe.renormalize is None and k > 1)
+        terms.append(Saved("routing_small", MM.ROUTING_SMALL_RENORMALIZED if renormalized else MM.ROUTING_SMALL,
+                           (T, k, M, e, E)))
     return terms
 
 
-def shared_expert_activations(tokens: int, shape: LayerShape, settings: ActivationSettings) -> list[tuple[str, float]]:
+def shared_expert_activations(tokens: int, shape: LayerShape, settings: ActivationSettings) -> list[Saved]:
     """The shared expert of an MoE layer (Qwen2-MoE): an MLP of width f_s on all T tokens, its input the norm output
     (counted with the norms; under autocast each of its input matmuls saves its own 16-bit cast), and with a gate
     sigmoid(x·w) the expert's output (kept by the gate multiply), the gate input's cast and the sigmoid output."""
     moe, T, h, e = shape.moe, tokens, shape.d_model, settings.bytes_per_element
-    terms = [("shared_expert", shape.mlp_saved * T * moe.shared_ffn * e)]
+    terms = [Saved("shared_expert", MM.SHARED_EXPERT, (shape.mlp_saved, T, moe.shared_ffn, e))]
     casts = (2 if shape.gated else 1) + (1 if moe.shared_gate else 0)
     if settings.autocast:
-        terms.append(("shared_expert_input_casts", casts * T * h * e))
+        terms.append(Saved("shared_expert_input_casts", MM.SHARED_EXPERT_INPUT_CASTS, (casts, T, h, e)))
     if moe.shared_gate:
-        terms.append(("shared_expert_output", T * h * e))
+        terms.append(Saved("shared_expert_output", MM.SHARED_EXPERT_OUTPUT, (T, h, e)))
         if settings.small_terms:
-            terms.append(("shared_gate_small", T * e))
+            terms.append(Saved("shared_gate_small", MM.SHARED_GATE_SMALL, (T, e)))
     return terms
 
 
 @lru_cache(maxsize=8192)
 def edge_activations(model: ModelSpec, settings: ActivationSettings, first: bool, last: bool) -> Terms:
-    """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch."""
+    """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch
+    (``edge_saved``'s, by value)."""
+    return tuple((saved.name, saved.value) for saved in edge_saved(model, settings, first, last))
+
+
+@lru_cache(maxsize=8192)
+def edge_saved(model: ModelSpec, settings: ActivationSettings, first: bool, last: bool) -> tuple[Saved, ...]:
+    """What the embedding (first stage) and the final LayerNorm + head + loss (last stage) save per micro-batch,
+    each a term of ``memory_model`` with the numbers it takes."""
     s, h, V = model.seq_len, model.d_model, model.vocab_size
     T = s * settings.micro_batch
     r, e = settings.sp_split, settings.bytes_per_element
     terms = []
     if first:
         if settings.small_terms:
-            terms.append(("token_ids", T * INDEX_BYTES))
+            terms.append(Saved("token_ids", MM.TOKEN_IDS, (T,)))
             if model.positions == "learned":
-                terms.append(("position_ids", s * INDEX_BYTES))
+                terms.append(Saved("position_ids", MM.POSITION_IDS, (s,)))
         if model.dropout > 0:
-            terms.append(("embedding_dropout_mask", T * h * settings.mask_bytes / r))
+            terms.append(Saved("embedding_dropout_mask", MM.EMBEDDING_DROPOUT_MASK, (T, h, settings.mask_bytes, r)))
     if last:
         rmsnorm = model.norm == "rmsnorm"
-        terms += [("final_layernorm_input", T * h * settings.norm_input_bytes(rmsnorm) / r),
-                  ("final_layernorm_output", T * h * e / settings.ln_output_split),
-                  ("log_probs", T * -(-V // settings.tp) * settings.loss_bytes)]
+        terms += [Saved("final_layernorm_input", MM.FINAL_NORM_INPUT, (T, h, settings.norm_input_bytes(rmsnorm), r)),
+                  Saved("final_layernorm_output", MM.FINAL_NORM_OUTPUT, (T, h, e, settings.ln_output_split)),
+                  Saved("log_probs", MM.LOG_PROBS, (T, V, settings.tp, settings.loss_bytes))]
         terms += settings.norm_terms(T, h, rmsnorm, 1, "final_")
         if settings.small_terms:
-            terms += [("targets", T * INDEX_BYTES), ("loss_scalars", 4)]
+            terms += [Saved("targets", MM.TARGETS, (T,)), Saved("loss_scalars", MM.LOSS_SCALARS, ())]
     return tuple(terms)
 
 
@@ -500,17 +573,23 @@ def in_flight(plan: ParallelPlan, stage: int) -> float:
     activations only after its weight backward, which they defer: every rank holds p (zb-interleaved, zbv) or
     p + 1/2 (dualpipev), the counts of torch's own orders (tests/trainer/parallel/test_zero_bubble_schedules.py).
     """
-    pp = plan.pp
+    return float(in_flight_saved(plan, stage).value)
+
+
+def in_flight_saved(plan: ParallelPlan, stage: int) -> Saved:
+    """``in_flight`` as the ``memory_model`` term of the plan's schedule and the numbers it takes."""
+    pp, schedule, m = plan.pp, plan.pipeline_schedule, plan.grad_accum
     if pp <= 1:
-        return 1.0
-    schedule, m = plan.pipeline_schedule, plan.grad_accum
+        return Saved("in_flight", MM.IN_FLIGHT_ONE, ())
     if schedule == "gpipe":
-        return float(m)
+        return Saved("in_flight", MM.IN_FLIGHT_GPIPE, (m,))
     if schedule == "interleaved":  # v = plan.virtual_stages model chunks a stage
-        return min(float(m), (pp - stage) + (pp - 1) / plan.virtual_stages)
+        return Saved("in_flight", MM.IN_FLIGHT_INTERLEAVED, (m, pp, stage, plan.virtual_stages))
+    if schedule == "dualpipev":
+        return Saved("in_flight", MM.IN_FLIGHT_DUALPIPEV, (m, pp))
     if schedule in ZERO_BUBBLE:
-        return min(float(m), pp + (0.5 if schedule == "dualpipev" else 0.0))
-    return float(min(m, pp - stage))
+        return Saved("in_flight", MM.IN_FLIGHT_ZERO_BUBBLE, (m, pp))
+    return Saved("in_flight", MM.IN_FLIGHT_1F1B, (m, pp, stage))
 
 
 def bubble_fraction(plan: ParallelPlan) -> float:
@@ -519,10 +598,10 @@ def bubble_fraction(plan: ParallelPlan) -> float:
     drain with the weight backward W of micro-batches whose input backward I already went upstream: with F, I and W
     alike (each a third of a micro-batch's work) what is left is (p − 1) of those thirds, (p − 1)/(3·v·m), v the
     chunks per rank (1 or more for zb-interleaved, 2 for zbv and dualpipev)."""
-    pp, v, m = plan.pp, plan.model_chunks, plan.grad_accum
-    if pp <= 1 or not m:
+    if plan.pp <= 1 or not plan.grad_accum:
         return 0.0
-    return bubble_term(plan.pipeline_schedule in ZERO_BUBBLE)(pp, v, m)
+    term, args = step_model.bubble(plan)
+    return term.function(*args)
 
 
 def holds_last_stage(plan: ParallelPlan, stage: int) -> bool:

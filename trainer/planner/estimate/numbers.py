@@ -5,11 +5,12 @@ gives the tuner (the totals it ranks and rejects by). The types the tuner create
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping
 
 from trainer.planner.estimate.comm import Collectives
-from trainer.planner.estimate.memory import Band
+from trainer.planner.estimate.memory import Band, Held, Saved
+from trainer.planner.estimate.memory_model import ACTIVATIONS
 from trainer.contract import ParallelPlan
 
 
@@ -30,6 +31,10 @@ class StageMemory:
     layers: int
     buffers: dict[str, float]
     overheads: dict[str, Band]     # what the GPU holds besides the tensors: named, each a range
+    # the terms of ``memory_model`` the activations and buffers came from, with the numbers they took (the figures')
+    activation_terms: dict[str, Held] = field(default_factory=dict)
+    buffer_terms: dict[str, tuple[Saved, ...]] = field(default_factory=dict)   # each buffer the sum of its terms
+    state_terms: dict[str, Saved] = field(default_factory=dict)                # weights, gradients, optimizer
 
     @property
     def overhead(self) -> float:
@@ -38,7 +43,7 @@ class StageMemory:
 
     @property
     def activations(self) -> float:
-        return self.in_flight * sum(self.activations_per_microbatch.values())
+        return ACTIVATIONS(self.in_flight, sum(self.activations_per_microbatch.values()))
 
     @property
     def model_state_bytes(self) -> float:
@@ -82,6 +87,17 @@ class StepTime:
     bandwidths: Mapping[str, float]    # bytes/s of the tp, pp, dp and ep groups (shared between plans: read only)
     collectives: Collectives
     terms: dict[str, tuple]            # each part's step_model term and the numbers it took; their parts' too
+
+    def with_compute_scaled(self, scale: float) -> float:
+        """The step's seconds with its compute term × ``scale``: the pipeline bubble, a share of a micro-batch's
+        work (``step_model.PIPELINE_BUBBLE``), follows it, called with the new work."""
+        compute = self.parts.get("compute", 0.0)
+        new_compute = compute * scale
+        seconds = self.seconds - compute + new_compute
+        if "pipeline_bubble" in self.parts:
+            term, (work, bubble) = self.terms["pipeline_bubble"]
+            seconds += term.function(work - compute + new_compute, bubble) - self.parts["pipeline_bubble"]
+        return seconds
 
 
 @dataclass

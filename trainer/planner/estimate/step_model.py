@@ -10,7 +10,9 @@ bytes an activation element; the rest are named for what they are.
 """
 from __future__ import annotations
 
-from trainer.planner.estimate.expr import Term, maximum, symbols
+from trainer.contract import ParallelPlan
+from trainer.contract.schedules import ZERO_BUBBLE
+from trainer.planner.estimate.expr import Term, ceil, maximum, symbols
 
 (B, s, dp, d, p, t, ep, m, v, T, h, e, r, k, c, L) = symbols("B s dp d p t ep m v T h e r k c L")
 (layers, moe_stage, moe_layers, n_allreduce, passes) = symbols(
@@ -67,6 +69,18 @@ TENSOR_PARALLEL_OVERLAP = Term(
     m * layers * ((n_allreduce - 2) * ALL_REDUCE + maximum(0, 2 * ALL_REDUCE - weight_grad_s)) + latency,
     TP + " weight_grad_s", "the backward's two input-gradient all-reduces (with sequence parallel: the re-gathers "
                            "and reduce-scatters) run behind the weight-gradient GEMMs")
+# one layer's K/V ring for one micro-batch (comm.ring_attention; docs/formulas.md, Context parallel)
+(kv, cp, forwards, flops_per_s, S_kv, S_grad, half_block) = symbols("kv cp forwards flops_per_s S_kv S_grad a")
+RING_GRAD_BYTES = 4  # the ring's dK/dV accumulators travel in fp32 (trainer/parallel/context.py)
+KV_BLOCK = Term(2 * T * (kv / t) * e, "T kv t e", "a rank's K and V block")
+GRAD_BLOCK = Term(2 * T * (kv / t) * RING_GRAD_BYTES, "T kv t", "their gradient accumulators, fp32")
+HALF_BLOCK = Term(2 * T * T * (h / t) / flops_per_s, "T h t flops_per_s",
+                  "a half-block of attention, q kᵀ and p v over T × T/2 pairs; flops_per_s = peak_flops · efficiency")
+RING_EXPOSED = Term(forwards * (cp - 1) * maximum(0, S_kv / bandwidth - half_block)
+                    + (cp - 1) * maximum(0, (S_kv + S_grad) / bandwidth - 2 * half_block) + S_grad / bandwidth,
+                    "forwards cp S_kv S_grad bandwidth_bytes_per_s a",
+                    "cp − 1 forward hops of K and V; backward, cp − 1 more beside cp hops of the fp32 gradient "
+                    "accumulators, the last one home hidden by nothing; the forward ring twice with full recompute")
 CONTEXT_PARALLEL = Term(m * layers * ring_exposed + latency, "m layers_per_stage ring_exposed_s latency_s",
                         "the K/V ring of each attention, what of its hops the blocks' attention does not hide; "
                         "docs/formulas.md, Context parallel")
@@ -116,9 +130,22 @@ OPTIMIZER = Term(P_shard * optimizer_bytes / hbm, "P_shard optimizer_bytes hbm_b
 STEP_OVERHEAD = Term(step_overhead, "step_overhead_s", "options.step_overhead_s")
 
 
+# ---- a step's throughput and a run's budget --------------------------------------------------------------------
+(step, tokens, token_budget, seconds, gpus, gpu_hours, gpu_hour_cost) = symbols(
+    "step tokens token_budget seconds gpus gpu_hours gpu_hour_cost")
+TOKENS_PER_S = Term(B * s / step, "B s step", "B sequences of s tokens a step")
+BUDGET_TOKENS = Term(token_budget, "token_budget", "requested")
+BUDGET_STEPS = Term(ceil(tokens / (B * s)), "tokens B s", "B sequences of s tokens a step")
+BUDGET_GPU_HOURS = Term(seconds * gpus / 3600, "seconds gpus")
+BUDGET_COST = Term(gpu_hours * gpu_hour_cost, "gpu_hours gpu_hour_cost")
+
+
 def offload_term(optimizer: bool, params: bool) -> Term:
     return OFFLOAD_BOTH if optimizer and params else (OFFLOAD_OPTIMIZER if optimizer else OFFLOAD_PARAMS)
 
 
-def bubble_term(zero_bubble: bool) -> Term:
-    return BUBBLE_ZERO if zero_bubble else BUBBLE
+def bubble(plan: ParallelPlan) -> tuple[Term, tuple[int, int, int]]:
+    """The pipeline's bubble, a fraction of a rank's work: the term of the plan's schedule and the numbers it takes.
+    Step time, memory's ``bubble_fraction`` and through it calibration call this."""
+    return (BUBBLE_ZERO if plan.pipeline_schedule in ZERO_BUBBLE else BUBBLE), (plan.pp, plan.model_chunks,
+                                                                                 plan.grad_accum)

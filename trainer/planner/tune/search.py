@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from trainer.planner.estimate import flops as F
-from trainer.planner.estimate.calibrate import TimeFeatures, ideal_options, time_features
+from trainer.planner.estimate.calibrate import StepTerms, plans_step_terms
 from trainer.planner.estimate.core import GB, Planner, rank_of
 from trainer.planner.estimate.explain import estimate
 from trainer.planner.estimate.options import EstimateOptions
@@ -145,10 +145,10 @@ def rank_plans(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Seque
 
 
 def trial_features(model: ModelSpec, cluster: ClusterSpec, options: EstimateOptions | None,
-                   plans: Sequence[ParallelPlan]) -> list[TimeFeatures]:
-    """Compute and communication seconds of each plan at ideal efficiency: what trials refit on."""
-    planner = Planner(model, cluster, ideal_options(options or EstimateOptions()))
-    return [time_features(planner, p) for p in plans]
+                   plans: Sequence[ParallelPlan]) -> list[StepTerms]:
+    """Calibration's features of each plan (``calibrate.step_terms``) under the tuner's options: what trials refit
+    on."""
+    return plans_step_terms(model, cluster, plans, options or EstimateOptions())
 
 
 def _check_inputs(model, cluster, global_batch, top_k):
@@ -191,7 +191,8 @@ def tune(model: ModelSpec, cluster: ClusterSpec, global_batch: int | Sequence[in
     if measure is not None and ranked:
         pool = ranked[:trial_pool]
         result.trials = run_trials(pool, measure, max_fraction, tolerance, progress,
-                                   features=trial_features(model, cluster, options, [c.plan for c in pool]))
+                                   features=trial_features(model, cluster, options, [c.plan for c in pool]),
+                                   options=options)
     result.elapsed_s = time.perf_counter() - started
     if progress:
         progress({"phase": "done", "evaluated": evaluated, "fitting": len(ranked), "elapsed_s": result.elapsed_s})

@@ -3,11 +3,12 @@
 Strategy (measure-and-recalibrate, then a stopping bound):
 1. Measure the plan with the lowest current prediction. At first the prediction is the planner's estimate; the
    second and third trials go to the better half's plans whose communication share differs most from those measured.
-2. Once three plans are measured, refit the time model on them — step ≈ x_c·C + x_n·N, with C and N a plan's compute
-   and communication seconds at ideal efficiency (the same split as estimate.calibrate) — and re-predict every
-   unmeasured plan. A plan the planner flattered (say, communication-heavy on a slower network than assumed) drops
-   down the order; one it underrated moves up. Without the split (``features`` None) predictions are the
-   estimates scaled by the median measured/estimated ratio.
+2. Once three plans are measured, refit the time model on them — calibration's features and fit
+   (``calibrate.step_terms``, ``calibrate.fit_time``) with its compute and communication coefficients free
+   (``calibrate.TRIAL_TERMS``), every other term at the tuner's options — and re-predict every unmeasured plan. A
+   plan the planner flattered (say, communication-heavy on a slower network than assumed) drops down the order; one
+   it underrated moves up. Without features (``features`` None) predictions are the estimates scaled by the median
+   measured/estimated ratio.
 3. Bound: δ = the largest leave-one-out relative error of the refit on the measured plans (or the spread of their
    ratios before the refit; never below ``error_bound``). No unmeasured plan j can run faster than
    prediction_j·(1 − δ). When even the lowest of those is ≥ best_measured / (1 + tolerance), no unmeasured plan
@@ -27,7 +28,8 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from trainer.planner.estimate.calibrate import TimeFeatures, TimeFit, solve_least_squares
+from trainer.planner.estimate.calibrate import TRIAL_TERMS, StepTerms, fit_time
+from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ParallelPlan, SpecError
 
 
@@ -77,26 +79,14 @@ def failure_reason(exc: BaseException) -> str:
     return reason if len(reason) <= REASON_CHARS else reason[:REASON_CHARS - 1] + "…"
 
 
-def _fit(points: list[TimeFeatures], times: list[float]) -> TimeFit:
-    """x_c > 0, x_n ≥ 0 minimising Σ (x_c·C + x_n·N − t)²; one scale for both when they do not fit apart."""
-    try:
-        xc, xn = solve_least_squares([(p.compute_s, p.communication_s) for p in points], times)
-        if xc > 0 and xn >= 0:
-            return TimeFit(xc, xn)
-    except ValueError:
-        pass
-    total = [p.compute_s + p.communication_s for p in points]
-    scale = sum(t * s for t, s in zip(times, total)) / sum(s * s for s in total)
-    return TimeFit(scale, scale)
-
-
 def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fraction: float = 1 / 3,
                tolerance: float = 0.05, progress: Callable[[dict], None] | None = None, error_bound: float = 0.0,
-               min_trials: int = 3, features: Sequence[TimeFeatures] | None = None) -> TrialResult:
+               min_trials: int = 3, features: Sequence[StepTerms] | None = None,
+               options: EstimateOptions | None = None) -> TrialResult:
     """Measure plans of ``pool`` (Candidates) until the bound or the budget says stop; see the module docstring.
 
-    ``features``: compute and communication seconds at ideal efficiency for each pool entry, same order
-    (``search.trial_features``). A ``measure`` that raises fails that trial only (it is in ``result.failed`` with
+    ``features``: calibration's features of each pool entry, same order, read under ``options`` (the tuner's;
+    ``search.trial_features``). A ``measure`` that raises fails that trial only (it is in ``result.failed`` with
     its reason, and ``progress`` hears a "trial" event with ``failed``); when every trial fails, ``result.best`` is
     None and ``result.note`` says "all N trials failed: …". A ``measure`` that returns something other than a
     positive finite number is a broken measure, not a failed trial: that raises ValueError.
@@ -143,7 +133,7 @@ def run_trials(pool: Sequence, measure: Callable[[ParallelPlan], float], max_fra
         result.measured.append(measured)
         if result.best is None or seconds < result.best.measured_step_time_s:
             result.best = measured
-        predictions = _recalibrate(pool, features, done, min_trials)
+        predictions = _recalibrate(pool, features, done, min_trials, options or EstimateOptions())
         predicted = predictions.step_s
         result.error_bound = max(predictions.error_bound, error_bound)
         _report(progress, result, pool[i], measured_step_time_s=seconds)
@@ -206,15 +196,15 @@ class Predictions:
     error_bound: float        # δ: how far off a prediction may be, relatively
 
 
-def _recalibrate(pool, features, done: dict[int, float], min_trials: int) -> Predictions:
+def _recalibrate(pool, features, done: dict[int, float], min_trials: int, options: EstimateOptions) -> Predictions:
     """Predictions for every pool entry from the measured ones, and the error bound δ of those predictions."""
     idx = list(done)
     if features is not None and len(idx) >= min_trials:
         points, times = [features[i] for i in idx], [done[i] for i in idx]
-        x = _fit(points, times)
+        x = fit_time(points, times, TRIAL_TERMS, options)
         errors = []
         for k in range(len(idx)):  # leave-one-out: how wrong the refit is on a plan it did not see
-            xk = _fit(points[:k] + points[k + 1:], times[:k] + times[k + 1:])
+            xk = fit_time(points[:k] + points[k + 1:], times[:k] + times[k + 1:], TRIAL_TERMS, options)
             errors.append(abs(xk.predict(points[k]) - times[k]) / times[k])
         return Predictions([x.predict(f) for f in features], SAFETY * max(errors))
     ratios = sorted(done[i] / pool[i].step_time_s for i in idx)
