@@ -8,7 +8,7 @@ for), at several numbers of concurrent streams.
 
 Without a checkpoint it builds one: a GPT-2-layout model (4 layers, d_model 256, head_dim 64, context 512) trained
 ``--train-steps`` steps on the repository's Shakespeare text: enough for text that re-tokenizes to the tokens
-generated, which is how the client counts them (``deploy.aiperf_client``); the figures are about speed, not text.
+generated, which is how the client counts them (``bench.deploy.aiperf_client``); the figures are about speed, not text.
 
 For each engine (``deploy.export.ENGINES``: workbench, vllm) the checkpoint is exported to a Triton entry by that
 engine's exporter (room for the largest stream count, so no stream waits for a slot) and loaded in a local Triton;
@@ -36,9 +36,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from bench.deploy.predict import PathPrediction, TimedKernels, predict_path, probe_spec, probe_streams
-from deploy.aiperf_client import DEFAULT_VENV, Measurement, Target, openai_completions_target, profile, \
+from bench.deploy.aiperf_client import DEFAULT_VENV, Measurement, Target, openai_completions_target, profile, \
     triton_generate_target
+from bench.deploy.predict import PathPrediction, TimedKernels, predict_path, probe_spec, probe_streams
 from deploy.export import ENGINES, ExportOptions
 from deploy.prepare import ExportError
 from deploy.triton import LocalTriton

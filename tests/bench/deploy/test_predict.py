@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
+from bench.deploy.aiperf_client import decoding_streams
 from bench.deploy.predict import TimedKernels, largest_cache_bytes, probe_spec, probe_streams
-from deploy.aiperf_client import decoding_streams
 from deploy.serving.tensor_parallel import cpu_threads
 from trainer.contract.presets import MODELS
 from trainer.planner.estimate.gemms import Gemm

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
+from bench.deploy.aiperf_client import DEFAULT_VENV, Measurement, aiperf_executable
 from bench.deploy.predict import probe_streams
 from bench.deploy.serving import FLOOR, Row, main, median_run, table
-from deploy.aiperf_client import DEFAULT_VENV, Measurement, aiperf_executable
 
 NEW_TOKENS = 8
 
