@@ -62,9 +62,9 @@ ensure_chromium() {
 }
 
 ensure_aiperf() {
-  # The serving benchmark's client (deploy/aiperf_client.py) lives in an environment of its own in the user's cache
-  # folder: made once here, so that the test that runs it does not spend its install time inside the suite.
-  "$PY" -c 'from deploy.aiperf_client import aiperf_executable; aiperf_executable()'
+  # The serving benchmark's client (bench/deploy/aiperf_client.py) lives in an environment of its own in the user's
+  # cache folder: made once here, so that the test that runs it does not spend its install time inside the suite.
+  (cd "$REPO" && "$PY" -c 'from bench.deploy.aiperf_client import aiperf_executable; aiperf_executable()')
 }
 
 ensure_slurm() {

@@ -10,7 +10,7 @@ import grimp
 
 REPO = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-PACKAGES = ("trainer", "webapp", "workers", "deploy")
+PACKAGES = ("trainer", "webapp", "workers", "deploy", "bench")
 
 
 def _lint(config: Path, cwd: Path = REPO) -> subprocess.CompletedProcess:

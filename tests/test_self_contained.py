@@ -24,7 +24,8 @@ OUTSIDE = re.compile(rf"\.\./{SIBLING}\b|(?<![\w-]){SIBLING}/(?:data|DESIGN|RECI
 # A cited Markdown document: a bare name (README.md) or a path (docs/x.md, ../x.md); not a glob such as *.md.
 MARKDOWN = re.compile(r"[\w./-]*[\w-]\.md\b")
 # A cited file of the project's own folders: trainer/engine/loop.py, tests/trainer/conftest.py (globs are not citations).
-SOURCE = re.compile(r"(?<![\w./-])(?:trainer|webapp|workers|deploy|tests|scripts|docs)/[\w./-]*\.(?:py|sh|json|toml|txt)\b")
+SOURCE = re.compile(r"(?<![\w./-])(?:trainer|webapp|workers|deploy|bench|tests|scripts|docs)/"
+                    r"[\w./-]*\.(?:py|sh|json|toml|txt)\b")
 URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://\S+|\bwww\.\S+")
 
 

@@ -106,7 +106,7 @@ def test_it_streams_one_token_at_a_time(served, reference, protocol):
 def bench_served(triton, tmp_path_factory):
     """The benchmark's model (random weights; d_model 512, 4 layers): big enough that a decode step's work, not
     the per-token cost of responses, sets the pace, as in real serving."""
-    from deploy.bench import bench_checkpoint
+    from bench.deploy.serving import bench_checkpoint
 
     checkpoint = bench_checkpoint(tmp_path_factory.mktemp("bench") / "checkpoint")
     export(checkpoint, triton.repository, ExportOptions(name="bench", measure=False))
@@ -119,7 +119,7 @@ def bench_served(triton, tmp_path_factory):
 
 def test_it_batches_concurrent_streams_into_the_same_decode_steps(bench_served):
     """One client alone, then 8 at once: most decode steps serve several sequences, ≥ 3 on average. (The rate
-    this buys is a timing, measured by the benchmark, python -m deploy.bench, not asserted here.)"""
+    this buys is a timing, measured by the benchmark, python -m bench.deploy.serving, not asserted here.)"""
     client, n = bench_served, 128
 
     def stream_tokens(prompt: str) -> int:

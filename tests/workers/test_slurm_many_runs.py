@@ -27,14 +27,14 @@ from webapp import models
 RUNS = int(os.environ.get("WORKBENCH_MANY_RUNS", "50"))
 BENCHMARK = "WORKBENCH_MANY_RUNS" in os.environ
 DOOMED = RUNS // 10  # these train on a text too short to split: they must fail, not hang or vanish
-PAGE_TARGET_S = 0.300  # scripts/bench_pages.py's
+PAGE_TARGET_S = 0.300  # bench/webapp/pages.py's
 PASS_EVERY_S = 5.0  # the beat schedule's (workers.celery_app)
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once,
               pytest.mark.timeout(max(600, 6 * RUNS))]  # 200 runs: about 10 minutes here
 
 
 def _server_time(client, url: str) -> tuple[float, float]:
-    """The page's time in this process (view, queries, template; no network), as scripts/bench_pages.py times it:
+    """The page's time in this process (view, queries, template; no network), as bench/webapp/pages.py times it:
     wall-clock and this process's CPU time."""
     wall, cpu = time.perf_counter(), time.process_time()
     answer = client.get(url)

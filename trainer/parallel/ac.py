@@ -6,7 +6,7 @@
   expansion of shared key/value heads, softmax(q kᵀ) v), whose saved tensors grow with s² in an unfused kernel
   (5·a·s²·b bytes per layer in 16-bit) but whose FLOPs are a small share of the layer's. A fused kernel (flash
   attention, also PyTorch's CPU kernel) already keeps no s² tensors, so there selective saves little more than
-  the rotary and grouped-query copies: measured, not assumed (python -m trainer.bench, section 3).
+  the rotary and grouped-query copies: measured, not assumed (python -m bench.trainer, section 3).
 
 How: the model has no hooks for this. ``apply_ac`` replaces, on each instance, the method whose work is to be
 recomputed (a block's ``forward``; attention's ``attend``) by the same method run under a checkpoint function. The

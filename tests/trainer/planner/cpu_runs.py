@@ -1,6 +1,6 @@
 """The committed real CPU runs as calibration records: data/cpu_trials.json (the trial-mode grid, 16 plans) and
 data/cpu_calibration_runs.json (that grid and 16 more plans at other batch sizes, 32 runs, measured in one go by
-``python -m trainer.planner.tune.bench_trials --calibration-runs``)."""
+``python -m bench.trainer.planner.trials --calibration-runs``)."""
 import json
 from pathlib import Path
 

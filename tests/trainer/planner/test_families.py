@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MixtralConfig, Qwen2MoeConfig
 
-from trainer.bench.activations import FAMILY_CASES, measure_saved, planned_saved
+from bench.trainer.activations import FAMILY_CASES, measure_saved, planned_saved
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS, cluster
 from trainer.planner.estimate import flops
@@ -165,7 +165,7 @@ def test_dense_first_layers_have_the_dense_mlp():
 
 
 # Activations of one micro-batch: the planner against what autograd saves in the trainer's own model
-# (trainer.bench.activations, saved-tensor hooks), for each family in fp32, bf16 autocast and the bf16-cast model,
+# (bench.trainer.activations, saved-tensor hooks), for each family in fp32, bf16 autocast and the bf16-cast model,
 # and each checkpointing mode once. Every case comes out exact; the bar is 1 %.
 ACTIVATION_CASES = [c for c in FAMILY_CASES
                     if c[0] == "tiny-llama" or (c[2], c[3]) in (("none", "fp32"), ("none", "bf16"))]

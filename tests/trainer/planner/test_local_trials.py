@@ -3,7 +3,7 @@
 One real trial per world size that matters (1 process: the plain launch; 2 processes: torchrun), and failures that
 must come back as errors naming their reason rather than as a step time. Steps are few: the point is the plumbing
 (spec written, trainer launched, metrics read), not the timing itself; the benchmark
-(python -m trainer.planner.tune.bench_trials) is where the timings are judged.
+(python -m bench.trainer.planner.trials) is where the timings are judged.
 """
 import json
 import subprocess
@@ -76,6 +76,6 @@ def test_it_refuses_a_plan_that_does_not_fit_the_model_before_launching(dataset,
 
 
 def test_it_imports_no_torch():
-    code = "import sys, trainer.planner.tune.measure, trainer.planner.tune.bench_trials; print('torch' in sys.modules)"
+    code = "import sys, trainer.planner.tune.measure, bench.trainer.planner.trials; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"

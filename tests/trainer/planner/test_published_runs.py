@@ -1,6 +1,7 @@
-"""The planner against what was measured on GPUs: published training runs end to end (``bench_published``) and one
-published layer, kernel by kernel. One of these numbers sets a constant, the A100's layer fraction (the 22B layer's
-forward); the rest are predictions (docs/formulas.md, Kernel rates and Against published runs)."""
+"""The planner against what was measured on GPUs: published training runs end to end
+(``bench.trainer.planner.published``) and one published layer, kernel by kernel. One of these numbers sets a
+constant, the A100's layer fraction (the 22B layer's forward); the rest are predictions (docs/formulas.md, Kernel
+rates and Against published runs)."""
 from __future__ import annotations
 
 import json
@@ -8,9 +9,9 @@ import statistics
 
 import pytest
 
+from bench.trainer.planner import published as bench_published
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.contract.presets import MODELS, cluster
-from trainer.planner.estimate import bench_published
 from trainer.planner.estimate.comm import ring_all_reduce_s, tp_all_reduces_per_layer
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.options import EstimateOptions

@@ -4,10 +4,10 @@ import re
 
 import pytest
 
+from bench.trainer.planner import limits as bench_limits, tune as bench_tune
 from trainer.contract import SpecError
 from trainer.contract.presets import MODELS, cluster
 from trainer.planner.estimate.api import estimate_json
-from trainer.planner.tune import bench, bench_limits
 from trainer.planner.tune.api import parse_tune_request
 from trainer.planner.tune.search import MAX_PLANS, pareto_front, rank_plans, tune
 from trainer.planner.tune.space import SearchSpace
@@ -47,19 +47,19 @@ def test_it_keeps_exactly_the_non_dominated_plans_on_the_pareto_front():
 def test_the_ranking_benchmark_ranks_over_100000_gpt3_plans_on_1024_gpus_and_prints_its_time_beside_the_target(
         capsys):
     # The 10-second target is the benchmark's to show (timing it here would measure whatever else runs beside it)
-    assert bench.main([]) == 0
+    assert bench_tune.main([]) == 0
     printed = capsys.readouterr().out
     evaluated = int(re.search(r"([0-9,]+) plans estimated and ranked", printed).group(1).replace(",", ""))
     assert "on 1024 GPUs" in printed and evaluated >= 100_000
     assert re.search(r"target: within 10 s; took [0-9.]+ of it", printed)
-    assert bench.main(["--batches", "512"]) == 0
+    assert bench_tune.main(["--batches", "512"]) == 0
     assert "target" not in capsys.readouterr().out  # a narrower space is not the target's
 
 
 def test_it_imports_the_planner_without_torch_or_django():
     import subprocess
     import sys
-    code = ("import sys, trainer.planner.estimate, trainer.planner.tune.search, trainer.planner.tune.bench, "
+    code = ("import sys, trainer.planner.estimate, trainer.planner.tune.search, bench.trainer.planner.tune, "
             "trainer.planner.estimate.__main__, trainer.planner.tune.__main__, trainer.planner.tune.api; "
             "bad = [m for m in ('torch', 'django', 'numpy') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")

@@ -66,8 +66,9 @@ def test_it_moves_one_and_a_half_times_the_all_reduce_volume_under_zero3_with_on
 
 def test_it_estimates_gpt3_175b_mfu_in_the_published_range():
     # Korthikanti et al. 2022 measured 51.4 % MFU for GPT-3 175B with sequence parallel and selective recompute on
-    # A100s, with Megatron-LM's overlapped communication (bench_published plans that run); the native engine's plan
-    # at default options overlaps none of it, and lands lower, within the 40-56 % published runs of this size reach
+    # A100s, with Megatron-LM's overlapped communication (bench.trainer.planner.published plans that run); the native
+    # engine's plan at default options overlaps none of it, and lands lower, within the 40-56 % published runs of this
+    # size reach
     est = estimate(GPT3, MEGATRON_PLAN, cluster("A100-SXM-80GB", 128))
     assert 0.40 < est.time["mfu"].value < 0.514
     assert est.fits

@@ -246,10 +246,6 @@ class StepTerms:
         return communication / (compute + communication or 1.0)
 
 
-# trial mode's features under their earlier name, which its benchmark (tune/bench_trials.py) still imports
-TimeFeatures = StepTerms
-
-
 def step_terms(model: ModelSpec, cluster: ClusterSpec, plan: ParallelPlan, base: EstimateOptions) -> StepTerms:
     """The features of ``plan``: the step at ideal options (efficiencies 1, w½ = 0, nothing else) and how much it
     grows when one coefficient is set to 1 — the planner is linear in each, so these are exact."""

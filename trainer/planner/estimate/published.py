@@ -1,4 +1,4 @@
-"""Published training runs with their exact configurations: what ``bench_published`` holds the planner against.
+"""Published training runs with their exact configurations: what ``bench.trainer.planner.published`` holds the planner against.
 
 Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM" (SC21),
 Table 1: GPT models from 1.7 B to 1 T parameters on Selene (DGX A100 80 GB nodes of 8 GPUs, NVLink/NVSwitch inside a

@@ -18,7 +18,7 @@ request, its waits and n iterations)
 The host terms cannot be read off a datasheet: ``fit_host_costs`` solves them from two measurements of a probe
 model of the same layers (its host work is the target's) at two stream counts. The device's kernels are either
 each one's roofline at a device's rates (``Rates``: a preset's datasheet figures), or each one timed on the machine
-that serves (``deploy.bench_predict.TimedKernels``), where small products run far from any roofline.
+that serves (``bench.deploy.predict.TimedKernels``), where small products run far from any roofline.
 """
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""``python -m bench.trainer``: the training program's benchmarks (see __main__.py for the sections)."""

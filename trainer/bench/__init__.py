@@ -1,1 +1,0 @@
-"""``python -m trainer.bench``: the training program's benchmarks (see __main__.py for the sections)."""
