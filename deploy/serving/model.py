@@ -419,18 +419,6 @@ class ServingGPT:
             self.cache.lengths[slot] += n
         return logits
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
-        """Start ``slot`` over on ``ids`` (at most seq_len of them); logits (V,) of the token after them."""
-        self.empty(slot)
-        return self.extend([slot], [list(ids)])[0]
-
-    def decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
-        """One new token for each of ``slots`` (each below seq_len cached positions); logits (B, V)."""
-        return self.extend(list(slots), [[t] for t in tokens])
-
-    def length(self, slot: int) -> int:
-        return self.cache.lengths[slot]
-
     def empty(self, slot: int) -> None:
         """Start the slot over: its positions are written again before they are read."""
         self.cache.lengths[slot] = 0
