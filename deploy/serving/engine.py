@@ -20,7 +20,7 @@ from .request import Request, Result, Sampling
 from .sampling import generator_for, pick
 from .scheduler import PREFILL_CHUNK, Batch, Codec, CountingMetrics, Metrics, Output, Plan, Scheduler
 
-__all__ = ["PREFILL_CHUNK", "CountingMetrics", "Engine", "Request", "Result", "Runner"]
+__all__ = ["PREFILL_CHUNK", "CountingMetrics", "Engine", "Request", "Result", "Runner"]  # what callers take from here
 
 
 class Runner(Protocol):
@@ -50,6 +50,7 @@ class Engine:
 
     @property
     def prefix(self):
+        """The scheduler's prefix cache (None: none)."""
         return self.scheduler.prefix
 
     # -- requests in ---------------------------------------------------------------------------------------------

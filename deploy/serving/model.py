@@ -33,11 +33,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from .prefix_cache import PREFIX_BLOCK_SIZE
+
 if TYPE_CHECKING:
     from .scheduler import Plan
 
 SCALE_SUFFIX = "_scale"
-PREFIX_BLOCK_SIZE = 16  # positions of a prefix-cache block: prompts are matched and kept a block at a time
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
-from .prefix_cache import PrefixCache
+from .prefix_cache import PREFIX_BLOCK_SIZE, PrefixCache
 from .request import Request, Result, Sampling
 
 PREFILL_CHUNK = 512  # prompt tokens computed in one iteration, at most (a longer prompt takes several)
@@ -198,7 +198,8 @@ class _Sequence:
 
 class Scheduler:
     def __init__(self, slots: int, seq_len: int, codec: Codec, metrics: Optional[Metrics] = None,
-                 prefill_chunk: int = PREFILL_CHUNK, prefix_blocks: int = 0, block_size: int = 16):
+                 prefill_chunk: int = PREFILL_CHUNK, prefix_blocks: int = 0,
+                 block_size: int = PREFIX_BLOCK_SIZE):
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk={prefill_chunk}: a prefill must take at least one token an iteration")
         self.seq_len, self.codec, self.prefill_chunk = seq_len, codec, prefill_chunk
