@@ -22,7 +22,8 @@ rotary positions of any base, with Llama 3.1's scaling; grouped-query attention;
 them (q/k/v only, as Qwen2, or everywhere); routed experts, renormalised or not, after dense first layers, and a
 shared expert with its sigmoid gate. Which biases and how wide each MLP is are read from the weights; the rest
 (norm, activation, rotary frequencies, routing) from the model spec the exporter writes.
-This file stands alone (torch only): the exporter copies it into the model repository beside the Triton model.
+It needs torch and this package only: the exporter copies both into the model repository beside the Triton
+model.
 """
 from __future__ import annotations
 
