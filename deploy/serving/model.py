@@ -22,19 +22,24 @@ rotary positions of any base, with Llama 3.1's scaling; grouped-query attention;
 them (q/k/v only, as Qwen2, or everywhere); routed experts, renormalised or not, after dense first layers, and a
 shared expert with its sigmoid gate. Which biases and how wide each MLP is are read from the weights; the rest
 (norm, activation, rotary frequencies, routing) from the model spec the exporter writes.
-This file stands alone (torch only): the exporter copies it into the model repository beside the Triton model.
+It needs torch and this package only: the exporter copies both into the model repository beside the Triton
+model.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 import torch.nn.functional as F
 
+from .prefix_cache import PREFIX_BLOCK_SIZE
+
+if TYPE_CHECKING:
+    from .scheduler import Plan
+
 SCALE_SUFFIX = "_scale"
-PREFIX_BLOCK_SIZE = 16  # positions of a prefix-cache block: prompts are matched and kept a block at a time
 
 
 @dataclass(frozen=True)
@@ -269,9 +274,9 @@ def _as_range(slots: torch.Tensor) -> slice | torch.Tensor:
 
 class ServingGPT:
     """extend(slots, chunks): append each chunk of tokens to its slot and return the next-token logits of each,
-    the one operation behind a batch of prompts, a chunk of a long prompt and a decode step; prefill and decode
-    are its two plain cases. save_blocks and load_blocks move a prompt prefix's keys and values between a slot and
-    the prefix cache's blocks."""
+    the one operation behind a batch of prompts, a chunk of a long prompt and a decode step. save_blocks and
+    load_blocks move a prompt prefix's keys and values between a slot and the prefix cache's blocks. execute runs
+    a scheduler's plan with them."""
 
     def __init__(self, spec: ServingSpec, state: dict[str, torch.Tensor], slots: int, rank: int = 0,
                  world: int = 1, all_reduce: Optional[AllReduce] = None, dtype: torch.dtype = torch.float32,
@@ -380,6 +385,23 @@ class ServingGPT:
         return F.linear(x, self.head).float()  # (B, V)
 
     @torch.no_grad()
+    def execute(self, plan: Plan) -> list[torch.Tensor]:
+        """Run a scheduler's plan (``scheduler.Plan``) in its order; the logits (B, V) of each of its batches."""
+        for admission in plan.admissions:
+            if admission.blocks:
+                self.load_blocks(admission.slot, admission.blocks)
+            else:
+                self.empty(admission.slot)
+        for slot in plan.restarts:
+            self.empty(slot)
+        logits = [self.extend(batch.slots, batch.chunks) for batch in plan.prefills]
+        for save in plan.saves:
+            self.save_blocks(save.slot, save.first, save.blocks)
+        if plan.decode is not None:
+            logits.append(self.extend(plan.decode.slots, plan.decode.chunks))
+        return logits
+
+    @torch.no_grad()
     def extend(self, slots: list[int], chunks: list[list[int]]) -> torch.Tensor:
         """Append chunks[b] (≥ 1 token) to slot slots[b] after the positions it holds; logits (B, V) of the token
         after each chunk. The rows may start at different positions and have different lengths."""
@@ -399,21 +421,9 @@ class ServingGPT:
             self.cache.lengths[slot] += n
         return logits
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
-        """Start ``slot`` over on ``ids`` (at most seq_len of them); logits (V,) of the token after them."""
-        self.truncate(slot, 0)
-        return self.extend([slot], [list(ids)])[0]
-
-    def decode(self, slots: list[int], tokens: list[int]) -> torch.Tensor:
-        """One new token for each of ``slots`` (each below seq_len cached positions); logits (B, V)."""
-        return self.extend(list(slots), [[t] for t in tokens])
-
-    def truncate(self, slot: int, length: int) -> None:
-        """Keep the slot's first ``length`` positions (0: start it over); the rest is written again before read."""
-        self.cache.lengths[slot] = length
-
-    def length(self, slot: int) -> int:
-        return self.cache.lengths[slot]
+    def empty(self, slot: int) -> None:
+        """Start the slot over: its positions are written again before they are read."""
+        self.cache.lengths[slot] = 0
 
     @torch.no_grad()
     def save_blocks(self, slot: int, first: int, blocks: list[int]) -> None:

@@ -14,6 +14,8 @@ import itertools
 from collections import OrderedDict
 from dataclasses import dataclass
 
+PREFIX_BLOCK_SIZE = 16  # positions of a prefix-cache block: prompts are matched and kept a block at a time
+
 
 @dataclass(frozen=True)
 class _Entry:

@@ -5,22 +5,11 @@ checkpoint draws; kept here too because this package stands alone in the server'
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-
-@dataclass(frozen=True)
-class Sampling:
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0            # 0: all tokens
-    top_p: float = 1.0        # 1: all tokens
-    seed: Optional[int] = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
+from .request import Sampling
 
 
 def pick(logits: torch.Tensor, sampling: Sampling, gen: Optional[torch.Generator]) -> int:

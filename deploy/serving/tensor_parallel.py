@@ -1,10 +1,10 @@
 """A served model split over tensor-parallel ranks, each its own process: rank 0 schedules, the others follow.
 
-Rank 0 runs the engine. Before each model call it broadcasts what the call is (extend these slots with these
-chunks of tokens, truncate a slot, copy prefix-cache blocks into or out of a slot); every follower makes the same
-call on its shard, so the all-reduces inside the model (``model.RowParallel``) meet, and every rank's prefix blocks
-hold its own heads of the same prefixes. Only rank 0 samples: the followers learn each new token from the next
-call.
+Rank 0 runs the engine. Each iteration it broadcasts the scheduler's plan (``scheduler.Plan``: admissions with
+their prefix blocks, restarts, the prefill batches, the saves into the prefix cache, the decode step), once, as a
+list of ints, and every follower executes the same plan on its shard, so the all-reduces inside the model
+(``model.RowParallel``) meet, and every rank's prefix blocks hold its own heads of the same prefixes. Only rank 0
+samples: the followers learn each new token from the next plan.
 Gloo on the CPU, NCCL on GPUs (rank r on the r-th GPU after the instance's own).
 
     python -m workbench_serving.tensor_parallel --folder <version folder> --rank 1 --world 2 --port <p> ...
@@ -26,8 +26,9 @@ import torch.distributed as dist
 
 from .layout import MODEL_SPEC, load_shard, read_json
 from .model import ServingGPT, ServingSpec
+from .scheduler import Plan
 
-EXTEND, TRUNCATE, SAVE, LOAD, STOP = 1, 2, 3, 4, 5
+STOP = -1  # a plan's length, in place of a plan: the followers leave
 INIT_TIMEOUT = timedelta(seconds=300)
 # Cores a CPU server keeps out of the model's arithmetic, as vLLM's CPU backend keeps one for its engine process:
 # Triton's threads, the response thread and a local client need a core between the steps, and an operation's compute
@@ -64,44 +65,27 @@ def join_group(rank: int, world: int, port: int, device: torch.device) -> None:
                             timeout=INIT_TIMEOUT)
 
 
-def _broadcast(values: list[int], device: torch.device) -> torch.Tensor:
-    t = torch.tensor(values, dtype=torch.long, device=device)
-    dist.broadcast(t, src=0)
-    return t
+def _broadcast(values: list[int], device: torch.device) -> None:
+    dist.broadcast(torch.tensor(values, dtype=torch.long, device=device), src=0)
 
 
 class Leader:
-    """Rank 0's view of the split model: the engine's Runner; each call is announced to the followers first."""
+    """Rank 0's view of the split model: the engine's Runner; each plan is broadcast to the followers first."""
 
     def __init__(self, model: ServingGPT, followers: list[subprocess.Popen]):
         self.model, self.followers = model, followers
         self.slots, self.prefix_blocks, self.block_size = model.slots, model.prefix_blocks, model.block_size
-        self._device = model.device if model.device.type == "cuda" else torch.device("cpu")
+        self._device = _broadcast_device(model)
 
-    def _announce(self, op: int, slot: int, payload: list[int]) -> None:
-        _broadcast([op, len(payload), slot], self._device)
-        if payload:
-            _broadcast(payload, self._device)
-
-    def extend(self, slots: list[int], chunks: list[list[int]]) -> torch.Tensor:
-        self._announce(EXTEND, 0, [len(slots), *slots, *(len(c) for c in chunks), *(t for c in chunks for t in c)])
-        return self.model.extend(slots, chunks)
-
-    def truncate(self, slot: int, length: int) -> None:
-        self._announce(TRUNCATE, slot, [length])
-        self.model.truncate(slot, length)
-
-    def save_blocks(self, slot: int, first: int, blocks: list[int]) -> None:
-        self._announce(SAVE, slot, [first, *blocks])
-        self.model.save_blocks(slot, first, blocks)
-
-    def load_blocks(self, slot: int, blocks: list[int]) -> None:
-        self._announce(LOAD, slot, list(blocks))
-        self.model.load_blocks(slot, blocks)
+    def execute(self, plan: Plan) -> list[torch.Tensor]:
+        values = plan.to_ints()
+        _broadcast([len(values)], self._device)
+        _broadcast(values, self._device)
+        return self.model.execute(plan)
 
     def close(self) -> None:
         try:
-            self._announce(STOP, 0, [])
+            _broadcast([STOP], self._device)
         finally:
             for p in self.followers:
                 try:
@@ -112,32 +96,21 @@ class Leader:
 
 
 def follow(model: ServingGPT) -> None:
-    device = model.device if model.device.type == "cuda" else torch.device("cpu")
+    """Execute rank 0's plans until it says stop."""
+    device = _broadcast_device(model)
     while True:
-        header = torch.zeros(3, dtype=torch.long, device=device)
-        dist.broadcast(header, src=0)
-        op, n, slot = (int(x) for x in header)
-        if op == STOP:
+        length = torch.zeros(1, dtype=torch.long, device=device)
+        dist.broadcast(length, src=0)
+        if int(length) == STOP:
             return
-        payload = torch.zeros(n, dtype=torch.long, device=device)
-        dist.broadcast(payload, src=0)
-        values = payload.tolist()
-        if op == EXTEND:
-            model.extend(*_chunks(values))
-        elif op == TRUNCATE:
-            model.truncate(slot, values[0])
-        elif op == SAVE:
-            model.save_blocks(slot, values[0], values[1:])
-        else:
-            model.load_blocks(slot, values)
+        values = torch.zeros(int(length), dtype=torch.long, device=device)
+        dist.broadcast(values, src=0)
+        model.execute(Plan.from_ints(values.tolist()))
 
 
-def _chunks(values: list[int]) -> tuple[list[int], list[list[int]]]:
-    """An EXTEND's payload [B, slots…, lengths…, tokens…] → (slots, chunks)."""
-    b = values[0]
-    slots, lengths, tokens = values[1:1 + b], values[1 + b:1 + 2 * b], values[1 + 2 * b:]
-    ends = [sum(lengths[:i + 1]) for i in range(b)]
-    return slots, [tokens[end - n:end] for end, n in zip(ends, lengths)]
+def _broadcast_device(model: ServingGPT) -> torch.device:
+    """NCCL broadcasts from the GPU, gloo from the CPU."""
+    return model.device if model.device.type == "cuda" else torch.device("cpu")
 
 
 def free_port() -> int:

@@ -28,10 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from workbench_serving.engine import PREFILL_CHUNK, Engine, Request, Result  # noqa: E402
+from workbench_serving.engine import Engine  # noqa: E402
 from workbench_serving.layout import SERVING, TOKENIZER, Codec, read_json  # noqa: E402
-from workbench_serving.model import PREFIX_BLOCK_SIZE  # noqa: E402
-from workbench_serving.sampling import Sampling  # noqa: E402
+from workbench_serving.prefix_cache import PREFIX_BLOCK_SIZE  # noqa: E402
+from workbench_serving.request import Request, Result, Sampling  # noqa: E402
+from workbench_serving.scheduler import PREFILL_CHUNK  # noqa: E402
 from workbench_serving.tensor_parallel import build_rank_model, cpu_threads, device_for, start_leader  # noqa: E402
 from workbench_serving.triton_io import (BATCH_BUCKETS, FINAL, TritonMetrics, as_text, metric_family,  # noqa: E402
                                          read_input, response)
@@ -57,10 +58,10 @@ class EngineMetrics(TritonMetrics):
     def first_token(self, seconds: float) -> None:
         self.ttft.observe(seconds)
 
-    def decode_step(self, batch_size: int, seconds: float) -> None:
+    def decode_step(self, batch_size: int) -> None:
         self.batch.observe(batch_size)
 
-    def prefill_step(self, sequences: int, tokens: int, seconds: float) -> None:
+    def prefill_step(self, sequences: int, tokens: int) -> None:
         self.prefill.observe(sequences)
 
     def prefix_lookup(self, prompt_tokens: int, cached_tokens: int) -> None:

@@ -28,9 +28,9 @@ PROMPTS = [[5, 6, 7], [1, 2, 3, 4, 9, 10], [42]]
 
 def _greedy(model: ServingGPT, prompts: list[list[int]], n: int) -> list[list[int]]:
     """n greedy tokens for each prompt, all decoded together."""
-    out = [[int(model.prefill(s, p).argmax())] for s, p in enumerate(prompts)]
+    out = [[int(model.extend([s], [p])[0].argmax())] for s, p in enumerate(prompts)]
     for _ in range(n - 1):
-        logits = model.decode(list(range(len(prompts))), [o[-1] for o in out])
+        logits = model.extend(list(range(len(prompts))), [[o[-1]] for o in out])
         for o, row in zip(out, logits):
             o.append(int(row.argmax()))
     return out
