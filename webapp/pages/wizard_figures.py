@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from trainer.planner.estimate.explain import run_time
 from trainer.planner.estimate.render import human
 
 # The parts of a rank's memory, in the planner's order, with the words the legend uses.
@@ -129,8 +130,7 @@ def estimate_view(answer: dict | None, steps: int | None) -> dict | None:
     if isinstance(ring, dict) and ring.get("value"):
         figures.append(figure("context-parallel", "context parallel's K/V ring, not hidden", ring))
     if steps and steps > 0:
-        run = {"value": steps * step["value"], "unit": "s", "formula": "steps · step",
-               "terms": {"steps": steps, "step": step}}
+        run = run_time(steps, step).to_dict()
         figures.append(figure("run-time", "this run's training", run, duration(run["value"])))
     plan, cluster = answer["plan"], answer["cluster"]
     rank = ranks(cluster)

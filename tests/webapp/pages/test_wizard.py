@@ -74,7 +74,7 @@ def test_it_opens_on_the_demo_defaults_with_their_estimate(signed_in, alice):
     # the estimate is there at once, with its formulas on demand
     assert figure_text(html, "estimate-step-time").endswith("ms")
     assert re.fullmatch(r"[\d.]+ MB", figure_text(html, "estimate-memory"))  # a tiny model: megabytes
-    assert "<details><summary>formula" in html and "B·s / step" in html
+    assert "<details><summary>formula" in html and "B · s / step" in html
     assert "optimizer states" in html and 'class="seg seg-activations" style="width:' in html
     assert 'hx-post="/runs/new/estimate/"' in html and 'hx-trigger="input changed delay:300ms, change"' in html
 

@@ -309,13 +309,20 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
     }
 
 
+def run_time(steps: int | Figure, step: float | Figure | dict) -> Figure:
+    """The training time of ``steps`` steps of ``step`` seconds (a figure, or one as ``Figure.to_dict`` wrote it)."""
+    step_s = step["value"] if isinstance(step, dict) else step
+    return _figure(S.RUN_TIME, (steps, step_s), "s", step=step)
+
+
 def _budget(cluster: ClusterSpec, plan: ParallelPlan, model: ModelSpec, step_s: float, tokens: float):
     tokens_figure = _figure(S.BUDGET_TOKENS, (tokens,), "tokens")
     steps = _figure(S.BUDGET_STEPS, (tokens, plan.global_batch, model.seq_len), "steps")
-    seconds = fig(steps.value * step_s, "s", "steps · step", steps=steps, step=step_s)
+    seconds = run_time(steps, step_s)
     hours = _figure(S.BUDGET_GPU_HOURS, (seconds, plan.world_size), "GPU·h")
     return {"tokens": tokens_figure, "steps": steps, "time": seconds, "gpu_hours": hours,
-            "cost": _figure(S.BUDGET_COST, (hours, cluster.gpu_hour_cost), "currency")}
+            # the hours as a number: a page names a rank's hours itself (a CPU cluster's are process-hours)
+            "cost": _figure(S.BUDGET_COST, (hours.value, cluster.gpu_hour_cost), "currency")}
 
 
 def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options: EstimateOptions | None = None,

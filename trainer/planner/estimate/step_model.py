@@ -131,11 +131,12 @@ STEP_OVERHEAD = Term(step_overhead, "step_overhead_s", "options.step_overhead_s"
 
 
 # ---- a step's throughput and a run's budget --------------------------------------------------------------------
-(step, tokens, token_budget, seconds, gpus, gpu_hours, gpu_hour_cost) = symbols(
-    "step tokens token_budget seconds gpus gpu_hours gpu_hour_cost")
+(step, steps, tokens, token_budget, seconds, gpus, gpu_hours, gpu_hour_cost) = symbols(
+    "step steps tokens token_budget seconds gpus gpu_hours gpu_hour_cost")
 TOKENS_PER_S = Term(B * s / step, "B s step", "B sequences of s tokens a step")
 BUDGET_TOKENS = Term(token_budget, "token_budget", "requested")
 BUDGET_STEPS = Term(ceil(tokens / (B * s)), "tokens B s", "B sequences of s tokens a step")
+RUN_TIME = Term(steps * step, "steps step")
 BUDGET_GPU_HOURS = Term(seconds * gpus / 3600, "seconds gpus")
 BUDGET_COST = Term(gpu_hours * gpu_hour_cost, "gpu_hours gpu_hour_cost")
 
