@@ -9,7 +9,6 @@ from rest_framework.authtoken.models import Token
 
 from trainer.contract.manifest import read_manifest
 
-from ..finite import finite
 from ..models import Checkpoint, Deployment, Evaluation, EvaluationSet, Run, data_roots_for
 from .job_rows import job_claim, job_progress, job_settle
 from .tasks import TaskName, enqueue
@@ -74,4 +73,4 @@ def evaluation_progress(evaluation: Evaluation, message: str) -> bool:
 
 
 def evaluation_settle(evaluation: Evaluation, status: str, message: str, scores: dict) -> bool:
-    return job_settle(evaluation, status, message, scores=finite(scores))
+    return job_settle(evaluation, status, message, scores)
