@@ -24,7 +24,7 @@ from trainer.contract.manifest import read_manifest
 
 from ..finite import finite
 from ..models import Checkpoint, CheckpointConversion
-from .job_rows import job_claim, job_progress, job_settle
+from .job_rows import job_claim, job_settle
 from .tasks import TaskName, enqueue
 
 Kind, Status = CheckpointConversion.Kind, CheckpointConversion.Status
@@ -103,11 +103,6 @@ def conversion_claim(conversion_id: int) -> CheckpointConversion | None:
     if conversion is None:
         return None
     return job_claim(CheckpointConversion, conversion_id, f"running python -m deploy {conversion.kind}")
-
-
-def conversion_progress(conversion: CheckpointConversion, message: str) -> bool:
-    """Say where a running conversion stands; False when another delivery has claimed it since."""
-    return job_progress(conversion, message)
 
 
 def conversion_fail(conversion: CheckpointConversion, message: str) -> bool:

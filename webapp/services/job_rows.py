@@ -38,11 +38,6 @@ def job_progress(row: BackgroundJob, message: str, **fields) -> bool:
     return bool(_claimed(row).filter(status=RUNNING).update(message=message[:MESSAGE_CHARS], **fields))
 
 
-def job_submitted(row: BackgroundJob, job_id: str) -> bool:
-    """Its scheduler's job, submitted or found again by a later delivery."""
-    return job_progress(row, f"job {job_id} submitted", job_id=job_id)
-
-
 def job_settle(row: BackgroundJob, status: str, message: str, report: dict | None = None, **fields) -> bool:
     """Done or failed, with what the job reported; False when another delivery has claimed it since."""
     if report is not None:

@@ -5,7 +5,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from ..models import Cluster, Dataset, DatasetPreparation
-from .job_rows import UNDER_WAY, job_claim, job_progress, job_settle
+from .job_rows import UNDER_WAY, job_claim, job_settle
 from .tasks import TaskName, enqueue
 
 MAX_VOCAB = 1 << 21  # the contract's bound on a model's vocabulary
@@ -35,10 +35,6 @@ def dataset_prepare(owner, dataset: Dataset, vocab: int, cluster: Cluster | None
 
 def preparation_claim(preparation_id: int) -> DatasetPreparation | None:
     return job_claim(DatasetPreparation, preparation_id, "reading the source", related=("dataset", "cluster"))
-
-
-def preparation_progress(preparation: DatasetPreparation, message: str) -> bool:
-    return job_progress(preparation, message)
 
 
 def preparation_settle(preparation: DatasetPreparation, status: str, message: str, report: dict) -> bool:
