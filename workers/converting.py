@@ -3,15 +3,16 @@ workbench.checkpoints.export_hf).
 
 Each runs ``python -m deploy import-hf SOURCE TARGET`` or ``export-hf CHECKPOINT OUT`` as a job of its own on this
 machine (workers.job_process.follow_command: they need torch, which the workers never import), named
-``wb-conv<id>-<when the row was made>``, in ``<runs root>/conversions/<job name>/``. The processes print progress lines on stderr, one JSON line on stdout, and exit 2
-when they refuse (the reason on the last line: "error: …"), 1 when they fail. The conversion row says where it
-stands (webapp.services.conversions): running with the latest progress line, then done (an import's checkpoint
-registered with its lineage, an export's folder recorded on its checkpoint) or failed with the last error line.
+``wb-conv<id>-<when the row was made>``, in ``<runs root>/conversions/<job name>/``. The processes print progress
+lines on stderr, one JSON line on stdout, and exit 2 when they refuse (the reason on the last line: "error: …"), 1
+when they fail. The conversion row says where it stands (webapp.services.conversions): running with the latest
+progress line, then done (an import's checkpoint registered with its lineage, an export's folder recorded on its
+checkpoint) or failed with the last error line.
 
 The reconcile pass sends the task again for a conversion pending over two minutes and never claimed (its message
-lost). A redelivered task (its worker died) claims the conversion again and follows the job by its name: an import whose
-folder is complete already (the process renamed it into place just before the worker died) is registered as it is;
-an export writes over its own folder.
+lost). A redelivered task (its worker died) claims the conversion again and follows the job by its name: an import
+whose folder is complete already (the process renamed it into place just before the worker died) is registered as
+it is; an export writes over its own folder.
 """
 import json
 import logging

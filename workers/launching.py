@@ -11,10 +11,9 @@ lock held that long would block every cancel, ingest and reconcile of the run. S
 
 A second delivery of the task while the claim is fresh looks the job up by its name (the run, when its row was
 made, and the attempt: a run of another workbench's database with the same id names its jobs otherwise) and adopts
-it if it is there,
-else starts nothing. A claim older than the launcher's start timeout plus a margin was left by a worker that died
-while starting, and is taken again. A run cancelled while its job started keeps that job on record (so its last
-lines are still ingested) and the job is stopped at once.
+it if it is there, else starts nothing. A claim older than the launcher's start timeout plus a margin was left by a
+worker that died while starting, and is taken again. A run cancelled while its job started keeps that job on record
+(so its last lines are still ingested) and the job is stopped at once.
 """
 import json
 from dataclasses import dataclass, replace

@@ -4,8 +4,7 @@ It runs ``python -m trainer.data prepare … --json`` as a process, with the dat
 tokenizer, share of bad rows allowed, validation share) and the vocabulary asked for: into the folder a run of a
 model of that vocabulary prepares into, so that the run finds the data prepared and reuses it. The process prints a
 progress line on stderr as each shard is encoded, and one JSON line on stdout: the prepared data's meta.json (status
-0), or a refusal with the bad-row report when there is one (status 2). A redelivered task starts the process again,
-which keeps the shards a crashed one finished.
+0), or a refusal with the bad-row report when there is one (status 2).
 
 It is a job of its own (workers.job_process.follow_command), named ``wb-prep<id>-<when the row was made>``: a
 detached process on this machine, or on a Slurm cluster (the preparation's ``cluster``) a batch job with

@@ -5,8 +5,9 @@
 The parent prints the supervisor's pid and returns at once; the supervisor (a new session, so the worker's
 restart or Ctrl-C does not touch it) first writes RUN_DIR/job.json (the job's name and id: a launch repeated after a
 crash finds the job there), runs COMMAND with its output in RUN_DIR/logs/launcher.log (its standard output in FILE
-instead, when given: a command's report) and writes RUN_DIR/exit.json when it ends. As a Slurm batch script does, it marks the job's start and end in RUN_DIR/jobs.jsonl (job_started,
-job_ended, with the attempt the launcher gave in WORKBENCH_ATTEMPT). SIGTERM to the session reaches every rank.
+instead, when given: a command's report) and writes RUN_DIR/exit.json when it ends. As a Slurm batch script does,
+it marks the job's start and end in RUN_DIR/jobs.jsonl (job_started, job_ended, with the attempt the launcher gave
+in WORKBENCH_ATTEMPT). SIGTERM to the session reaches every rank.
 """
 import os
 import signal

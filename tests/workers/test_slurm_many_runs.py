@@ -119,7 +119,8 @@ def test_many_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_sque
     for run in runs:
         assert run.attempts == 1 and run.attempt_records.count() == 1
         name = job_name(run.pk, 1, row_stamp(run.created_at))
-        named = slurm_cluster.run(["squeue", "--noheader", "--states=all", f"--name={name}", "--format=%i"]).stdout.split()
+        named = slurm_cluster.run(["squeue", "--noheader", "--states=all", f"--name={name}",
+                                   "--format=%i"]).stdout.split()
         assert named == [run.job_id], (run.pk, named)
     assert all(models.Metric.objects.filter(run_id=pk, kind="train").count() == 2 for pk in ids[DOOMED:])
     print("\n" + _figures(before, during, pass_s, reports))
