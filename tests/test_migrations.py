@@ -63,3 +63,36 @@ def test_it_gives_existing_runs_the_spec_they_launched_with_or_their_parts_make(
     finally:
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+BEFORE_JOB_ROWS = [("workbench", "0027_calibration_refit_requested_at")]
+WITH_JOB_ROWS = [("workbench", "0028_background_jobs")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_keeps_tuning_jobs_and_scores_when_their_rows_become_common_job_rows():
+    try:
+        apps = _migrate(BEFORE_JOB_ROWS)
+        owner = apps.get_model("auth", "User").objects.create(username="old")
+        dataset = apps.get_model("workbench", "Dataset").objects.create(owner=owner, name="d", path="/data/d.txt")
+        TuneJob = apps.get_model("workbench", "TuneJob")
+        done = TuneJob.objects.create(owner=owner, request={}, dataset=dataset, status="completed",
+                                      result={"best": 1}, started_at="2026-01-02T03:04:05Z")
+        failed = TuneJob.objects.create(owner=owner, request={}, dataset=dataset, status="failed", error="no data")
+        queued = TuneJob.objects.create(owner=owner, request={}, dataset=dataset)
+        checkpoint = apps.get_model("workbench", "Checkpoint").objects.create(owner=owner, step=1, path="/ck")
+        eval_set = apps.get_model("workbench", "EvaluationSet").objects.create(owner=owner, name="s", kind="text",
+                                                                                path="/s.txt")
+        scored = apps.get_model("workbench", "Evaluation").objects.create(
+            owner=owner, eval_set=eval_set, checkpoint=checkpoint, status="done", scores={"metrics": {"acc": 0.5}})
+
+        apps = _migrate(WITH_JOB_ROWS)
+        TuneJob = apps.get_model("workbench", "TuneJob")
+        done, failed, queued = (TuneJob.objects.get(pk=job.pk) for job in (done, failed, queued))
+        assert (done.status, done.report, done.claimed_at.year) == ("done", {"best": 1}, 2026)
+        assert (failed.status, failed.message, failed.report) == ("failed", "no data", {})
+        assert queued.status == "pending"
+        assert apps.get_model("workbench", "Evaluation").objects.get(pk=scored.pk).report == {"metrics": {"acc": 0.5}}
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())

@@ -341,7 +341,7 @@ class PlaygroundRecordAdmin(admin.ModelAdmin):
 class TuneJobAdmin(admin.ModelAdmin):
     list_display = ("id", "owner", "status", "dataset", "trial_steps", "created_at", "finished_at")
     list_filter = ("status",)
-    readonly_fields = ("progress", "result", "error", "started_at", "finished_at")
+    readonly_fields = ("progress", "report", "message", "claimed_at", "finished_at")
 
 
 # Django's two-pane chooser (filter_horizontal) puts ARIA attributes on elements that may not carry them, which

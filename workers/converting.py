@@ -1,16 +1,18 @@
 """Importing Hugging Face models and exporting checkpoints (the tasks workbench.checkpoints.import_hf and
 workbench.checkpoints.export_hf).
 
-Each runs ``python -m deploy import-hf SOURCE TARGET`` or ``export-hf CHECKPOINT OUT`` as a process: they need torch,
-which the workers never import. The processes print progress lines on stderr, one JSON line on stdout, and exit 2
-when they refuse (the reason on the last line: "error: …"), 1 when they fail. The conversion row says where it
-stands (webapp.services.conversions): running with the latest progress line, then done (an import's checkpoint
-registered with its lineage, an export's folder recorded on its checkpoint) or failed with the last error line.
+Each runs ``python -m deploy import-hf SOURCE TARGET`` or ``export-hf CHECKPOINT OUT`` as a job of its own on this
+machine (workers.job_process.follow_command: they need torch, which the workers never import), named
+``wb-conv<id>-<when the row was made>``, in ``<runs root>/conversions/<job name>/``. The processes print progress
+lines on stderr, one JSON line on stdout, and exit 2 when they refuse (the reason on the last line: "error: …"), 1
+when they fail. The conversion row says where it stands (webapp.services.conversions): running with the latest
+progress line, then done (an import's checkpoint registered with its lineage, an export's folder recorded on its
+checkpoint) or failed with the last error line.
 
 The reconcile pass sends the task again for a conversion pending over two minutes and never claimed (its message
-lost). A redelivered task (its worker died) claims the conversion again and starts over: an import whose folder is complete
-already (the process renamed it into place just before the worker died) is registered as it is; an export writes
-over its own folder.
+lost). A redelivered task (its worker died) claims the conversion again and follows the job by its name: an import
+whose folder is complete already (the process renamed it into place just before the worker died) is registered as
+it is; an export writes over its own folder.
 """
 import json
 import logging
@@ -25,13 +27,14 @@ from trainer.contract.manifest import read_manifest
 from webapp.models import CheckpointConversion
 from webapp.services import conversions
 from webapp.services.tasks import TaskName, enqueue
-from workers.deploy_commands import REFUSED, CommandStopped, run_deploy_command
+from workers.deploy_commands import REFUSED
+from workers.job_process import Following, command_folder, command_job_name, follow_command, local_settings
+from workers.launchers import CommandRequest
 
 log = logging.getLogger(__name__)
 Kind = CheckpointConversion.Kind
 
-TIMEOUT_S = 3 * 3600.0
-PROGRESS_EVERY_S = 2.0
+FOLLOWING = Following("conversion", "started", timeout_s=3 * 3600.0, every_s=2.0)
 
 
 class ConversionFailed(Exception):
@@ -43,17 +46,22 @@ def conversion_command(conversion: CheckpointConversion) -> list[str]:
     return command if conversion.kind == Kind.IMPORT_HF else [*command, "--overwrite"]
 
 
-def _run(conversion: CheckpointConversion) -> dict:
-    """The process's JSON report; ConversionFailed with its refusal, its failure's last line, or a time out."""
-    def progress(elapsed: float, said: str) -> bool:
-        return conversions.conversion_progress(conversion, f"{said or 'started'} ({elapsed:.0f} s so far)")
+class Settled(Exception):
+    """The job did not run to its end: the row is settled already, or another delivery goes on with it."""
 
-    try:
-        ended = run_deploy_command(conversion_command(conversion), TIMEOUT_S, PROGRESS_EVERY_S, progress)
-    except CommandStopped as stopped:
-        if stopped.timed_out:
-            raise ConversionFailed(f"{conversion.kind} ran over {TIMEOUT_S:.0f} s and was stopped") from None
-        raise ConversionFailed("superseded") from None  # another delivery claimed it
+
+def conversion_request(conversion: CheckpointConversion) -> CommandRequest:
+    name = command_job_name("conv", conversion)
+    return CommandRequest(job_name=name, run_dir=command_folder(None, "conversions", name),
+                          command=tuple(conversion_command(conversion)), settings=local_settings())
+
+
+def _run(conversion: CheckpointConversion) -> dict:
+    """The process's JSON report; ConversionFailed with its refusal or its failure's last line; Settled when it
+    could not start, ran out of time, or another delivery claimed the conversion."""
+    ended = follow_command(conversion, conversion_request(conversion), FOLLOWING)
+    if isinstance(ended, str):
+        raise Settled(ended)
     if ended.status == REFUSED:
         raise ConversionFailed(f"{conversion.kind} refused: {ended.last_error}")
     if ended.status != 0:
@@ -87,9 +95,10 @@ def conversion_run(conversion_id: int) -> str:
         return "settled"
     try:
         return _convert(conversion)
+    except Settled as exc:
+        return str(exc)
     except ConversionFailed as exc:
-        if str(exc) != "superseded":
-            conversions.conversion_fail(conversion, str(exc))
+        conversions.conversion_fail(conversion, str(exc))
         return str(exc)
     except (OSError, ValueError) as exc:
         log.exception("conversion %s failed", conversion_id)

@@ -1,5 +1,6 @@
-"""Running a ``python -m deploy …`` command (export, import-hf, export-hf) from a worker task, as a process: the
-commands need torch, which the workers never import.
+"""Running a deployment's ``python -m deploy export`` from a worker task, as a process: the commands need torch,
+which the workers never import (import-hf and export-hf run as jobs of their own: workers.job_process); and how
+every ``python -m deploy`` command's ending is read (``CommandEnded``).
 
 The commands end as ``deploy.outcome`` says: one JSON report line on stdout and status 0; status 2 when they refuse,
 1 when they fail, the reason on the last stderr line ("error: …"). ``run_deploy_command`` waits for the process and

@@ -1,10 +1,11 @@
 """Evaluating a checkpoint on an evaluation set (the task workbench.evaluations.run).
 
-It runs ``python -m trainer.evaluate --checkpoint … --set … --kind … --json`` as a process (it needs torch and the
-harness, which the workers never import): the harness's progress on stderr, one JSON line of scores on stdout
+It runs ``python -m trainer.evaluate --checkpoint … --set … --kind … --json`` as a job of its own on this machine
+(workers.job_process.follow_command: it needs torch and the harness, which the workers never import), named
+``wb-eval<id>-<when the row was made>``, in ``<runs root>/evaluations/<job name>/``: the harness's progress on stderr, one JSON line of scores on stdout
 (status 0), or a refusal naming the set's bad line (status 2). A deployment is evaluated as any client would use
 it: ``--endpoint <the web app>/v1/completions --model <its name>``, with its owner's API token in the process's
-environment. A redelivered task runs it again from the start.
+environment. A redelivered task finds the job by its name and follows it.
 """
 import json
 import sys
@@ -14,12 +15,12 @@ from django.conf import settings
 from webapp.models import Evaluation
 from webapp.services import evaluations
 from workers.deploy_commands import REFUSED
-from workers.job_process import run_job_process
+from workers.job_process import Following, command_folder, command_job_name, follow_command, local_settings
+from workers.launchers import CommandRequest
 
 Status = Evaluation.Status
 
-TIMEOUT_S = 12 * 3600.0
-PROGRESS_EVERY_S = 1.0
+FOLLOWING = Following("evaluation", "starting the harness", timeout_s=12 * 3600.0)
 
 
 def evaluation_command(evaluation: Evaluation) -> list[str]:
@@ -32,8 +33,11 @@ def evaluation_command(evaluation: Evaluation) -> list[str]:
             "--kind", evaluation.eval_set.kind, "--json"]
 
 
-def _environment(evaluation: Evaluation) -> dict[str, str] | None:
-    return {"OPENAI_API_KEY": evaluations.evaluation_api_key(evaluation)} if evaluation.deployment else None
+def evaluation_request(evaluation: Evaluation) -> CommandRequest:
+    name = command_job_name("eval", evaluation)
+    env = {"OPENAI_API_KEY": evaluations.evaluation_api_key(evaluation)} if evaluation.deployment else {}
+    return CommandRequest(job_name=name, run_dir=command_folder(None, "evaluations", name),
+                          command=tuple(evaluation_command(evaluation)), settings=local_settings(), env=env)
 
 
 def _summary(scores: dict) -> str:
@@ -46,14 +50,7 @@ def evaluation_run(evaluation_id: int) -> str:
     evaluation = evaluations.evaluation_claim(evaluation_id)
     if evaluation is None:
         return "settled"
-
-    def progress(elapsed: float, said: str) -> bool:
-        return evaluations.evaluation_progress(evaluation, f"{said or 'starting the harness'} "
-                                                           f"({elapsed:.0f} s so far)")
-
-    ended = run_job_process("evaluation", evaluation_command(evaluation), TIMEOUT_S, PROGRESS_EVERY_S, progress,
-                            lambda why: evaluations.evaluation_settle(evaluation, Status.FAILED, why, {}),
-                            _environment(evaluation))
+    ended = follow_command(evaluation, evaluation_request(evaluation), FOLLOWING)
     if isinstance(ended, str):
         return ended
     try:

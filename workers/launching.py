@@ -3,16 +3,17 @@
 Submitting takes a while (the local supervisor up to its timeout; an sbatch or a REST call elsewhere), and a row
 lock held that long would block every cancel, ingest and reconcile of the run. So a launch has three steps:
 
-    claim   short transaction   a queued run not claimed by a live launch gets launching_since = now; a local
-                                run waits queued while the machine's CPU slots are taken
+    claim   short transaction   a queued run not claimed by a live launch gets launching_since = now; a run
+                                whose launcher counts its own slots (local) waits queued while they are taken
     submit  no transaction      the run folder's spec.json; the job, unless the scheduler already has one named
                                 for this run and attempt (a delivery of the task that died after submitting)
     record  short transaction   attempt, job id, queued → submitted; the claim is cleared
 
-A second delivery of the task while the claim is fresh looks the job up by its name and adopts it if it is there,
-else starts nothing. A claim older than the launcher's start timeout plus a margin was left by a worker that died
-while starting, and is taken again. A run cancelled while its job started keeps that job on record (so its last
-lines are still ingested) and the job is stopped at once.
+A second delivery of the task while the claim is fresh looks the job up by its name (the run, when its row was
+made, and the attempt: a run of another workbench's database with the same id names its jobs otherwise) and adopts
+it if it is there, else starts nothing. A claim older than the launcher's start timeout plus a margin was left by a
+worker that died while starting, and is taken again. A run cancelled while its job started keeps that job on record
+(so its last lines are still ingested) and the job is stopped at once.
 """
 import json
 from dataclasses import dataclass, replace
@@ -33,7 +34,7 @@ from webapp.services import run_access_problems
 from webapp.services.history import Source, attempt_started, record_event
 
 from .launchers import (Job, JobRequest, LaunchError, Launcher, SchedulerSettings, StartedJob, launcher_for,
-                        local_slots)
+                        row_stamp)
 
 CLAIM_MARGIN_S = 60.0  # beyond the launcher's own timeout: writing spec.json, a slow database, clock skew
 WAITING = "waiting_for_slots"
@@ -126,14 +127,15 @@ def _claim(run_id: int) -> Claim | str:
         if problems:
             return _fail(run, "could not launch: " + "; ".join(m for messages in problems.values() for m in messages))
         request = JobRequest(run_id=run.pk, attempt=run.attempts + 1, run_dir=Path(spec.output_dir), spec=spec,
-                             settings=settings, exclude=avoided_nodes(run))
+                             settings=settings, exclude=avoided_nodes(run), made=row_stamp(run.created_at))
         why = run.ingest_state.get("next_why") or "first launch"
         now = timezone.now()
         fresh_for = timedelta(seconds=launcher.start_timeout_s + CLAIM_MARGIN_S)
         if run.launching_since and now - run.launching_since < fresh_for:
             return Claim(since=None, request=request, launcher=launcher, why=why)
-        if settings.kind == "local":
-            waiting = _local_slots_problem(run, spec.plan.world_size)
+        capacity = launcher.capacity()
+        if capacity is not None:
+            waiting = _slots_problem(run, spec.plan.world_size, capacity)
             if waiting is not None:
                 return waiting
         run.launching_since = now
@@ -142,10 +144,10 @@ def _claim(run_id: int) -> Claim | str:
         return Claim(since=now, request=request, launcher=launcher, why=why)
 
 
-def _local_slots_problem(run: Run, needs: int) -> str | None:
-    """None when this machine has ``needs`` CPU slots free for the run; else the run waits (or fails: it never
-    fits). Local clusters' rows are locked first, in one order, so that two launches never take the same slots."""
-    total = local_slots()
+def _slots_problem(run: Run, needs: int, total: int) -> str | None:
+    """None when this machine has ``needs`` of its ``total`` CPU slots free for the run; else the run waits (or
+    fails: it never fits). Local clusters' rows are locked first, in one order, so that two launches never take the
+    same slots."""
     if needs > total:
         return _fail(run, f"could not launch: the plan needs {needs} CPU slots and this machine has {total}; "
                           f"use a smaller plan, or raise WORKBENCH_LOCAL_SLOTS if the machine can take it")

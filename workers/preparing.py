@@ -4,14 +4,13 @@ It runs ``python -m trainer.data prepare … --json`` as a process, with the dat
 tokenizer, share of bad rows allowed, validation share) and the vocabulary asked for: into the folder a run of a
 model of that vocabulary prepares into, so that the run finds the data prepared and reuses it. The process prints a
 progress line on stderr as each shard is encoded, and one JSON line on stdout: the prepared data's meta.json (status
-0), or a refusal with the bad-row report when there is one (status 2). A redelivered task starts the process again,
-which keeps the shards a crashed one finished.
+0), or a refusal with the bad-row report when there is one (status 2).
 
-On a Slurm cluster (the preparation's ``cluster``) the same command is a batch job of its own, named
-``wb-prep<id>-<when the row was made>``, with WORKBENCH["PREPARE_CPUS"] CPUs on one node and as many encoding
-processes: its script, its output (the progress lines) and its report lie in
-``<cluster's runs root>/preparations/<job name>/``, which the nodes and the workers share. The task follows the job
-to its end; a redelivered task finds the job by its name and follows it instead of submitting another.
+It is a job of its own (workers.job_process.follow_command), named ``wb-prep<id>-<when the row was made>``: a
+detached process on this machine, or on a Slurm cluster (the preparation's ``cluster``) a batch job with
+WORKBENCH["PREPARE_CPUS"] CPUs on one node and as many encoding processes. Its output (the progress lines) and its
+report lie in ``<runs root>/preparations/<job name>/``, which a cluster's nodes and the workers share. The task
+follows the job to its end; a redelivered task finds the job by its name and follows it instead of starting another.
 """
 import json
 import sys
@@ -19,19 +18,17 @@ from pathlib import Path
 
 from django.conf import settings
 
-from webapp.models import Cluster, DatasetPreparation
+from webapp.models import DatasetPreparation
 from webapp.services import preparations
-from webapp.services.runs import runs_root
 from workers.deploy_commands import REFUSED
-from workers.job_process import run_cluster_job, run_job_process
-from workers.launchers import CommandRequest, launcher_for
+from workers.job_process import Following, command_folder, command_job_name, follow_command, local_settings
+from workers.launchers import CommandRequest
 from workers.launching import scheduler_settings
 
 Status = DatasetPreparation.Status
 
-TIMEOUT_S = 24 * 3600.0
-PROGRESS_EVERY_S = 1.0
-CLUSTER_PROGRESS_EVERY_S = 2.0  # a scheduler call each time
+FOLLOWING = Following("preparation", "reading the source", timeout_s=24 * 3600.0,
+                      every_s=2.0)  # a scheduler call each time, on a cluster
 
 
 def preparation_command(preparation: DatasetPreparation) -> list[str]:
@@ -42,17 +39,16 @@ def preparation_command(preparation: DatasetPreparation) -> list[str]:
     return [*command, "--tokenizer", dataset.tokenizer] if dataset.tokenizer else command
 
 
-def cluster_request(preparation: DatasetPreparation) -> CommandRequest:
-    """The preparation as a batch job of its own on its Slurm cluster."""
+def preparation_request(preparation: DatasetPreparation) -> CommandRequest:
+    """The preparation as a job of its own: on its cluster, or on this machine without one."""
     cluster, dataset = preparation.cluster, preparation.dataset
-    cpus = settings.WORKBENCH["PREPARE_CPUS"]
-    # named for the row and when it was made: every delivery finds the job by that name, and a row of another
-    # database with the same id (a second workbench on the cluster, a restored one) never takes it for its own
-    name = f"wb-prep{preparation.pk}-{preparation.created_at:%Y%m%d%H%M%S%f}"
-    folder = runs_root(cluster) / "preparations" / name
-    folder.mkdir(parents=True, exist_ok=True)
+    name = command_job_name("prep", preparation)
     read = [str(Path(p).parent) for p in (dataset.path, dataset.tokenizer) if p]
-    return CommandRequest(job_name=name, run_dir=folder,
+    if cluster is None:
+        return CommandRequest(job_name=name, run_dir=command_folder(None, "preparations", name),
+                              command=tuple(preparation_command(preparation)), settings=local_settings())
+    cpus = settings.WORKBENCH["PREPARE_CPUS"]
+    return CommandRequest(job_name=name, run_dir=command_folder(cluster, "preparations", name),
                           command=(*preparation_command(preparation), "--workers", str(cpus)),
                           settings=scheduler_settings(cluster), cpus=cpus, mounts=tuple(read))
 
@@ -76,23 +72,7 @@ def preparation_run(preparation_id: int) -> str:
     preparation = preparations.preparation_claim(preparation_id)
     if preparation is None:
         return "settled"
-
-    def progress(elapsed: float, said: str) -> bool:
-        return preparations.preparation_progress(preparation, f"{said or 'reading the source'} "
-                                                              f"({elapsed:.0f} s so far)")
-
-    def fail(why: str) -> bool:
-        return preparations.preparation_settle(preparation, Status.FAILED, why, {})
-
-    cluster = preparation.cluster
-    if cluster is not None and cluster.kind != Cluster.Kind.LOCAL:
-        request = cluster_request(preparation)
-        ended = run_cluster_job("preparation", launcher_for(request.settings), request, TIMEOUT_S,
-                                CLUSTER_PROGRESS_EVERY_S, progress, fail,
-                                lambda job_id: preparations.preparation_submitted(preparation, job_id))
-    else:
-        ended = run_job_process("preparation", preparation_command(preparation), TIMEOUT_S, PROGRESS_EVERY_S,
-                                progress, fail)
+    ended = follow_command(preparation, preparation_request(preparation), FOLLOWING)
     if isinstance(ended, str):
         return ended
     report = _report(ended.report_line)

@@ -83,7 +83,7 @@ def reconcile_pass() -> PassReport:
         except LaunchError as exc:  # the scheduler is down: the folders are still read, the jobs asked next time
             log.warning("cluster %s: %s", runs[0].cluster.name, exc)
             launcher, states = None, {}
-        calls = len(getattr(launcher, "calls", ()))
+        calls = len(launcher.calls) if launcher is not None else 0
         report.scheduler_calls[settings.kind] = report.scheduler_calls.get(settings.kind, 0) + calls
         for run in runs:
             report.runs += 1
@@ -99,7 +99,7 @@ def reconcile_pass() -> PassReport:
             if status is not None:
                 report.settled[run.pk] = status
         ended = [run for run in runs if run.pk in report.settled and run.job_id]
-        if ended and hasattr(launcher, "accounting"):
+        if ended and launcher is not None:
             record_accounting(launcher, ended)
     report.ingest_requested = request_ingest([run_id for run_id in grown if run_id not in report.settled])
     services.launch_send(launchable_run_ids())

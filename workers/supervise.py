@@ -1,12 +1,13 @@
 """Runs a job detached from the worker and records how it ended.
 
-    python -m workers.supervise RUN_DIR JOB_NAME -- COMMAND...
+    python -m workers.supervise RUN_DIR JOB_NAME [--stdout FILE] -- COMMAND...
 
 The parent prints the supervisor's pid and returns at once; the supervisor (a new session, so the worker's
 restart or Ctrl-C does not touch it) first writes RUN_DIR/job.json (the job's name and id: a launch repeated after a
-crash finds the job there), runs COMMAND with its output in RUN_DIR/logs/launcher.log and writes RUN_DIR/exit.json
-when it ends. As a Slurm batch script does, it marks the job's start and end in RUN_DIR/jobs.jsonl (job_started,
-job_ended, with the attempt the launcher gave in WORKBENCH_ATTEMPT). SIGTERM to the session reaches every rank.
+crash finds the job there), runs COMMAND with its output in RUN_DIR/logs/launcher.log (its standard output in FILE
+instead, when given: a command's report) and writes RUN_DIR/exit.json when it ends. As a Slurm batch script does,
+it marks the job's start and end in RUN_DIR/jobs.jsonl (job_started, job_ended, with the attempt the launcher gave
+in WORKBENCH_ATTEMPT). SIGTERM to the session reaches every rank.
 """
 import os
 import signal
@@ -29,7 +30,7 @@ def own_job_id() -> str:
     return f"{os.getpid()}:{stat.rpartition(')')[2].split()[19]}"
 
 
-def _supervise(run_dir: Path, name: str, command: list[str]) -> None:
+def _supervise(run_dir: Path, name: str, command: list[str], stdout: Path | None = None) -> None:
     job_id = own_job_id()
     write_json_atomic(run_dir / JOB_FILE, {"name": name, "job_id": job_id})
     attempt = int(os.environ.get(ATTEMPT_ENV) or 0)
@@ -40,9 +41,10 @@ def _supervise(run_dir: Path, name: str, command: list[str]) -> None:
     # Survive the SIGTERM sent to the whole session so that the exit is recorded once the ranks have saved and
     # stopped; a Python handler (unlike SIG_IGN) is not inherited by the command.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    with open(log_path, "ab") as log:
+    with open(log_path, "ab") as log, open(stdout or os.devnull, "wb") as out:
         try:
-            code = subprocess.call(command, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir)
+            code = subprocess.call(command, stdout=out if stdout else log, stderr=log if stdout else subprocess.STDOUT,
+                                   cwd=run_dir)
         except OSError as exc:
             log.write(f"could not start {command[0]}: {exc}\n".encode())
             code = 127
@@ -52,8 +54,11 @@ def _supervise(run_dir: Path, name: str, command: list[str]) -> None:
 
 
 def main(argv: list[str]) -> int:
+    stdout = None
+    if len(argv) > 3 and argv[2] == "--stdout":
+        stdout, argv = Path(argv[3]), argv[:2] + argv[4:]
     if len(argv) < 4 or argv[2] != "--":
-        print("usage: python -m workers.supervise RUN_DIR JOB_NAME -- COMMAND...", file=sys.stderr)
+        print("usage: python -m workers.supervise RUN_DIR JOB_NAME [--stdout FILE] -- COMMAND...", file=sys.stderr)
         return 2
     run_dir, name, _, *command = argv
     pid = os.fork()
@@ -65,7 +70,7 @@ def main(argv: list[str]) -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
-        _supervise(Path(run_dir), name, command)
+        _supervise(Path(run_dir), name, command, stdout)
     finally:
         os._exit(0)
 

@@ -16,16 +16,21 @@ log = logging.getLogger(__name__)
 PROGRESS_EVERY_S = 0.5  # enumeration reports often; the database needs to hear of it only a few times a second
 
 
-def _progress_writer(job_id: int):
+class Superseded(Exception):
+    """Another delivery of the task claimed the job: this one stops."""
+
+
+def _progress_writer(job: TuneJob):
     last = {"time": 0.0, "phase": None}
 
     def write(event: dict) -> None:
         if event.get("failed"):  # the tune goes on; the worker's log says why this trial gave no time
-            log.warning("tune job %s: a trial failed: %s", job_id, event["failed"])
+            log.warning("tune job %s: a trial failed: %s", job.pk, event["failed"])
         now = time.monotonic()
         if event.get("phase") in ("trial", "done") or event.get("phase") != last["phase"] \
                 or now - last["time"] >= PROGRESS_EVERY_S:
-            services.tune_job_progress(job_id, event)
+            if not services.tune_job_progress(job, event):
+                raise Superseded
             last.update(time=now, phase=event.get("phase"))
     return write
 
@@ -43,12 +48,12 @@ def tune_job_run(job_id: int) -> str:
     when every trial fails the job still completes, with the estimates' ranking, ``trials.best`` None and a note
     "all N trials failed: …" — the ranking stands without trials, and the reasons say what to fix before measuring
     again. The job fails only when the tune itself cannot run (a bad request, an unreadable dataset)."""
-    job = services.tune_job_start(job_id)
+    job = services.tune_job_claim(job_id)
     if job is None:
-        return "skipped"
+        return "settled"
     problem = services.tune_job_dataset_problem(job.owner, job.dataset)
     if problem:  # sharing withdrawn, or the file changed, since the job was queued
-        services.tune_job_finish(job_id, error=f"the trials cannot read their dataset: {problem}")
+        services.tune_job_finish(job, error=f"the trials cannot read their dataset: {problem}")
         return TuneJob.Status.FAILED
     try:
         root = Path(settings.WORKBENCH["RUNS_ROOT"]) / f"tune-{job.pk}"
@@ -56,10 +61,12 @@ def tune_job_run(job_id: int) -> str:
         steps = job.trial_steps
         measure = LocalTrials(model_from_json(job.request["model"]), dataset, root, steps=steps,
                               warmup=min(5, steps // 2))  # the first steps pay for start-up, not the plan
-        result = tune_json(_measurable(job.request), measure=measure, progress=_progress_writer(job_id))
+        result = tune_json(_measurable(job.request), measure=measure, progress=_progress_writer(job))
+    except Superseded:
+        return "superseded"
     except Exception as exc:  # the job records any failure for its owner; the worker carries on
         log.exception("tune job %s failed", job_id)
-        services.tune_job_finish(job_id, error=f"{exc}\n\n{traceback.format_exc(limit=5)}")
+        services.tune_job_finish(job, error=f"{exc}\n\n{traceback.format_exc(limit=5)}")
         return TuneJob.Status.FAILED
-    services.tune_job_finish(job_id, result=result)
-    return TuneJob.Status.COMPLETED
+    services.tune_job_finish(job, result=result)
+    return TuneJob.Status.DONE

@@ -13,7 +13,7 @@ def test_it_creates_a_job_without_estimating_a_plan(alice, corpus, planner_calls
     job = services.tune_job_create(owner=alice, request=HEAVY_TUNE, dataset=corpus, trial_steps=6)
     assert time.perf_counter() - started < 2.0
     assert sum(planner_calls.values()) == 0
-    assert models.TuneJob.objects.get(pk=job.pk).status == models.TuneJob.Status.QUEUED
+    assert models.TuneJob.objects.get(pk=job.pk).status == models.TuneJob.Status.PENDING
 
 
 def test_it_refuses_a_bad_request_naming_the_fields_and_creates_nothing(alice, corpus, planner_calls):

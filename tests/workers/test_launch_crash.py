@@ -26,7 +26,7 @@ from tests.xdist_groups import run_temp_root
 from trainer.contract import ParallelPlan, presets
 from webapp import models, services
 from webapp.models import RunStatus
-from workers.launchers import job_name
+from workers.launchers import job_name, row_stamp
 from workers.runs import launchable_run_ids, reconcile_pass
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -58,8 +58,8 @@ class Crash:
 
     def jobs(self) -> list[str]:
         """Every job the cluster knows by this run's first attempt's name, whatever its state."""
-        return self.slurm.run(["squeue", "--noheader", "--states=all", f"--name={job_name(self.run.pk, 1)}",
-                               "--format=%i"]).stdout.split()
+        name = job_name(self.run.pk, 1, row_stamp(self.run.created_at))
+        return self.slurm.run(["squeue", "--noheader", "--states=all", f"--name={name}", "--format=%i"]).stdout.split()
 
     def launch_killed_after_submitting(self) -> tuple[str, AsyncResult]:
         """The launch task sent to a worker whose sbatch pauses after submitting, and that worker killed in the

@@ -127,7 +127,7 @@ def test_on_slurm_a_redelivered_task_follows_the_job_a_dead_delivery_submitted(o
     dataset = models.Dataset.objects.create(owner=owner, name="on-slurm", path=str(path), text_field="body")
     preparation = dataset_prepare(owner, dataset, vocab=300, cluster=slurm_row)
     # The first delivery claimed the row, submitted the job and died before it recorded anything more.
-    request = preparing.cluster_request(preparation_claim(preparation.pk))
+    request = preparing.preparation_request(preparation_claim(preparation.pk))
     submitted = launcher_for(request.settings).submit(request).job_id
 
     answer, said = _run_watching(preparation.pk)  # the redelivered task

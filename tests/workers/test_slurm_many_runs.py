@@ -23,6 +23,7 @@ from rest_framework.authtoken.models import Token
 from tests.webapp.conftest import client_for
 from trainer.contract import ParallelPlan, presets
 from webapp import models
+from workers.launchers import job_name, row_stamp
 
 RUNS = int(os.environ.get("WORKBENCH_MANY_RUNS", "50"))
 BENCHMARK = "WORKBENCH_MANY_RUNS" in os.environ
@@ -117,7 +118,8 @@ def test_many_runs_at_once_all_end_as_they_should_with_one_job_each_and_one_sque
     assert squeue_calls and set(squeue_calls) == {1}, squeue_calls
     for run in runs:
         assert run.attempts == 1 and run.attempt_records.count() == 1
-        named = slurm_cluster.run(["squeue", "--noheader", "--states=all", f"--name=wb-run{run.pk}-a1",
+        name = job_name(run.pk, 1, row_stamp(run.created_at))
+        named = slurm_cluster.run(["squeue", "--noheader", "--states=all", f"--name={name}",
                                    "--format=%i"]).stdout.split()
         assert named == [run.job_id], (run.pk, named)
     assert all(models.Metric.objects.filter(run_id=pk, kind="train").count() == 2 for pk in ids[DOOMED:])

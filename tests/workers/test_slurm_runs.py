@@ -14,6 +14,7 @@ from tests.worker_fixtures import reconcile_until
 from trainer.contract import ParallelPlan, presets
 from trainer.contract.runfolder import METRICS, read_jsonl
 from webapp import models
+from workers.launchers import job_name, row_stamp
 
 # once: what these check does not depend on the database (the SQLite pass would repeat minutes of Slurm runs)
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.once]
@@ -72,11 +73,12 @@ def test_a_two_rank_run_completes_through_the_api_with_its_batch_script_stored(b
     shown = client.get(f"/api/runs/{run.pk}/").json()
     assert (shown["status"], shown["attempts"], shown["last_step"]) == ("completed", 1, 4)
     script = Path(run.run_dir, "job.sbatch").read_text()
-    assert shown["batch_script"] == script and f"#SBATCH --job-name=wb-run{run.pk}-a1" in script
+    name = job_name(run.pk, 1, row_stamp(run.created_at))
+    assert shown["batch_script"] == script and f"#SBATCH --job-name={name}" in script
     assert "#SBATCH --nodes=1" in script and "--nproc_per_node=2" in script
     # slurmrestd ignores a script's #SBATCH lines: there the job's name and shape came in the request
     job = any_slurm.job(int(run.job_id))
-    assert (job["JobName"], job["NumNodes"], job["CPUs/Task"]) == (f"wb-run{run.pk}-a1", "1", "2")
+    assert (job["JobName"], job["NumNodes"], job["CPUs/Task"]) == (name, "1", "2")
     assert run.history.get(source="trainer", kind="started").data["world_size"] == 2
     steps = [m["step"] for m in client.get(f"/api/metrics/?run={run.pk}&kind=train").json()["results"]]
     assert sorted(steps) == [1, 2, 3, 4]

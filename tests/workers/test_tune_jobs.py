@@ -42,7 +42,7 @@ def _finished(job_id: int, seconds: float) -> models.TuneJob:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         job = models.TuneJob.objects.get(pk=job_id)
-        if job.status in ("completed", "failed"):
+        if job.status in ("done", "failed"):
             return job
         time.sleep(0.5)
     pytest.fail(f"tune job {job_id} still {job.status} after {seconds} s")
@@ -55,8 +55,8 @@ def test_it_measures_the_best_plans_and_reports_progress(tune_client):
     response = client.post("/api/tune/", request, format="json")
     assert response.status_code == 202, response.data
     job = _finished(response.data["id"], 240)
-    assert job.status == "completed", job.error
-    trials = job.result["trials"]
+    assert job.status == "done", job.message
+    trials = job.report["trials"]
     assert 1 <= len(trials["measured"]) <= max(1, trials["pool"] // 3) and trials["failed"] == []
     assert all(c["measured_step_time_s"] > 0 for c in trials["measured"])
     assert trials["best"]["measured_step_time_s"] == min(c["measured_step_time_s"] for c in trials["measured"])
@@ -120,8 +120,8 @@ def test_a_killed_trial_is_recorded_as_failed_and_the_job_measures_the_rest(tune
         killer.stop.set()
         killer.join()
     assert killer.killed is not None, "no trial process appeared to kill"
-    assert job.status == "completed", job.error
-    trials = job.result["trials"]
+    assert job.status == "done", job.message
+    trials = job.report["trials"]
     killed_plan = ParallelPlan.from_dict(json.loads(killer.killed.read_text())["plan"])
     assert [ParallelPlan.from_dict(c["plan"]) for c in trials["failed"]] == [killed_plan]
     failed = trials["failed"][0]
@@ -130,5 +130,5 @@ def test_a_killed_trial_is_recorded_as_failed_and_the_job_measures_the_rest(tune
     measured = trials["measured"][0]
     assert ParallelPlan.from_dict(measured["plan"]) != killed_plan and measured["measured_step_time_s"] > 0
     assert trials["best"] == measured
-    assert job.result["best"] == trials["best"] and "1 more failed" in trials["note"]
+    assert job.report["best"] == trials["best"] and "1 more failed" in trials["note"]
     assert job.progress["trials_done"] == 2 and job.progress["trials_failed"] == 1

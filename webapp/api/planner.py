@@ -86,8 +86,25 @@ class EstimateView(APIView):
         return Response(require_finite(answer, "the estimate"))
 
 
+# The API's words for a tuning job's state, as before its row became a common job row (webapp.models.jobs)
+TUNE_STATUS_WORDS = {"pending": "queued", "done": "completed"}
+
+
 class TuneJobSerializer(serializers.ModelSerializer):
     owner = serializers.ReadOnlyField(source="owner.username")
+    status = serializers.SerializerMethodField()
+    result = serializers.SerializerMethodField()
+    error = serializers.SerializerMethodField()
+    started_at = serializers.DateTimeField(source="claimed_at", read_only=True)
+
+    def get_status(self, job) -> str:
+        return TUNE_STATUS_WORDS.get(job.status, job.status)
+
+    def get_result(self, job) -> dict | None:
+        return job.report if job.status == models.TuneJob.Status.DONE else None
+
+    def get_error(self, job) -> str:
+        return job.message if job.status == models.TuneJob.Status.FAILED else ""
 
     class Meta:
         model = models.TuneJob

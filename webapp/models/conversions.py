@@ -8,6 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from .jobs import BackgroundJob
 from .runs import Checkpoint
 
 
@@ -16,16 +17,10 @@ class ConversionQuerySet(models.QuerySet):
         return self if user.is_staff else self.filter(owner=user)
 
 
-class CheckpointConversion(models.Model):
+class CheckpointConversion(BackgroundJob):
     class Kind(models.TextChoices):
         IMPORT_HF = "import-hf", "A Hugging Face model folder imported as a checkpoint"
         EXPORT_HF = "export-hf", "A checkpoint exported to the Hugging Face layout"
-
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
 
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     kind = models.CharField(max_length=16, choices=Kind.choices)
@@ -35,13 +30,7 @@ class CheckpointConversion(models.Model):
     checkpoint = models.ForeignKey(Checkpoint, on_delete=models.SET_NULL, null=True, blank=True,
                                    related_name="conversions",
                                    help_text="An export's checkpoint; the checkpoint an import made, once done")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
-    message = models.TextField(blank=True, help_text="Where it stands; a failure's last error line")
-    report = models.JSONField(default=dict, blank=True, help_text="The process's one-line JSON report")
-    claimed_at = models.DateTimeField(null=True, blank=True, editable=False,
-                                      help_text="When the delivery of the task now working on it started")
     created_at = models.DateTimeField(default=timezone.now)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = ConversionQuerySet.as_manager()
 
@@ -50,7 +39,3 @@ class CheckpointConversion(models.Model):
 
     def __str__(self):
         return f"{self.kind} {self.source} ({self.status})"
-
-    @property
-    def is_settled(self) -> bool:
-        return self.status in (self.Status.DONE, self.Status.FAILED)

@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from .dataroots import data_roots_for
+from .jobs import BackgroundJob
 from .ownership import Owned
 from .runs import Checkpoint
 from .serving import Deployment
@@ -48,13 +49,7 @@ EVAL_SERIES_PREFIX = "eval:"  # a run's series of one set's headline score at ea
 HEADLINE = {"choice": ("acc", "acc_generated"), "reference": ("exact_match",), "text": ("byte_perplexity",)}
 
 
-class Evaluation(models.Model):
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
-
+class Evaluation(BackgroundJob):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+",
                               help_text="Who asked for it")
     eval_set = models.ForeignKey(EvaluationSet, on_delete=models.CASCADE, related_name="evaluations")
@@ -64,13 +59,7 @@ class Evaluation(models.Model):
                                    related_name="evaluations",
                                    help_text="Scored through the web app's /v1 when set; the checkpoint directly when "
                                              "empty")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
-    message = models.TextField(blank=True, help_text="Where it stands; a failure's reason")
-    scores = models.JSONField(default=dict, blank=True,
-                              help_text='Done: {"kind", "items", "metrics": {name: value, name_stderr: …}}')
-    claimed_at = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -86,8 +75,9 @@ class Evaluation(models.Model):
         return f"deployment {self.deployment.model_name} ({self.deployment.get_reduction_display()})"
 
     @property
-    def is_settled(self) -> bool:
-        return self.status in (self.Status.DONE, self.Status.FAILED)
+    def scores(self) -> dict:
+        """Done: {"kind", "items", "metrics": {name: value, name_stderr: …}} (the job's report)."""
+        return self.report
 
     @property
     def headline(self) -> tuple[str, float] | None:

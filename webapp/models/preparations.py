@@ -10,15 +10,10 @@ from django.db import models
 from django.utils import timezone
 
 from .configs import Cluster, Dataset
+from .jobs import BackgroundJob
 
 
-class DatasetPreparation(models.Model):
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        DONE = "done"
-        FAILED = "failed"
-
+class DatasetPreparation(BackgroundJob):
     dataset = models.ForeignKey(Dataset, on_delete=models.CASCADE, related_name="preparations")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+",
                               help_text="Who asked for it")
@@ -26,25 +21,13 @@ class DatasetPreparation(models.Model):
                                                   "size too)")
     cluster = models.ForeignKey(Cluster, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
                                 help_text="The Slurm cluster it runs on as a job of its own; none: a worker's process")
-    job_id = models.CharField(max_length=64, blank=True, help_text="Its Slurm job, once submitted")
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING, db_index=True)
-    message = models.TextField(blank=True, help_text="Where it stands; a failure's reason")
-    report = models.JSONField(default=dict, blank=True,
-                              help_text="Done: the prepared data's meta.json; refused: the reason and the bad rows")
-    claimed_at = models.DateTimeField(null=True, blank=True, editable=False,
-                                      help_text="When the delivery of the task now working on it started")
     created_at = models.DateTimeField(default=timezone.now)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
 
     def __str__(self):
         return f"preparation of {self.dataset} ({self.status})"
-
-    @property
-    def is_settled(self) -> bool:
-        return self.status in (self.Status.DONE, self.Status.FAILED)
 
     @property
     def bad_rows(self) -> dict | None:

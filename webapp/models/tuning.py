@@ -1,27 +1,19 @@
-"""Auto-tuning with measured trials: a job that runs short real trainings and reports its progress."""
+"""Auto-tuning with measured trials: a job that runs short real trainings and reports its progress.
+
+Its report, once done, is the tune's result (the ranking and the trials); a failure's reason is its message."""
 from django.db import models
 
 from .configs import Dataset
+from .jobs import BackgroundJob
 from .ownership import Owned
 
 
-class TuneJob(Owned):
-    class Status(models.TextChoices):
-        QUEUED = "queued"
-        RUNNING = "running"
-        COMPLETED = "completed"
-        FAILED = "failed"
-
+class TuneJob(Owned, BackgroundJob):
     request = models.JSONField(help_text="The tuning request (model, cluster, global batch, space, …)")
     dataset = models.ForeignKey(Dataset, on_delete=models.PROTECT, related_name="tune_jobs",
                                 help_text="The text the trials train on")
     trial_steps = models.PositiveIntegerField(default=8)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True)
     progress = models.JSONField(default=dict, blank=True, help_text="The latest progress event and counts")
-    result = models.JSONField(null=True, blank=True)
-    error = models.TextField(blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

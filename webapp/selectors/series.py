@@ -184,7 +184,7 @@ def _read_scores(run: Run, names: list[str], unit: str, first: int,
     sets = {int(name.removeprefix(EVAL_SERIES_PREFIX)): name for name in names}
     rows = (Evaluation.objects.filter(checkpoint__run=run, deployment__isnull=True, status=Evaluation.Status.DONE,
                                       eval_set_id__in=list(sets), checkpoint__step__range=(first, last))
-            .order_by("created_at", "id").values_list("eval_set_id", "eval_set__kind", "checkpoint__step", "scores"))
+            .order_by("created_at", "id").values_list("eval_set_id", "eval_set__kind", "checkpoint__step", "report"))
     latest = {(set_id, step): headline_of(kind, scores) for set_id, kind, step, scores in rows}
     x_of = None if unit == "step" else dict(
         SeriesStep.objects.filter(run=run, step__in={step for _, step in latest})

@@ -10,10 +10,10 @@ from .runs import (default_source_name, launch_send, run_access_problems, run_ca
                    run_queue)
 from .tasks import enqueue
 from .triton import triton_server_status
-from .tuning import tune_job_create, tune_job_dataset_problem, tune_job_finish, tune_job_progress, tune_job_start
+from .tuning import tune_job_create, tune_job_dataset_problem, tune_job_claim, tune_job_finish, tune_job_progress
 
 __all__ = ["checkpoint_import_register", "checkpoint_export_hf", "checkpoint_import_hf", "dataset_upload",
            "deployment_access_problem", "deployment_create",
            "deployment_generate", "deployment_stream", "deployment_undeploy", "run_access_problems", "run_cancel",
            "run_check", "run_create", "run_queue", "launch_send", "default_source_name", "enqueue", "triton_server_status", "tune_job_create",
-           "tune_job_dataset_problem", "tune_job_finish", "tune_job_progress", "tune_job_start"]
+           "tune_job_claim", "tune_job_dataset_problem", "tune_job_finish", "tune_job_progress"]

@@ -18,13 +18,13 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
-from django.utils import timezone
 
 from trainer.contract import ModelSpec, SpecError
 from trainer.contract.manifest import read_manifest
 
 from ..finite import finite
 from ..models import Checkpoint, CheckpointConversion
+from .job_rows import job_claim, job_settle
 from .tasks import TaskName, enqueue
 
 Kind, Status = CheckpointConversion.Kind, CheckpointConversion.Status
@@ -99,29 +99,14 @@ def checkpoint_export_hf(owner, checkpoint: Checkpoint) -> CheckpointConversion:
 
 def conversion_claim(conversion_id: int) -> CheckpointConversion | None:
     """The conversion, now running under this delivery's claim; None when it is settled (done, failed) or gone."""
-    with transaction.atomic():
-        conversion = CheckpointConversion.objects.select_for_update().filter(pk=conversion_id).first()
-        if conversion is None or conversion.is_settled:
-            return None
-        conversion.status, conversion.claimed_at = Status.RUNNING, timezone.now()
-        conversion.message = f"running python -m deploy {conversion.kind}"
-        conversion.save(update_fields=["status", "claimed_at", "message"])
-        return conversion
-
-
-def conversion_progress(conversion: CheckpointConversion, message: str) -> bool:
-    """Say where a running conversion stands; False when another delivery has claimed it since."""
-    return bool(CheckpointConversion.objects.filter(pk=conversion.pk, claimed_at=conversion.claimed_at,
-                                                    status=Status.RUNNING).update(message=message[:2000]))
-
-
-def _settle(conversion: CheckpointConversion, **fields) -> bool:
-    return bool(CheckpointConversion.objects.filter(pk=conversion.pk, claimed_at=conversion.claimed_at)
-                .update(finished_at=timezone.now(), **fields))
+    conversion = CheckpointConversion.objects.filter(pk=conversion_id).only("kind").first()
+    if conversion is None:
+        return None
+    return job_claim(CheckpointConversion, conversion_id, f"running python -m deploy {conversion.kind}")
 
 
 def conversion_fail(conversion: CheckpointConversion, message: str) -> bool:
-    return _settle(conversion, status=Status.FAILED, message=message[:2000])
+    return job_settle(conversion, Status.FAILED, message)
 
 
 def _folder_size(folder: Path) -> int:
@@ -149,8 +134,8 @@ def conversion_import_done(conversion: CheckpointConversion, report: dict) -> Ch
                                                                 defaults=fields)
     except IntegrityError:  # a redelivery registered it at the same moment
         checkpoint = Checkpoint.objects.get(run=None, owner=conversion.owner, path=str(folder))
-    _settle(conversion, status=Status.DONE, checkpoint=checkpoint, report=finite(report),
-            message=f"imported as checkpoint {checkpoint.pk} ({checkpoint.name})")
+    job_settle(conversion, Status.DONE, f"imported as checkpoint {checkpoint.pk} ({checkpoint.name})", report,
+               checkpoint=checkpoint)
     return checkpoint
 
 
@@ -159,5 +144,4 @@ def conversion_export_done(conversion: CheckpointConversion, report: dict) -> No
     """Record where an export wrote the model folder, on the conversion and on its checkpoint."""
     if conversion.checkpoint_id is not None:
         Checkpoint.objects.filter(pk=conversion.checkpoint_id).update(hf_export_path=conversion.target)
-    _settle(conversion, status=Status.DONE, report=finite(report),
-            message=f"exported to {conversion.target}")
+    job_settle(conversion, Status.DONE, f"exported to {conversion.target}", report)

@@ -9,9 +9,8 @@ from rest_framework.authtoken.models import Token
 
 from trainer.contract.manifest import read_manifest
 
-from ..finite import finite
 from ..models import Checkpoint, Deployment, Evaluation, EvaluationSet, Run, data_roots_for
-from .job_rows import job_claim, job_progress, job_settle
+from .job_rows import job_claim, job_settle
 from .tasks import TaskName, enqueue
 
 log = logging.getLogger(__name__)
@@ -69,9 +68,5 @@ def evaluation_claim(evaluation_id: int) -> Evaluation | None:
                      related=("eval_set", "checkpoint", "deployment", "owner"))
 
 
-def evaluation_progress(evaluation: Evaluation, message: str) -> bool:
-    return job_progress(evaluation, message)
-
-
 def evaluation_settle(evaluation: Evaluation, status: str, message: str, scores: dict) -> bool:
-    return job_settle(evaluation, status, message, scores=finite(scores))
+    return job_settle(evaluation, status, message, scores)

@@ -4,9 +4,8 @@ far it is, then done or failed with a message that says what to change)."""
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from ..finite import finite
 from ..models import Cluster, Dataset, DatasetPreparation
-from .job_rows import UNDER_WAY, job_claim, job_progress, job_settle
+from .job_rows import UNDER_WAY, job_claim, job_settle
 from .tasks import TaskName, enqueue
 
 MAX_VOCAB = 1 << 21  # the contract's bound on a model's vocabulary
@@ -38,14 +37,5 @@ def preparation_claim(preparation_id: int) -> DatasetPreparation | None:
     return job_claim(DatasetPreparation, preparation_id, "reading the source", related=("dataset", "cluster"))
 
 
-def preparation_submitted(preparation: DatasetPreparation, job_id: str) -> bool:
-    """Its Slurm job, submitted or found again by a later delivery."""
-    return job_progress(preparation, f"Slurm job {job_id}", job_id=job_id)
-
-
-def preparation_progress(preparation: DatasetPreparation, message: str) -> bool:
-    return job_progress(preparation, message)
-
-
 def preparation_settle(preparation: DatasetPreparation, status: str, message: str, report: dict) -> bool:
-    return job_settle(preparation, status, message, report=finite(report))
+    return job_settle(preparation, status, message, report)

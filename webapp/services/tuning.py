@@ -1,12 +1,12 @@
 """Tuning with measured trials: checked here, run by a worker (the trials are real trainings on this machine)."""
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.utils import timezone
 
 from trainer.planner.tune.api import parse_tune_request
 
 from ..finite import finite
 from ..models import TuneJob, data_roots_for
+from .job_rows import job_claim, job_progress, job_settle
 from .tasks import TaskName, enqueue
 
 TRIAL_GPU = "cpu"
@@ -42,30 +42,27 @@ def tune_job_dataset_problem(owner, dataset) -> str:
     return f"dataset {dataset.name!r}: {problem}" if problem else ""
 
 
-def tune_job_progress(job_id: int, event: dict) -> None:
+def tune_job_claim(job_id: int) -> TuneJob | None:
+    """The job, now running under this delivery's claim; None when it is settled or gone."""
+    return job_claim(TuneJob, job_id, "ranking the plans", related=("owner", "dataset"))
+
+
+def tune_job_progress(job: TuneJob, event: dict) -> bool:
     """Record the latest progress event; counts of trials tried and of those that failed accumulate (a failed
-    trial's reason is in its event, and in the result once the job is done)."""
-    job = TuneJob.objects.get(pk=job_id)
-    progress = dict(job.progress or {})
+    trial's reason is in its event, and in the result once the job is done). False when another delivery has
+    claimed the job since."""
+    progress = dict(TuneJob.objects.values_list("progress", flat=True).get(pk=job.pk) or {})
     if event.get("phase") == "trial":
         progress["trials_done"] = progress.get("trials_done", 0) + 1
         if event.get("failed"):
             progress["trials_failed"] = progress.get("trials_failed", 0) + 1
     progress["last"] = finite(event)
-    TuneJob.objects.filter(pk=job_id).update(progress=progress)
+    said = f"{event.get('phase') or 'tuning'}: {progress.get('trials_done', 0)} trials done"
+    return job_progress(job, said, progress=progress)
 
 
-def tune_job_start(job_id: int) -> TuneJob | None:
-    with transaction.atomic():
-        job = TuneJob.objects.select_for_update().get(pk=job_id)
-        if job.status != TuneJob.Status.QUEUED:
-            return None  # already taken (the task was delivered twice)
-        job.status, job.started_at = TuneJob.Status.RUNNING, timezone.now()
-        job.save()
-        return job
-
-
-def tune_job_finish(job_id: int, result: dict | None = None, error: str = "") -> None:
-    TuneJob.objects.filter(pk=job_id).update(
-        status=TuneJob.Status.FAILED if error else TuneJob.Status.COMPLETED, result=finite(result), error=error,
-        finished_at=timezone.now())
+def tune_job_finish(job: TuneJob, result: dict | None = None, error: str = "") -> bool:
+    """Done with the tune's result, or failed with the reason; False when another delivery has claimed it since."""
+    if error:
+        return job_settle(job, TuneJob.Status.FAILED, error)
+    return job_settle(job, TuneJob.Status.DONE, "done", result or {})

@@ -1,16 +1,21 @@
-"""The one interface every launcher implements: submit, find, poll many jobs at once, cancel, where the logs are.
+"""The one interface every launcher implements: submit, find, poll many jobs at once, cancel, where the logs are,
+the scheduler's accounting of ended jobs, and how many ranks the launcher itself has room for.
 
 A launcher knows nothing of the database: it is given a ``JobRequest`` (the run, the attempt, its folder, its spec
-and the cluster's scheduler settings) and answers with job ids and ``JobState``s. The workers decide what a state
-means for the run.
+and the cluster's scheduler settings) or a ``CommandRequest`` (one command, run once: a dataset's preparation, an
+evaluation, a conversion) and answers with job ids and ``JobState``s. The workers decide what a state means for the
+run or the job's row.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Protocol, Sequence, runtime_checkable
 
 from trainer.contract import RunSpec
+
+if TYPE_CHECKING:  # the accounting's module reads JobStates from here
+    from .slurm_accounting import JobRecord
 
 
 class LaunchError(RuntimeError):
@@ -42,30 +47,45 @@ class JobRequest:
     settings: SchedulerSettings = field(default_factory=SchedulerSettings)
     resume: bool = False
     exclude: tuple[str, ...] = ()  # nodes an earlier attempt's job failed on: the scheduler is asked to avoid them
+    made: str = ""  # when the run's row was made (``row_stamp``): what sets it apart from another database's run
 
     @property
     def job_name(self) -> str:
         """Names the run and the attempt, so that a launch repeated after a crash finds the job it submitted."""
-        return job_name(self.run_id, self.attempt)
+        return job_name(self.run_id, self.attempt, self.made)
 
 
 @dataclass(frozen=True)
 class CommandRequest:
-    """One command run once as a batch job of its own, on one node (a dataset's preparation): no ranks, no attempts.
+    """One command run once as a job of its own, on one node (a dataset's preparation, an evaluation, a
+    conversion): no ranks, no attempts. Its standard output goes to REPORT in its folder, its standard error to the
+    job's output (``Launcher.log_paths``).
 
     The launchers read ``job_name``, ``run_dir`` and ``settings`` of it as of a run's ``JobRequest``: the same
     look-up by name after a crash, the same script and output files in the folder."""
 
     job_name: str
-    run_dir: Path             # the job's folder: its script, Slurm's output (the command's stderr), REPORT
+    run_dir: Path             # the job's folder: its script, the job's output (the command's stderr), REPORT
     command: tuple[str, ...]
     settings: SchedulerSettings
     cpus: int = 1
     mounts: tuple[str, ...] = ()  # folders a container must see besides the code and run_dir (the command's data)
+    # added to the command's environment where it runs on this machine (a secret: never on the command line, which
+    # every user of the machine can read); a Slurm launcher refuses it rather than write it into a batch script
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
-def job_name(run_id: int, attempt: int) -> str:
-    return f"wb-run{run_id}-a{attempt}"
+REPORT = "report.out"  # a command job's standard output, in its folder
+
+
+def row_stamp(made) -> str:
+    """When a row was made, as a job's name carries it: a row of another database with the same id (a second
+    workbench on the cluster, a restored one) names its jobs otherwise, so neither adopts the other's job."""
+    return f"{made:%Y%m%d%H%M%S%f}"
+
+
+def job_name(run_id: int, attempt: int, made: str = "") -> str:
+    return f"wb-run{run_id}-{made}-a{attempt}" if made else f"wb-run{run_id}-a{attempt}"
 
 
 @dataclass(frozen=True)
@@ -112,17 +132,20 @@ class JobState:
         return self.state == JobStates.RUNNING
 
 
+@runtime_checkable
 class Launcher(Protocol):
     kind: str
+    label: str  # what a person calls its jobs: "local job", "Slurm job"
     # The longest a submit may take before it gives up; a launch claimed longer ago than this (and a margin)
     # belongs to a worker that died while submitting.
     start_timeout_s: float
+    calls: list[list[str]]  # every call this launcher made to its scheduler (none for the local one)
 
-    def submit(self, request: JobRequest) -> StartedJob:
-        """Start the trainer for the spec.json in the request's folder."""
+    def submit(self, request: JobRequest | CommandRequest) -> StartedJob:
+        """Start the trainer for the spec.json in the request's folder, or the request's command."""
 
-    def find(self, request: JobRequest) -> str | None:
-        """The id of a job already submitted for this run and attempt (a launch repeated after a crash), or None."""
+    def find(self, request: JobRequest | CommandRequest) -> str | None:
+        """The id of a job already submitted for this request (a launch repeated after a crash), or None."""
 
     def poll(self, jobs: Sequence[Job]) -> dict[str, JobState]:
         """The state of every job, with one scheduler call for all of them; a job missing from the answer is
@@ -133,3 +156,11 @@ class Launcher(Protocol):
 
     def log_paths(self, job: Job) -> list[Path]:
         """The files the job's output goes to, besides the trainer's own logs/rank-N.log."""
+
+    def accounting(self, job_ids: list[str]) -> dict[str, JobRecord]:
+        """The scheduler's record of each ended job (steps, exit codes, times, peak memory); none where it keeps
+        no accounting."""
+
+    def capacity(self) -> int | None:
+        """How many ranks this launcher may run at once, where it must count them itself (a machine's CPU slots);
+        None where a scheduler queues what does not fit."""

@@ -1,4 +1,5 @@
-"""Local launches: torchrun on this machine, one process per rank, detached from the worker.
+"""Local launches: torchrun on this machine, one process per rank, detached from the worker; or a command run once
+(a ``CommandRequest``), detached alike, its standard output in REPORT and its standard error in logs/launcher.log.
 
 Job ids are ``<pid>:<start time>`` (the supervisor's), so that a recycled pid is never mistaken for the job. The
 supervisor records the job's name in the run folder as it starts, and how it ended when it ends: ``find`` and
@@ -15,7 +16,8 @@ from typing import Sequence
 from trainer.contract.command import trainer_command
 from trainer.contract.runfolder import ATTEMPT_ENV, SPEC, read_json
 
-from .base import Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
+from .base import REPORT, CommandRequest, Job, JobRequest, JobState, JobStates, LaunchError, StartedJob
+from .slurm_accounting import JobRecord
 from ..supervise import EXIT_FILE, JOB_FILE, LOG_FILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,22 +47,31 @@ def local_slots() -> int:
 
 class LocalLauncher:
     kind = "local"
+    label = "local job"
     start_timeout_s = 60.0  # the supervisor forks and returns at once; a minute means this machine is stuck
 
-    def submit(self, request: JobRequest) -> StartedJob:
+    def __init__(self):
+        self.calls: list[list[str]] = []  # no scheduler: always empty
+
+    def submit(self, request: JobRequest | CommandRequest) -> StartedJob:
         if any(line.strip() for line in request.settings.env_setup):
             raise LaunchError("environment setup lines apply to Slurm clusters; clear them on a local cluster")
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-               "PYTHONUNBUFFERED": "1", ATTEMPT_ENV: str(request.attempt)}
-        env.pop("DJANGO_SETTINGS_MODULE", None)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+               "PYTHONUNBUFFERED": "1"}
         run_dir = request.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / EXIT_FILE).unlink(missing_ok=True)
-        command = trainer_command(["--spec", str(run_dir / SPEC), *(["--resume"] if request.resume else [])],
-                                  nproc_per_node=request.spec.plan.world_size)
+        if isinstance(request, CommandRequest):
+            command, output = list(request.command), ["--stdout", str(run_dir / REPORT)]
+            env.update(request.env)
+        else:
+            command, output = trainer_command(["--spec", str(run_dir / SPEC), *(["--resume"] if request.resume else [])],
+                                              nproc_per_node=request.spec.plan.world_size), []
+            env.update({"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), ATTEMPT_ENV: str(request.attempt)})
+            env.pop("DJANGO_SETTINGS_MODULE", None)
         try:
             spawn = subprocess.run(
-                [sys.executable, "-m", "workers.supervise", str(run_dir), request.job_name, "--",
+                [sys.executable, "-m", "workers.supervise", str(run_dir), request.job_name, *output, "--",
                  *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=self.start_timeout_s)
         except subprocess.TimeoutExpired:
             raise LaunchError(f"the local job's supervisor did not answer within {self.start_timeout_s:.0f} s") \
@@ -71,7 +82,7 @@ class LocalLauncher:
         started = _start_time(pid)
         return StartedJob(job_id=f"{pid}:{started}" if started else f"{pid}:gone", command=command)
 
-    def find(self, request: JobRequest) -> str | None:
+    def find(self, request: JobRequest | CommandRequest) -> str | None:
         record = read_json(request.run_dir / JOB_FILE)
         if isinstance(record, dict) and record.get("name") == request.job_name:
             return str(record.get("job_id") or "") or None
@@ -107,3 +118,9 @@ class LocalLauncher:
 
     def log_paths(self, job: Job) -> list[Path]:
         return [job.run_dir / "logs" / LOG_FILE]
+
+    def accounting(self, job_ids: list[str]) -> dict[str, JobRecord]:
+        return {}  # no scheduler keeps a record: the exit record in the folder is all there is
+
+    def capacity(self) -> int | None:
+        return local_slots()

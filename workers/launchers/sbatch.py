@@ -1,7 +1,8 @@
 """The Slurm batch script of one attempt of a run: rendered from the cluster's settings and the plan.
 
     #!/bin/bash
-    #SBATCH --job-name=wb-run<id>-a<n>    the run and the attempt: a launch repeated after a crash looks it up
+    #SBATCH --job-name=wb-run<id>-<made>-a<n>  the run (and when its row was made) and the attempt: a launch
+                                          repeated after a crash looks it up
     #SBATCH --nodes=… --ntasks-per-node=1 --cpus-per-task=… [--gres=gpu:…]   from the plan and the cluster
     #SBATCH --signal=B:USR1@<seconds>     with a limit of ten minutes or more: the script asks the trainer to
                                           checkpoint and stop (its own timer does so on any limit)
@@ -34,7 +35,7 @@ from trainer.contract.runfolder import ATTEMPT_ENV, EVENTS, JOBS, LOGS, SPEC
 from webapp.models.clusterfields import (RUNS_ROOT_CHARACTERS, env_setup_problems, slurm_name_problem,
                                          time_limit_problem)
 
-from .base import CommandRequest, JobRequest
+from .base import REPORT, CommandRequest, JobRequest
 from ..supervise import EXIT_FILE, JOB_FILE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,7 +45,6 @@ PER_NODE = ('[ "$SLURMD_NODENAME" = "$FIRST_NODE" ] && host=1 || host=0; '
             f'addr=$({NODE_ADDRESS.format(node="$SLURMD_NODENAME")}); '
             'export PET_RDZV_CONF="is_host=$host" PET_LOCAL_ADDR="${addr:-$SLURMD_NODENAME}"; exec "$@"')
 MAX_SIGNAL_TIME_S = 65535  # the largest time sbatch --signal takes
-REPORT = "report.out"  # a command job's standard output, in its folder
 
 
 class UnsafeScriptValue(ValueError):

@@ -31,6 +31,7 @@ class SlurmCommandError(LaunchError):
 
 class SlurmCLILauncher:
     kind = "slurm"
+    label = "Slurm job"
     start_timeout_s = 60.0  # sbatch answers in well under a second when slurmctld is up
     command_timeout_s = 30.0
 
@@ -120,6 +121,9 @@ class SlurmCLILauncher:
 
     def log_paths(self, job: Job) -> list[Path]:
         return [output_log(job)]
+
+    def capacity(self) -> int | None:
+        return None  # Slurm queues a job until its nodes are free
 
 
 

@@ -20,6 +20,9 @@ SlurmRequest = JobRequest | CommandRequest  # what the Slurm launchers submit an
 def write_batch_script(request: SlurmRequest) -> tuple[Path, str]:
     """The attempt's (or the command's) batch script, rendered and written to its folder: (its path, its text). The
     exit record of an earlier attempt is removed, so that it is never taken for this attempt's."""
+    if isinstance(request, CommandRequest) and request.env:
+        raise LaunchError(f"the command's environment ({', '.join(sorted(request.env))}) is given only on this "
+                          f"machine: a batch script would hold it for every user of the cluster to read")
     try:
         script = command_script(request) if isinstance(request, CommandRequest) else batch_script(request)
     except UnsafeScriptValue as exc:

@@ -113,6 +113,7 @@ def job_environment() -> dict[str, str]:
 
 class SlurmRestLauncher:
     kind = "slurm-rest"
+    label = "Slurm job"
     start_timeout_s = 60.0  # a submit is one request, bounded by request_timeout_s
     request_timeout_s = 30.0
 
@@ -164,6 +165,9 @@ class SlurmRestLauncher:
 
     def log_paths(self, job: Job) -> list[Path]:
         return [output_log(job)]
+
+    def capacity(self) -> int | None:
+        return None  # Slurm queues a job until its nodes are free
 
     def accounting(self, job_ids: list[str]) -> dict[str, JobRecord]:
         """Slurm's accounting record of each ended job, one GET slurmdb/<version>/job/<id> each: none where

@@ -245,13 +245,13 @@ def test_each_checkpoint_shows_its_scores_directly_and_through_its_deployments_b
                                                 path=str(data_root / "corpus.txt"))
     for checkpoint, acc in ((early, 0.5), (late, 0.75)):
         models.Evaluation.objects.create(owner=alice, eval_set=halves, checkpoint=checkpoint, status="done",
-                                         scores={"kind": "choice", "items": 4,
+                                         report={"kind": "choice", "items": 4,
                                                  "metrics": {"acc": acc, "acc_stderr": 0.1, "acc_generated": 0.25}})
     int8 = serving.deployment(alice, late, nowhere, "late-int8", reduction="int8")
     models.Evaluation.objects.create(owner=alice, eval_set=halves, checkpoint=late, deployment=int8, status="done",
-                                     scores={"kind": "choice", "items": 4, "metrics": {"acc_generated": 0.5}})
+                                     report={"kind": "choice", "items": 4, "metrics": {"acc_generated": 0.5}})
     models.Evaluation.objects.create(owner=alice, eval_set=prose, checkpoint=late, status="done",
-                                     scores={"kind": "text", "items": 9, "metrics": {"byte_perplexity": 2.5}})
+                                     report={"kind": "text", "items": 9, "metrics": {"byte_perplexity": 2.5}})
     models.Evaluation.objects.create(owner=alice, eval_set=prose, checkpoint=early, status="failed",
                                      message="no such file")
     html = _page(client, alice, f"/runs/{trained.pk}/").content.decode()

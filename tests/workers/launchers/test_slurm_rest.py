@@ -8,16 +8,20 @@ import itertools
 import os
 import socket
 import sys
+import threading
 import time
 from dataclasses import replace
 
 import pytest
+from django.contrib.auth.models import User
 
 from tests.trainer.launch import losses, tiny_spec
 from trainer.contract import DatasetSpec, presets
 from trainer.contract.presets import DEMO_TEXT
 from trainer.contract.runfolder import SPEC, write_json_atomic
-from workers.job_process import run_cluster_job
+from webapp.models import CheckpointConversion
+from webapp.services.job_rows import job_claim
+from workers.job_process import Following, follow_command
 from workers.launchers import CommandRequest, Job, JobRequest, JobState, JobStates, LaunchError, SchedulerSettings, launcher_for
 from workers.launchers.sbatch import batch_script
 from workers.launchers.slurm_rest import SlurmRestLauncher, job_environment, job_properties
@@ -253,6 +257,7 @@ def test_a_wait_status_is_read_as_the_exit_code_or_128_plus_the_signal(wait_stat
     assert LEGACY.exit_code({"exit_code": wait_status}) == code
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_command_job_is_followed_to_its_end_with_its_report_its_last_words_and_its_exit_code(rest_any, tmp_path):
     """A command run once as a job of its own (a dataset's preparation is one) through slurmrestd: what it printed
     is its report, its standard error the progress the worker reads, its exit code how it ended."""
@@ -263,15 +268,31 @@ def test_a_command_job_is_followed_to_its_end_with_its_report_its_last_words_and
                              settings=SchedulerSettings(kind="slurm-rest", partition="debug",
                                                         rest_url=rest_any.rest_url))
     request.run_dir.mkdir()
-    messages, ids = [], []
-    ended = run_cluster_job("check", launcher_for(request.settings), request, 120, 0.5,
-                            lambda elapsed, message: messages.append(message) or True, messages.append, ids.append)
+    owner = User.objects.create_user("follower")
+    row = CheckpointConversion.objects.create(owner=owner, kind="import-hf", source="in", target="out")
+    row = job_claim(CheckpointConversion, row.pk, "started")
+    messages, done = [], threading.Event()
+
+    def watch():
+        while not done.is_set():
+            message = CheckpointConversion.objects.get(pk=row.pk).message
+            if not messages or messages[-1] != message:
+                messages.append(message)
+            done.wait(0.1)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        ended = follow_command(row, request, Following("check", "starting", timeout_s=120, every_s=0.5))
+    finally:
+        done.set()
+        watcher.join()
     assert (ended.status, ended.report_line, ended.last_error) == (2, '{"rows": 3}', "refused: too many bad rows")
-    assert any(m == f"Slurm job {ids[0]} running: encoded 1 of 2 shards" for m in messages), messages
-    job = rest_any.job(int(ids[0]))
+    job_id = CheckpointConversion.objects.get(pk=row.pk).job_id
+    assert any(m.startswith(f"Slurm job {job_id} running: encoded 1 of 2 shards") for m in messages), messages
+    job = rest_any.job(int(job_id))
     assert (job["JobName"], job["NumCPUs"], job["Partition"]) == (request.job_name, "2", "debug")
     # a later delivery finds the job by its name and submits nothing
-    assert launcher_for(request.settings).find(request) == ids[0]
+    assert launcher_for(request.settings).find(request) == job_id
 
 
 def test_it_speaks_the_newest_version_the_servers_description_offers(rest_any):
