@@ -58,6 +58,11 @@ def test_it_queues_tuning_with_trials_as_a_job_on_a_local_cpu_cluster(alice, bob
     assert len(callbacks) == 1  # the job is sent to a worker once the request commits
     assert api(alice).get(f"/api/tune-jobs/{response.data['id']}/").status_code == 200
     assert api(bob).get(f"/api/tune-jobs/{response.data['id']}/").status_code == 404
+    # listed by the API's own words for its state
+    listed = api(alice).get("/api/tune-jobs/?status=queued").json()["results"]
+    assert [job["id"] for job in listed] == [response.data["id"]]
+    assert api(alice).get("/api/tune-jobs/?status=completed").json()["results"] == []
+    assert api(alice).get("/api/tune-jobs/?status=pending").status_code == 400
 
 
 def test_it_refuses_trials_for_a_cluster_this_machine_cannot_measure(alice, api, corpus):

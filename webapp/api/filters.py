@@ -50,3 +50,20 @@ class MetricFilter(django_filters.FilterSet):
     class Meta:
         model = models.Metric
         fields = ["run", "kind"]
+
+
+# The API's words for a tuning job's state, as before its row became a common job row (webapp.models.jobs)
+TUNE_STATUS_WORDS = {models.TuneJob.Status.PENDING: "queued", models.TuneJob.Status.RUNNING: "running",
+                     models.TuneJob.Status.DONE: "completed", models.TuneJob.Status.FAILED: "failed"}
+
+
+class TuneJobFilter(django_filters.FilterSet):
+    status = django_filters.ChoiceFilter(choices=[(word, word) for word in TUNE_STATUS_WORDS.values()],
+                                         method="in_state")
+
+    class Meta:
+        model = models.TuneJob
+        fields = ["status"]
+
+    def in_state(self, queryset, name, word):
+        return queryset.filter(status={w: s for s, w in TUNE_STATUS_WORDS.items()}[word])

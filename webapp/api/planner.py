@@ -11,6 +11,7 @@ from .. import models, services
 from ..selectors.calibration import calibrated_estimate
 from ..selectors.owned import visible_with_owners
 from .errors import computing_on, require_finite
+from .filters import TUNE_STATUS_WORDS, TuneJobFilter
 from .planner_requests import (INFERENCE_PRECISIONS, MAX_LISTED, MAX_TOKEN_BUDGET, EstimateRequestSerializer,
                                TuneRequestSerializer)
 from .specfields import json_schema
@@ -86,10 +87,6 @@ class EstimateView(APIView):
         return Response(require_finite(answer, "the estimate"))
 
 
-# The API's words for a tuning job's state, as before its row became a common job row (webapp.models.jobs)
-TUNE_STATUS_WORDS = {"pending": "queued", "done": "completed"}
-
-
 class TuneJobSerializer(serializers.ModelSerializer):
     owner = serializers.ReadOnlyField(source="owner.username")
     status = serializers.SerializerMethodField()
@@ -98,7 +95,7 @@ class TuneJobSerializer(serializers.ModelSerializer):
     started_at = serializers.DateTimeField(source="claimed_at", read_only=True)
 
     def get_status(self, job) -> str:
-        return TUNE_STATUS_WORDS.get(job.status, job.status)
+        return TUNE_STATUS_WORDS[job.status]
 
     def get_result(self, job) -> dict | None:
         return job.report if job.status == models.TuneJob.Status.DONE else None
@@ -138,7 +135,7 @@ class TuneJobViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = TuneJobSerializer
     queryset = models.TuneJob.objects.all()
-    filterset_fields = ["status"]
+    filterset_class = TuneJobFilter
     ordering_fields = ["created_at"]
 
     def get_queryset(self):
