@@ -37,7 +37,7 @@ def test_it_stores_an_upload_in_the_owners_folder_and_registers_it(alice, api, d
     again = _upload(api(alice), name="again")
     assert again.status_code == 201 and again.data["path"].endswith("/plays-2.txt")
     clash = _upload(api(alice), name="mine")
-    assert clash.status_code == 409 and "already have a dataset named 'mine'" in clash.data["detail"]
+    assert clash.status_code == 400 and "already have a dataset named 'mine'" in clash.data["name"][0]
 
 
 def test_it_refuses_an_upload_over_the_limit_or_not_text_and_keeps_nothing(alice, api, data_root, settings):
