@@ -1,6 +1,6 @@
 """The OpenAPI schema is valid OpenAPI 3 and documents every error answer, the Swagger page renders offline, and
-generated requests get only documented status codes, never a server error (a model server that cannot answer is
-the documented 502 or 503 with a message, which is not one)."""
+generated requests pass every schemathesis check: the server does what its schema says, never a server error (a model
+server that cannot answer is the documented 502 or 503 with a message, which is not one)."""
 import os
 from collections import Counter
 from typing import get_args
