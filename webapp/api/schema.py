@@ -2,7 +2,8 @@
 
 Errors have two shapes (webapp.api.errors): a field-by-field ``ValidationError`` for 400 (each field's messages,
 nested for a spec's fields, ``non_field_errors`` for the whole object) and ``{"detail": …}`` for the rest.
-Operations that ask a Triton server also declare 502 and 503, given the ``Error`` body here.
+Operations that ask a Triton server also declare 502 and 503, given the ``Error`` body here. Every integer and string
+of the schema also carries the bounds the whole API enforces (the 64-bit range, no NUL).
 """
 from .parsers import MAX_INT
 
@@ -86,4 +87,3 @@ def _bound_scalars(node) -> None:
     elif isinstance(node, list):
         for value in node:
             _bound_scalars(value)
-

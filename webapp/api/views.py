@@ -16,8 +16,8 @@ from ..selectors.runs import records_of_visible_runs, runs_listed
 from ..services.datasets import NotReadable, UploadTooLarge, upload_limit
 from . import filters
 from .calibration import ClusterCalibrationActions
-from .errors import Conflict
 from .conversions import CheckpointConversionActions
+from .errors import Conflict
 from .live import RunLiveData
 from .fields import StrictCharField
 from .parsers import RequestTooLarge
