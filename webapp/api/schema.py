@@ -30,7 +30,9 @@ _DECLARED = ("502", "503")
 _WRITES = {"post", "put", "patch", "delete"}
 # An operation that may stream its answer (webapp.api.sse) writes an error as one event when asked for a stream
 _STREAM = "text/event-stream"
-_ERROR_EVENT = {"schema": {"$ref": "#/components/schemas/Error"}}  # one `event: error` with this body as its data
+_ERROR_EVENT = {"schema": {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "enum": ["error"]},
+    "data": {"type": "string", "description": "the error's body (an `Error`) as JSON"}}}}
 # The integers a JSON body may hold (webapp.api.parsers refuses others): every integer in the schema says so
 INT_RANGE = {"minimum": -MAX_INT, "maximum": MAX_INT}
 # No string may hold a NUL (DRF's and Django's fields refuse it, and so does the contract): every string says so
