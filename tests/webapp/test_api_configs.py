@@ -42,11 +42,11 @@ def test_it_rejects_a_bad_model_spec_naming_the_field_and_numbers(alice, api, ch
     assert any(message in m for m in response.data["spec"][field]), response.data
 
 
-def test_it_refuses_a_second_config_of_the_same_name_with_400(alice, api):
+def test_it_refuses_a_second_config_of_the_same_name_as_a_conflict(alice, api):
     client = api(alice)
     assert client.post("/api/model-configs/", {"name": "x", "preset": "tiny"}, format="json").status_code == 201
     again = client.post("/api/model-configs/", {"name": "x", "preset": "tiny"}, format="json")
-    assert again.status_code == 400 and "already have" in again.data["name"][0]
+    assert again.status_code == 409 and "name: you already have a model config named 'x'" in again.data["detail"]
 
 
 @pytest.mark.parametrize("plan, field, message", [

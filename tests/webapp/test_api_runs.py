@@ -46,7 +46,7 @@ def test_it_cancels_a_draft_and_refuses_to_cancel_it_again(alice, bob, api, plan
     assert cancelled.status_code == 200 and cancelled.data["status"] == "cancelled"
     assert cancelled.data["status_message"] == "wrong data" and cancelled.data["finished_at"]
     again = api(alice).post(f"/api/runs/{run_id}/cancel/")
-    assert again.status_code == 400 and "already cancelled" in again.data["non_field_errors"][0]
+    assert again.status_code == 409 and "already cancelled" in again.data["detail"]
 
 
 def test_it_forbids_cancelling_another_users_shared_run(alice, bob, api, plan222, corpus):

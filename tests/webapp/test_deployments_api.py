@@ -248,7 +248,7 @@ def test_it_keeps_prompt_templates_per_owner_and_checks_their_parts(api, alice, 
     assert created.status_code == 201, created.json()
     template = created.json()["id"]
     assert api(bob).get(f"/api/prompt-templates/{template}/").status_code == 404
-    assert api(alice).post("/api/prompt-templates/", body, format="json").status_code == 400  # the name again
+    assert api(alice).post("/api/prompt-templates/", body, format="json").status_code == 409  # the name again
     for field, value in [("chat_template", "{role}: {text}"), ("chat_template", "{role"), ("template", "{prompt}"),
                          ("examples", [{"input": "x"}]), ("examples", "x"), ("sampling", {"top_p": 2}),
                          ("sampling", {"beam": 4})]:

@@ -30,6 +30,15 @@ class ClientInputError(APIException):
     default_code = "input_out_of_range"
 
 
+class Conflict(APIException):
+    """The request is well formed but the stored objects stand in its way (409): a name another object has, or a
+    state that no longer allows the change (a finished run cancelled again). The client changes its choice, not the
+    request's form."""
+
+    status_code = status.HTTP_409_CONFLICT
+    default_code = "conflict"
+
+
 @contextmanager
 def computing_on(what: str):
     """The last resort around code that computes on what a client sent (the planner's estimates and tunes).

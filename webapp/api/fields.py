@@ -7,6 +7,7 @@ in. (Forms and multipart bodies carry only strings: their serializers keep DRF's
 """
 import math
 
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from rest_framework import serializers
 
 
@@ -92,3 +93,17 @@ class StrictSerializer(serializers.Serializer):
                 raise serializers.ValidationError({key: [f"unknown field; expected one of {expected}"]
                                                    for key in unknown})
         return super().to_internal_value(data)
+
+
+class StrictSerializerSchema(OpenApiSerializerExtension):
+    """A strict serializer's request body says that it refuses unknown keys (``additionalProperties`` false), or a
+    client generated from the schema would send extra keys it believes allowed."""
+
+    target_class = StrictSerializer
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        if direction == "request":
+            schema["additionalProperties"] = False
+        return schema

@@ -80,6 +80,9 @@ class EstimateRequestSerializer(StrictSerializer):
 
     def validate(self, attrs):
         stored = attrs.pop("plan_id", None)
+        given = [key for key in ("model", "plan", "cluster") if key in attrs]
+        if stored is not None and given:  # they would be ignored: the stored plan names all three
+            raise serializers.ValidationError({key: [f"give plan_id or {key}, not both"] for key in given})
         # the stored plan's cluster row: its calibration, if any, chooses the options (webapp.selectors.calibration)
         self.stored_cluster = stored.cluster if stored is not None else None
         if stored is not None:

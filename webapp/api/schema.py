@@ -2,8 +2,11 @@
 
 Errors have two shapes (webapp.api.errors): a field-by-field ``ValidationError`` for 400 (each field's messages,
 nested for a spec's fields, ``non_field_errors`` for the whole object) and ``{"detail": …}`` for the rest.
-Operations that ask a Triton server also declare 502 and 503, given the ``Error`` body here.
+Operations that ask a Triton server also declare 502 and 503, given the ``Error`` body here. Every integer and string
+of the schema also carries the bounds the whole API enforces (the 64-bit range, no NUL).
 """
+from .parsers import MAX_INT
+
 ERROR = {"type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}},
          "description": "What went wrong and what to change"}
 VALIDATION_ERROR = {
@@ -25,6 +28,15 @@ _ANSWERS = {
 # Answered only by the operations that declare them (those that ask a model server): their bodies are added here.
 _DECLARED = ("502", "503")
 _WRITES = {"post", "put", "patch", "delete"}
+# An operation that may stream its answer (webapp.api.sse) writes an error as one event when asked for a stream
+_STREAM = "text/event-stream"
+_ERROR_EVENT = {"schema": {"type": "object", "required": ["event", "data"], "properties": {
+    "event": {"type": "string", "enum": ["error"]},
+    "data": {"type": "string", "description": "the error's body (an `Error`) as JSON"}}}}
+# The integers a JSON body may hold (webapp.api.parsers refuses others): every integer in the schema says so
+INT_RANGE = {"minimum": -MAX_INT, "maximum": MAX_INT}
+# No string may hold a NUL (DRF's and Django's fields refuse it, and so does the contract): every string says so
+NO_NUL = "^[^\\x00]*$"
 
 
 def _codes(path: str, method: str, operation: dict) -> list[str]:
@@ -56,4 +68,24 @@ def document_errors(result, generator, request, public):
                 if code in responses:
                     responses[code].setdefault("content", {
                         "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}})
+            if _STREAM in responses.get("200", {}).get("content", {}):
+                for code, response in responses.items():
+                    if code != "200" and "content" in response:
+                        response["content"].setdefault(_STREAM, _ERROR_EVENT)
+    _bound_scalars(result)
     return result
+
+
+def _bound_scalars(node) -> None:
+    """What every integer and string of the API is bounded by, written on each one that says nothing narrower."""
+    if isinstance(node, dict):
+        if node.get("type") == "integer" and "enum" not in node:
+            for key, bound in INT_RANGE.items():
+                node.setdefault(key, bound)
+        if node.get("type") == "string" and not {"enum", "format", "pattern"} & set(node):
+            node["pattern"] = NO_NUL
+        for value in node.values():
+            _bound_scalars(value)
+    elif isinstance(node, list):
+        for value in node:
+            _bound_scalars(value)

@@ -22,6 +22,7 @@ from ..services.runs import SOURCE_NAME
 from ..spec_errors import spec_field_errors
 from .fields import (StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField,
                      StrictPrimaryKeyRelatedField, StrictSerializer, UsablePlanField, VisibleRelatedField)
+from .errors import Conflict
 from .specfields import api_field, spec_field
 
 
@@ -40,9 +41,19 @@ class StrictModelSerializer(serializers.ModelSerializer):
     }
     serializer_related_field = StrictPrimaryKeyRelatedField
 
+    def run_validation(self, data=serializers.empty):
+        try:
+            return super().run_validation(data)
+        except serializers.ValidationError as exc:
+            codes = exc.get_codes()
+            if isinstance(codes, dict) and codes and all(set(c) == {"unique"} for c in codes.values()):
+                raise Conflict("; ".join(f"{field}: {message}" for field, messages in exc.detail.items()
+                                          for message in messages)) from None
+            raise
+
 
 class OwnedSerializer(StrictModelSerializer):
-    """Owner is the requesting user; names are unique per owner (checked here so a clash is a 400, not a 500)."""
+    """Owner is the requesting user; names are unique per owner (checked here so a clash is a 409 naming it)."""
 
     owner = serializers.ReadOnlyField(source="owner.username")
     unique_names = True
@@ -55,7 +66,8 @@ class OwnedSerializer(StrictModelSerializer):
         if self.instance is not None:
             clash = clash.exclude(pk=self.instance.pk)
         if clash.exists():
-            raise serializers.ValidationError(f"you already have a {self.Meta.model._meta.verbose_name} named {value!r}")
+            what = self.Meta.model._meta.verbose_name
+            raise serializers.ValidationError(f"you already have a {what} named {value!r}", code="unique")
         return value
 
     def create(self, validated_data):
@@ -222,8 +234,9 @@ class RunSerializer(OwnedSerializer):
     dataset = VisibleRelatedField(queryset=models.Dataset.objects.all())
     optimizer = spec_field(OptimizerSpec)(required=False)
     profile = spec_field(ProfileSpec)(required=False, allow_null=True)
-    spec = spec_field(RunSpec)(read_only=True, help_text="What every attempt launches with: checked and fixed when "
-                                                         "the run is created")
+    spec = spec_field(RunSpec)(read_only=True, allow_null=True,
+                               help_text="What every attempt launches with: checked and fixed when the run is "
+                                         "created (null until then)")
     launch = StrictBooleanField(write_only=True, default=False,
                                 help_text="Queue the run for launch right away instead of keeping a draft")
     batch_script = serializers.SerializerMethodField(

@@ -117,7 +117,7 @@ class DeploymentGenerateView(OutsideRequestTransaction, GenericAPIView):
 
     @extend_schema(request=GenerateSerializer, responses={
         (200, "application/json"): GenerationSerializer,
-        (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.STR, description=(
+        (200, "text/event-stream"): OpenApiResponse(OpenApiTypes.OBJECT, description=(
             "with stream: `event: token` a chunk ({text, token_ids}), then `event: done` ({text, token_ids, "
             "prompt_tokens, completion_tokens, finish_reason}), or `event: error` ({detail})")),
         502: SERVER_FAILED, 503: UNAVAILABLE})

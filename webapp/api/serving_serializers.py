@@ -31,6 +31,17 @@ def top_p_problem(value: float) -> str:
     return "" if 0 < value <= 1 else f"top_p={value}: give a number in (0, 1]"
 
 
+@extend_schema_field({"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1})
+class TopPField(StrictFloatField):
+    """A top-p: the schema gives its range, top_p_problem checks it."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if top_p_problem(value):
+            raise serializers.ValidationError(top_p_problem(value))
+        return value
+
+
 # -- Triton servers ---------------------------------------------------------------------------------------------
 
 class TritonServerSerializer(StrictModelSerializer):
@@ -94,13 +105,8 @@ class SamplingDefaultsSerializer(StrictSerializer):
     max_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
     temperature = StrictFloatField(required=False, min_value=0)
     top_k = StrictIntegerField(required=False, min_value=0, max_value=MAX_TOP_K)
-    top_p = StrictFloatField(required=False)
+    top_p = TopPField(required=False)
     seed = StrictIntegerField(required=False, min_value=0, max_value=MAX_SEED)
-
-    def validate_top_p(self, value):
-        if top_p_problem(value):
-            raise serializers.ValidationError(top_p_problem(value))
-        return value
 
 
 class ExampleSerializer(StrictSerializer):
@@ -197,18 +203,13 @@ class SamplingSerializer(StrictSerializer):
     max_tokens = StrictIntegerField(default=64, min_value=1, max_value=MAX_TOKENS)
     temperature = StrictFloatField(default=0.0, min_value=0, help_text="0: greedy")
     top_k = StrictIntegerField(default=0, min_value=0, max_value=MAX_TOP_K, help_text="0: no limit")
-    top_p = StrictFloatField(default=1.0, help_text="In (0, 1]; 1: no limit")
+    top_p = TopPField(default=1.0, help_text="In (0, 1]; 1: no limit")
     seed = StrictIntegerField(default=None, allow_null=True, min_value=0, max_value=MAX_SEED)
     stop = serializers.ListField(child=StrictCharField(min_length=1, max_length=MAX_STOP_CHARS,
                                                        trim_whitespace=False),
                                  default=list, max_length=MAX_STOPS,
                                  help_text=f"Strings that end the answer (not included): at most {MAX_STOPS}, "
                                            f"each of 1 to {MAX_STOP_CHARS} characters")
-
-    def validate_top_p(self, value):
-        if top_p_problem(value):
-            raise serializers.ValidationError(top_p_problem(value))
-        return value
 
 
 class GenerateSerializer(SamplingSerializer):

@@ -13,6 +13,7 @@ from rest_framework import serializers
 from rest_framework.settings import api_settings
 
 from trainer.contract import SpecError
+from trainer.contract.rules import LIMITS
 from trainer.contract.specjson import READABLE_VERSIONS
 
 from ..spec_errors import spec_field_errors
@@ -34,8 +35,11 @@ def json_schema(tp: Any) -> dict:
         fields = [f for f in dataclasses.fields(tp) if f.init]
         properties = {"schema_version": {"type": "integer", "enum": list(READABLE_VERSIONS)}}
         required = []
+        limits = LIMITS.get(tp.__name__, {})
         for f in fields:
             properties[f.name] = json_schema(hints[f.name])
+            if f.name in limits:  # the contract's own bound (rules.within_limits refuses what lies above it)
+                properties[f.name]["maximum"] = limits[f.name][0]
             names = getattr(hints[f.name], "preset_names", None)
             if names is not None:  # a spec that may also be given by a preset's name (a GPU)
                 properties[f.name] = {"oneOf": [properties[f.name], {"type": "string", "enum": list(names())}]}

@@ -1,4 +1,5 @@
 """Thin REST views: querysets limited to what the user may see, writes through serializers and services."""
+from django.core.exceptions import ValidationError as DjangoValidationError
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -16,6 +17,7 @@ from ..services.datasets import NotReadable, UploadTooLarge, upload_limit
 from . import filters
 from .calibration import ClusterCalibrationActions
 from .conversions import CheckpointConversionActions
+from .errors import Conflict
 from .live import RunLiveData
 from .fields import StrictCharField
 from .parsers import RequestTooLarge
@@ -137,7 +139,10 @@ class RunViewSet(RunLiveData, mixins.CreateModelMixin, mixins.ListModelMixin, mi
         run = self.get_object()
         body = CancelSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        run = services.run_cancel(run, body.validated_data.get("reason") or f"cancelled by {request.user.username}")
+        try:
+            run = services.run_cancel(run, body.validated_data.get("reason") or f"cancelled by {request.user.username}")
+        except DjangoValidationError as exc:  # the run has finished: its state, not the request, is in the way
+            raise Conflict(exc.messages[0]) from None
         return Response(RunSerializer(run, context={"request": request}).data)
 
     @extend_schema(responses=GoodputSerializer)
