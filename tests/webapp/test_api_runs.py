@@ -37,6 +37,12 @@ def test_it_lists_runs_with_filters_and_pages(alice, bob, api, plan222, corpus):
     assert client.get("/api/runs/", {"status": "draft", "owner": "alice"}).json()["count"] == 4
     assert api(bob).get("/api/runs/").json()["count"] == 0
     assert client.get("/api/runs/", {"status": "exploded"}).status_code == 400
+    assert client.get("/api/runs/", {"page": 3, "page_size": 2}).json()["results"][0]["id"] == first.pk
+    assert client.get("/api/runs/", {"page": 4, "page_size": 2}).status_code == 404  # past the last page
+    for bad in ({"page": "{}"}, {"page": 0}, {"page": "last"}, {"page": [1, 2]}, {"page_size": ""},
+                {"page_size": [2, 2]}, {"page_size": 0}):
+        refused = client.get("/api/runs/", bad)
+        assert refused.status_code == 400 and set(refused.json()) == set(bad), (bad, refused.content)
 
 
 def test_it_cancels_a_draft_and_refuses_to_cancel_it_again(alice, bob, api, plan222, corpus):

@@ -84,8 +84,10 @@ RULES_BEYOND_THE_SCHEMA = {
     **dict.fromkeys(["/api/evaluations/", "/api/evaluation-sets/", "/api/evaluation-sets/{id}/",
                      "/api/datasets/{id}/prepare/", "/api/deployments/", "/api/deployments/{id}/",
                      "/api/conversions/"], "an object named by its id"),
-    # a path on the server, which must exist under the requester's data roots (or the models directory)
-    **dict.fromkeys(["/api/checkpoints/register/", "/api/checkpoints/import-hf/", "/api/triton-servers/",
+    # a path on the server, which must exist under the requester's data roots (or the models directory), or a
+    # checkpoint's folder, which must still hold it
+    **dict.fromkeys(["/api/checkpoints/register/", "/api/checkpoints/import-hf/",
+                     "/api/checkpoints/{id}/export-hf/", "/api/triton-servers/",
                      "/api/triton-servers/{id}/", "/api/datasets/", "/api/datasets/{id}/", "/api/datasets/upload/"],
                     "a folder on the server"),
     # the compared window's end must not lie before its start

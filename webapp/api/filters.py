@@ -133,7 +133,7 @@ TUNE_STATUS_WORDS = {models.TuneJob.Status.PENDING: "queued", models.TuneJob.Sta
                      models.TuneJob.Status.DONE: "completed", models.TuneJob.Status.FAILED: "failed"}
 
 
-class TuneJobFilter(django_filters.FilterSet):
+class TuneJobFilter(StrictFilterSet):
     status = django_filters.ChoiceFilter(choices=[(word, word) for word in TUNE_STATUS_WORDS.values()],
                                          method="in_state")
 
