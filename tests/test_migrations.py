@@ -66,7 +66,7 @@ def test_it_gives_existing_runs_the_spec_they_launched_with_or_their_parts_make(
 
 
 BEFORE_JOB_ROWS = [("workbench", "0027_calibration_refit_requested_at")]
-WITH_JOB_ROWS = [("workbench", "0028_background_jobs")]
+WITH_JOB_ROWS = [("workbench", "0030_background_job_fields")]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -92,7 +92,7 @@ class TuneJobSerializer(serializers.ModelSerializer):
     status = serializers.SerializerMethodField()
     result = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
-    started_at = serializers.DateTimeField(source="claimed_at", read_only=True)
+    started_at = serializers.DateTimeField(source="claimed_at", read_only=True, allow_null=True)
 
     def get_status(self, job) -> str:
         return TUNE_STATUS_WORDS[job.status]
