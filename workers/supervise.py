@@ -2,7 +2,7 @@
 
     python -m workers.supervise RUN_DIR JOB_NAME [--stdout FILE] -- COMMAND...
 
-The parent prints the supervisor's pid and returns at once; the supervisor (a new session, so the worker's
+The parent prints the supervisor's job id (``<pid>:<start time>``) and returns at once; the supervisor (a new session, so the worker's
 restart or Ctrl-C does not touch it) first writes RUN_DIR/job.json (the job's name and id: a launch repeated after a
 crash finds the job there), runs COMMAND with its output in RUN_DIR/logs/launcher.log (its standard output in FILE
 instead, when given: a command's report) and writes RUN_DIR/exit.json when it ends. As a Slurm batch script does,
@@ -24,14 +24,15 @@ JOB_FILE = "job.json"
 LOG_FILE = "launcher.log"
 
 
-def own_job_id() -> str:
-    """``<pid>:<start time>``, as the launcher names the job (see local.py)."""
-    stat = Path("/proc/self/stat").read_text()
-    return f"{os.getpid()}:{stat.rpartition(')')[2].split()[19]}"
+def job_id_of(pid: int) -> str:
+    """``<pid>:<start time>`` (field 22 of /proc/<pid>/stat), as the launcher names the job (see local.py): a pid
+    the kernel gives again later is another job."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return f"{pid}:{stat.rpartition(')')[2].split()[19]}"
 
 
 def _supervise(run_dir: Path, name: str, command: list[str], stdout: Path | None = None) -> None:
-    job_id = own_job_id()
+    job_id = job_id_of(os.getpid())
     write_json_atomic(run_dir / JOB_FILE, {"name": name, "job_id": job_id})
     attempt = int(os.environ.get(ATTEMPT_ENV) or 0)
     append_jsonl(run_dir / JOBS, event(Event.JOB_STARTED, -1, attempt=attempt, job_id=job_id))
@@ -63,7 +64,9 @@ def main(argv: list[str]) -> int:
     run_dir, name, _, *command = argv
     pid = os.fork()
     if pid:
-        print(pid, flush=True)
+        # the child's id, read while it is still ours to read: ended or not, it stays a zombie (its start time kept)
+        # until this parent exits, so a job that ends at once has an id all the same
+        print(job_id_of(pid), flush=True)
         return 0
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)

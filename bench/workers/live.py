@@ -269,14 +269,14 @@ def _active_runs(folder: Path, count: int) -> list:
     for the whole benchmark, as a trainer would be)."""
     from trainer.contract import ParallelPlan, presets
     from webapp import models
-    from workers.supervise import JOB_FILE, own_job_id
+    from workers.supervise import JOB_FILE, job_id_of
 
     owner, first = _run(folder, "reconcile-0")
     cluster = models.Cluster.objects.create(name="bench-local", spec=presets.local_cpu_cluster(1).to_dict())
     plan = models.ParallelismPlan.objects.create(owner=owner, name="one", model_config=first.model_config,
                                                  cluster=cluster, spec=ParallelPlan(micro_batch=1,
                                                                                     global_batch=1).to_dict())
-    job_id = own_job_id()
+    job_id = job_id_of(os.getpid())
     runs = []
     for i in range(count):
         run_dir = folder / f"reconcile-{i}"

@@ -36,7 +36,7 @@ def _start_time(pid: int) -> str | None:
 
 def _alive(job_id: str) -> bool:
     pid, _, started = job_id.partition(":")
-    return started != "gone" and pid.isdigit() and _start_time(int(pid)) == started
+    return pid.isdigit() and _start_time(int(pid)) == started
 
 
 def local_slots() -> int:
@@ -76,11 +76,11 @@ class LocalLauncher:
         except subprocess.TimeoutExpired:
             raise LaunchError(f"the local job's supervisor did not answer within {self.start_timeout_s:.0f} s") \
                 from None
-        if spawn.returncode != 0 or not spawn.stdout.strip().isdigit():
-            raise LaunchError(f"could not start the local job: {spawn.stderr.strip() or spawn.stdout.strip()}")
-        pid = int(spawn.stdout.strip())
-        started = _start_time(pid)
-        return StartedJob(job_id=f"{pid}:{started}" if started else f"{pid}:gone", command=command)
+        job_id = spawn.stdout.strip()
+        pid, _, started = job_id.partition(":")
+        if spawn.returncode != 0 or not (pid.isdigit() and started.isdigit()):
+            raise LaunchError(f"could not start the local job: {spawn.stderr.strip() or job_id}")
+        return StartedJob(job_id=job_id, command=command)
 
     def find(self, request: JobRequest | CommandRequest) -> str | None:
         record = read_json(request.run_dir / JOB_FILE)
