@@ -110,7 +110,8 @@ def test_it_takes_two_runs_from_the_wizard_through_their_pages_and_deployment_to
     page.get_by_label("Deployment").select_option(str(deployments[0].pk))
     page.get_by_label("Compare with").select_option(str(deployments[1].pk))
     page.get_by_label("Input").fill("ROMEO:")
-    page.get_by_label("Max tokens").fill("800")  # long enough to arrive over several reads of the stream (200 came whole, twice, once the engine decoded faster)
+    # long enough to arrive over several reads of the stream (200 came whole, twice, once the engine decoded faster)
+    page.get_by_label("Max tokens").fill("800")
     pieces = _generate_and_watch(page)
     if not _streamed(pieces):
         # a browser starved of CPU (the other test worker busy) may read both short answers whole; a page that
