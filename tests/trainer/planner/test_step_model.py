@@ -13,15 +13,16 @@ import pytest
 from tests.trainer.planner.test_figure_formulas import evaluate
 from trainer.contract import ParallelPlan
 from trainer.contract.presets import MODELS, cluster, local_cpu_cluster
-from trainer.planner.estimate import estimate, memory_model, step_model
+from trainer.planner.estimate import estimate, memory_model, params_model, step_model
 from trainer.planner.estimate import memory as M
+from trainer.planner.estimate import params as P
 from trainer.planner.estimate.core import Planner
 from trainer.planner.estimate.expr import Term, symbols
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.planner.estimate.published import published_runs
 
 ROOT = Path(__file__).resolve().parents[3]
-TERMS = {f"{module.__name__.rsplit('.', 1)[1]}.{name}": value for module in (step_model, memory_model)
+TERMS = {f"{module.__name__.rsplit('.', 1)[1]}.{name}": value for module in (step_model, memory_model, params_model)
          for name, value in vars(module).items() if isinstance(value, Term)}
 PLANS = [
     (MODELS["gpt3-175b"], cluster("A100-SXM-80GB", 16), ParallelPlan(dp=2, tp=8, pp=8, micro_batch=1, global_batch=64,
@@ -108,6 +109,7 @@ def test_no_module_restates_a_formula(tmp_path):
     assert not restated
     assert sum(name.startswith("step_model.") for name in texts) >= 20
     assert sum(name.startswith("memory_model.") for name in texts) >= 40
+    assert sum(name.startswith("params_model.") for name in texts) >= 8
     # the check finds a restated formula, and leaves a docstring's alone
     planted = tmp_path / "planted.py"
     planted.write_text('"""The bubble is (p − 1)/(v·m)."""\nLABEL = "bubble (p−1) / (v·m) of the step"\n'
@@ -134,3 +136,52 @@ def test_a_term_must_name_each_of_its_symbols_once():
         Term(a * b, "a b a")
     assert Term(2 * (a - 1) / a * b, "a b").formula == "2 · (a − 1) / a · b"
     assert Term(a - (b - 1), "a b")(5, 3) == 3 and Term(a - (b - 1), "a b").formula == "a − (b − 1)"
+
+
+FIGURE_MAKERS = {"fig": 2, "Figure": 2, "symbolic": 2}   # the position of the formula among their arguments
+
+
+def _formulas_written_as_text(path: Path) -> list[str]:
+    """The formulas a module hands to a figure as text of its own (a string, an f-string, strings joined or added),
+    not as a term's ``formula``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FIGURE_MAKERS:
+            formula = node.args[FIGURE_MAKERS[node.func.id]] if len(node.args) > FIGURE_MAKERS[node.func.id] else \
+                next((k.value for k in node.keywords if k.arg == "formula"), None)
+            if formula is not None and not _is_a_terms_formula(formula):
+                found.append(ast.unparse(formula))
+    return found
+
+
+def _is_a_terms_formula(node: ast.expr) -> bool:
+    """``term.formula`` or ``term.formula_times(count)``."""
+    if isinstance(node, ast.Call):
+        node = node.func
+    return isinstance(node, ast.Attribute) and node.attr in ("formula", "formula_times")
+
+
+def test_the_estimates_figures_print_only_the_formulas_of_terms(tmp_path):
+    """``explain`` writes no formula of its own: every figure it makes prints a term's formula (a sum of named
+    parts is ``figure.total``'s)."""
+    assert _formulas_written_as_text(ROOT / "trainer/planner/estimate/explain.py") == []
+    planted = tmp_path / "planted.py"
+    planted.write_text('a = fig(1, "s", "gemm + attention")\nb = Figure(1, "s", f"{x} + y")\n'
+                       'c = symbolic(1, "s", " + ".join(parts), {})\nd = Figure(1, "s", term.formula)\n')
+    assert _formulas_written_as_text(planted) == ['\'gemm + attention\'', "f'{x} + y'", "' + '.join(parts)"]
+
+
+def test_the_parameter_counts_print_the_formulas_that_computed_them():
+    for model in MODELS.values():
+        for plan in (ParallelPlan(), ParallelPlan(tp=2, pp=2, micro_batch=1, global_batch=4)):
+            try:
+                result = estimate(model, plan, cluster("H100-SXM", 1))
+            except Exception:   # a plan the model cannot take (layers or heads that do not divide)
+                continue
+            figures = result.parameters
+            for name, (term, args) in P.count_terms(model).items():
+                if name in figures:
+                    assert figures[name].formula == term.formula
+                    assert figures[name].value == term.function(*args) == getattr(P.count(model), name)
+            ranks = [figures[f"stage_{st}_rank"].value for st in range(plan.pp)]
+            assert ranks == [st.params for st in result.numbers.stages]

@@ -15,8 +15,9 @@ from trainer.planner.advice import shapes as S
 from trainer.planner.advice.figures import GB, Assessor, Figures
 from trainer.planner.estimate.gemms import shape_efficiency
 from trainer.planner.advice.plans import plan_for, plan_problems
-from trainer.planner.estimate.flops import model_flops_per_token
+from trainer.planner.estimate.flops import MODEL_FLOPS_PER_TOKEN, model_flops_per_token
 from trainer.planner.estimate.options import EstimateOptions
+from trainer.planner.estimate.params_model import TOTAL
 from trainer.planner.tune.space import divisors
 
 # A change is recommended when it buys at least this much throughput and still fits.
@@ -190,10 +191,11 @@ def depth_vs_width(ctx: Context) -> Suggestion | None:
         "∝ √L, a wider layer gives each GEMM more work per micro-batch (w = b·s·h/t fills the GPU: "
         "efficiency = η·w/(w + w½)) and fewer, larger kernels, while a deeper one pipelines into more stages; "
         "each shape's figures are the planner's under its plan (" + "; ".join(hows) + ")",
-        ["P(L, h) = L·(12h² + 13h) + V·h + s·h + 2h  (h = heads·head_dim, head_dim kept; the heads chosen to match P)",
+        [f"parameters = {TOTAL.expr.text()}  (h = heads·head_dim, head_dim kept; the heads chosen to match them)",
          f"parameters {ctx.base.parameters:,} → {after.parameters:,} "
          f"({after.parameters / ctx.base.parameters - 1:+.2%})",
-         f"model FLOPs/token = 6·N + 12·L·h·s: {ctx.base.model_flops_per_token:,} → {after.model_flops_per_token:,}",
+         f"model FLOPs/token = {MODEL_FLOPS_PER_TOKEN.expr.text()}: {ctx.base.model_flops_per_token:,} → "
+         f"{after.model_flops_per_token:,}",
          "efficiency = compute_efficiency · w/(w + w½), w = b·s·h/t", COMPUTE_FORMULA, _times(ctx.base, after)],
         alternatives=alternatives)
 

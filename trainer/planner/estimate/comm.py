@@ -21,6 +21,13 @@ DDP_BUCKET_BYTES = 25 * 1024 * 1024
 ZERO_BUCKET_ELEMENTS = 5e8
 
 
+# how ``rank_of`` numbers the ranks, and which rank an estimate's figures are of
+RANK_RULE = ("rank = ((stage·dp + d)·cp + c)·tp + j; the figures are for d = 0, c = 0, j = 0 (the largest shards)")
+# which bandwidth a group's collectives get (``Planner.bandwidths``)
+BANDWIDTH_RULE = ("intra-node if group size × stride ≤ gpus_per_node, else inter-node (a ring collective's: × its "
+                  "ranks on a node, at most intra-node); × comm_efficiency")
+
+
 def rank_of(plan: ParallelPlan, stage: int, d: int = 0, j: int = 0, c: int = 0) -> int:
     """Global rank of pipeline stage ``stage``, data-parallel index d, context-parallel index c, tensor-parallel
     index j."""

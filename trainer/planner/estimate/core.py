@@ -415,7 +415,8 @@ class Planner:
                     self.clock.hbm)
         if pp > 1:
             v = plan.model_chunks
-            work = sum(t[k] for k in IN_MICROBATCH if k in t)
+            parts = tuple(k for k in IN_MICROBATCH if k in t)
+            work = call("microbatch_work", S.microbatch_work(parts), *(t[k] for k in parts))
             term, args = S.bubble(plan)
             bubble = call("bubble", term, *args)
             add("pipeline_bubble", S.PIPELINE_BUBBLE, work, bubble)

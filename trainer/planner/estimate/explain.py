@@ -13,11 +13,12 @@ from trainer.planner.estimate import flops as F
 from trainer.planner.estimate import memory as M
 from trainer.planner.estimate import memory_model as MM
 from trainer.planner.estimate import params as P
+from trainer.planner.estimate import params_model as PM
 from trainer.planner.estimate import step_model as S
+from trainer.planner.estimate.comm import BANDWIDTH_RULE, RANK_RULE
 from trainer.planner.estimate.core import GB, Planner, PlanNumbers, StageMemory, rank_of
-from trainer.planner.estimate.numbers import IN_MICROBATCH
 from trainer.planner.estimate.expr import Term
-from trainer.planner.estimate.figure import Figure, fig, symbolic, total
+from trainer.planner.estimate.figure import Figure, symbolic, total
 from trainer.planner.estimate.kernel_time import Work
 from trainer.planner.estimate.options import EstimateOptions
 from trainer.contract import ClusterSpec, ModelSpec, ParallelPlan, SpecError, check_plan
@@ -103,44 +104,16 @@ def _gb(x: float) -> str:
 
 
 def _parameters(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
-    m, c, plan = planner.model, planner.counts, numbers.plan
-    h, L, V, s = m.d_model, m.n_layers, m.vocab_size, m.seq_len
-    n_moe = len(m.moe_layers) if m.is_moe else 0
-    layers = "n_dense_layers·per_dense_block + n_moe_layers·per_moe_block" if m.is_moe else "n_layers·per_dense_block"
-    out = {
-        "total": fig(c.total, "parameters", f"{layers} + embedding + final_layernorm + head  (a tied head is the "
-                     "embedding, counted once: head 0)", n_layers=L, n_dense_layers=L - n_moe, n_moe_layers=n_moe,
-                     per_dense_block=c.per_dense_block, per_moe_block=c.per_moe_block, embedding=c.embedding,
-                     final_layernorm=P.final_layernorm_params(m), head=c.head, vocab_size=V, d_model=h, seq_len=s,
-                     block_formula="12h² + 13h for f = 4h, kv = h, biases (docs/formulas.md, Parameters)"),
-        "embedding": fig(c.embedding, "parameters", "V·h + s·h  (tokens, learned positions)"
-                         if m.positions == "learned" else "V·h", V=V, h=h, s=s),
-        "non_embedding": fig(c.non_embedding, "parameters", "total − embedding", total=c.total, embedding=c.embedding),
-        "matmul_per_token": fig(c.matmul_per_token, "parameters",
-                                ("n_dense_layers·dense_block_matmul + n_moe_layers·moe_block_matmul + V·h  (the "
-                                 "router and k of E experts in an MoE block; " if m.is_moe else
-                                 "n_layers·dense_block_matmul + V·h  (") + "block weight matrices and the head, "
-                                "tied or not; not embeddings, biases or LayerNorms)",
-                                n_layers=L, n_dense_layers=L - n_moe, n_moe_layers=n_moe,
-                                dense_block_matmul=P.block_matmul_params(m, False),
-                                moe_block_matmul=P.block_matmul_params(m, True), V=V, h=h),
-    }
-    if m.is_moe:
-        out["active"] = fig(c.active, "parameters", "total − n_moe_layers·(E − k)·expert  (k of E experts per MoE "
-                            "layer)", total=c.total, n_moe_layers=n_moe, E=m.n_experts, k=m.top_k,
-                            expert=P.expert_params(m))
+    m, plan = planner.model, numbers.plan
+    out = {name: _figure(term, args, "parameters") for name, (term, args) in P.count_terms(m).items()
+           if name != "active" or m.is_moe}
     counts, v_shape = planner.layout(plan)
     for st in numbers.stages:
         parts = P.rank_param_parts(m, plan.tp, plan.pp, plan.model_chunks, st.stage, plan.ep,
                                    last=M.holds_last_stage(plan, st.stage), counts=counts, v_shape=v_shape)
-        named = [f"{n}·{b}" for n, b in (("n_dense_layers", "dense_block"), ("n_moe_layers", "moe_block"))
-                 if parts[n]] + [n for n in ("embedding", "final") if parts[n]]
-        out[f"stage_{st.stage}_rank"] = fig(
-            st.params, "parameters", " + ".join(named or ["0"]) + "  (one block's share on tensor rank 0, split as "
-            "torch.chunk does, biases of row-parallel layers and LayerNorms replicated; an MoE block holds E/ep "
-            "experts and the whole router; embeddings on the first stage, final LayerNorm + head on the last; a "
-            "tied head on a pipeline's last stage is a copy)", **parts, stage=st.stage, tp=plan.tp, pp=plan.pp,
-            ep=plan.ep)
+        args = tuple(parts[name] for name in PM.RANK.params.split())
+        out[f"stage_{st.stage}_rank"] = _figure(PM.RANK, args, "parameters", stage=st.stage, tp=plan.tp, pp=plan.pp,
+                                                ep=plan.ep)
     return out
 
 
@@ -158,9 +131,7 @@ def _flops(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
            "hardware_per_step": _figure(F.PER_STEP, (hw, B, s), "FLOP")}
     if not m.is_moe and m.ffn == 4 * m.d_model and m.kv_heads == m.n_heads:
         full = ckpt == "full"
-        out["narayanan_check"] = _figure(F.NARAYANAN[full], (B, s, L, h, V), "FLOP",
-                                         note="Narayanan et al. 2021 eq. 3: equals model_per_step without recompute "
-                                              "and hardware_per_step with full recompute (N = 12·L·h² + V·h)")
+        out["narayanan_check"] = _figure(F.NARAYANAN[full], (B, s, L, h, V), "FLOP")
     return out
 
 
@@ -183,8 +154,8 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
     for name, terms in st.buffer_terms.items():
         if name == "recompute_working_set":
             layer = {saved.name: _saved_figure(saved) for saved in terms}
-            buffers[name] = total("bytes", layer, " + ".join(layer) + "  (one layer's activations without "
-                                  "recompute, re-created by the backward of a recomputed layer)")
+            buffers[name] = total("bytes", layer, note="one layer's activations without recompute, re-created by "
+                                  "the backward of a recomputed layer")
         else:
             (saved,) = terms
             buffers[name] = _saved_figure(saved)
@@ -199,12 +170,11 @@ def _stage_figures(planner: Planner, plan: ParallelPlan, st: StageMemory) -> dic
 
 
 def _overhead_figure(name: str, band: M.Band, planner: Planner, dynamic: float) -> Figure:
-    """One named overhead as expected, with its range in the formula's note."""
+    """One named overhead as expected, with its range."""
     if name == "fragmentation":
         expected, high = planner.fragmentation
         return _figure(MM.FRAGMENTATION, (expected, dynamic), "bytes", fragmentation_high=high, high=band.high)
-    return fig(band.expected, "bytes", f"expected  ({band.low / M.GIB:.2f} to {band.high / M.GIB:.2f} GiB)",
-               expected=band.expected)
+    return _figure(MM.FIXED_OVERHEAD, (band.expected,), "bytes", low=band.low, high=band.high)
 
 
 def _runs(layers: list[int]) -> list[list[int]]:
@@ -232,8 +202,7 @@ def _ring_figure(planner: Planner, plan: ParallelPlan, T: int, e: int, numbers: 
 
 
 def _work(work: Work, what: str) -> Figure:
-    return fig(work.seconds, "s", f"gemm + attention + elementwise  ({what}: GEMMs, the attention core, the kernels "
-               "that stream activations)", gemm=work.gemm, attention=work.attention, elementwise=work.elementwise)
+    return _figure(S.PASS_KERNELS, (work.gemm, work.attention, work.elementwise), "s", kernels_of=what)
 
 
 def _kernel_figures(planner: Planner, plan: ParallelPlan) -> dict[str, Figure]:
@@ -276,9 +245,7 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
         shown["ring_exposed_s"] = _ring_figure(planner, plan, m.seq_len // plan.cp * plan.micro_batch, e, numbers)
     if "pipeline_bubble" in time:
         shown["bubble"] = _term_figure(used, "bubble", "fraction")
-        work = {k: time[k] for k in IN_MICROBATCH if k in time}
-        shown["microbatch_work_s"] = fig(sum(work.values()), "s", " + ".join(work) + "  (a micro-batch's work: what "
-                                         "the bubble stretches)", **work)
+        shown["microbatch_work_s"] = _term_figure(used, "microbatch_work", "s")
     terms = {}
     for name, value in time.items():
         own = dict(shown)
@@ -288,9 +255,7 @@ def _time(planner: Planner, numbers: PlanNumbers) -> dict[str, Figure]:
             own["latency_s"] = _term_figure(used, f"latency_{group}", "s")
             extra = dict(micro_batches=plan.grad_accum, collectives=numbers.collectives.get(group, 0.0),
                          latency_hops=numbers.latency_hops.get(group, 0.0),
-                         bandwidth_rule="intra-node if group size × stride ≤ gpus_per_node, else inter-node "
-                                        "(a ring collective's: × its ranks on a node, at most intra-node); "
-                                        "× comm_efficiency")
+                         bandwidth_rule=BANDWIDTH_RULE)
         if name == "compute":
             pace_rank = planner.pace(plan)[0]
             extra = dict(hardware_flops_per_step=numbers.hardware_flops_per_step, gpus=plan.world_size,
@@ -339,16 +304,13 @@ def estimate(model: ModelSpec, plan: ParallelPlan, cluster: ClusterSpec, options
     capacity = planner.capacity_bytes
     memory = {
         "stages": stages,
-        "peak": fig(peak["total"].value, "bytes", ("max(" + ", ".join(f"stage_{st['stage']}" for st in stages)
-                                                   + ")  (the largest stage total)") if len(stages) > 1 else
-                    "stage_0  (the stage total)", stage=peak["stage"], rank=peak["rank"],
-                    **{f"stage_{st['stage']}": st["total"].value for st in stages}),
+        "peak": _figure(MM.peak(tuple(st["stage"] for st in stages)), tuple(st["total"].value for st in stages),
+                        "bytes", stage=peak["stage"], rank=peak["rank"]),
         "peak_stage": peak["stage"], "peak_rank": peak["rank"],
         "capacity": _figure(MM.CAPACITY, (cluster.gpu.memory_gb,), "bytes"),
         "band": numbers.peak_band.to_dict(),
         "fits": numbers.fits,
-        "rank_rule": "rank = ((stage·dp + d)·cp + c)·tp + j; the figures are for d = 0, c = 0, j = 0 (the largest "
-                     "shards)",
+        "rank_rule": RANK_RULE,
     }
     time = _time(planner, numbers)
     warnings = []

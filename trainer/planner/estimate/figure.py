@@ -54,9 +54,10 @@ def symbolic(value: float, unit: str, formula: str, symbols: dict[str, Term], **
     return Figure(value, unit, formula, {**found, **terms})
 
 
-def total(unit: str, parts: dict[str, Figure], formula: str = "") -> Figure:
-    """The sum of named parts; the formula lists them by name."""
-    return Figure(sum(p.value for p in parts.values()), unit, formula or " + ".join(parts) or "0", dict(parts))
+def total(unit: str, parts: dict[str, Figure], note: str = "") -> Figure:
+    """The sum of named parts; the formula lists them by name, ``note`` follows it."""
+    formula = " + ".join(parts) or "0"
+    return Figure(sum(p.value for p in parts.values()), unit, f"{formula}  ({note})" if note else formula, dict(parts))
 
 
 def walk(figure: Figure, prefix: str = "", depth: int = 0, max_depth: int = 99):

@@ -31,8 +31,11 @@ PER_STEP = Term(per_token * B * s, "per_token B s", "B sequences of s tokens")
 UTILISATION = Term(flops / step / (peak_flops * gpus), "flops step peak_flops gpus",
                    "FLOPs a step over what the devices could do in it")
 # Narayanan et al. 2021, eq. 3, with and without full recompute
-NARAYANAN = {True: Term(96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), "B s L h V"),
-             False: Term(72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L)), "B s L h V")}
+_NARAYANAN = "Narayanan et al. 2021 eq. 3, for dense models with f = 4h and kv = h: equals %s"
+NARAYANAN = {True: Term(96 * B * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h)), "B s L h V",
+                        _NARAYANAN % "hardware_per_step with full recompute"),
+             False: Term(72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L)), "B s L h V",
+                         _NARAYANAN % "model_per_step without recompute")}
 
 
 def matmul_params(model: ModelSpec) -> int:

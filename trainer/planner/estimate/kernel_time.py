@@ -26,6 +26,7 @@ from trainer.contract import ModelSpec, ParallelPlan
 from trainer.planner.estimate.gemms import Gemm, gemm_efficiency, layer_gemms, linear_gemms
 from trainer.planner.estimate.gpu_kernels import GpuKernels
 from trainer.planner.estimate.memory import activation_bytes_per_element
+from trainer.planner.estimate.step_model import PASS_KERNELS
 
 FLASH_BACKWARD_RATIO = 2.5   # a flash backward's FLOPs over its forward's (it recomputes the scores)
 MASK_BYTES = 1               # a dropout mask element (a bool)
@@ -41,7 +42,7 @@ class Work:
 
     @property
     def seconds(self) -> float:
-        return self.gemm + self.attention + self.elementwise
+        return PASS_KERNELS.function(self.gemm, self.attention, self.elementwise)
 
     def __add__(self, other: "Work") -> "Work":
         return Work(self.gemm + other.gemm, self.attention + other.attention, self.elementwise + other.elementwise)

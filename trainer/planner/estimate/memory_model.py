@@ -16,7 +16,9 @@ and after data-parallel sharding.
 """
 from __future__ import annotations
 
-from trainer.planner.estimate.expr import Term, ceil, floor, lift, minimum, symbols
+from functools import lru_cache
+
+from trainer.planner.estimate.expr import Term, ceil, floor, lift, maximum, minimum, symbols
 
 (T, s, h, f, a, t, e, r, r_ln) = symbols("T s h f a t e r r_ln")
 (e_stream, e_norm, ln_copies, norms, stat_bytes, mask_bytes) = symbols(
@@ -113,6 +115,18 @@ ACTIVATIONS = Term(in_flight * per_microbatch, "in_flight activations_per_microb
 FRAGMENTATION = Term(fragmentation * dynamic, "fragmentation dynamic",
                      "the allocator's loss of the dynamic part: activations in flight + buffers")
 CAPACITY = Term(memory_gb * 1e9, "memory_gb", "gpu.memory_gb")
+(expected,) = symbols("expected")
+FIXED_OVERHEAD = Term(expected, "expected", "its low and high beside it")
+
+
+@lru_cache(maxsize=None)
+def peak(stages: tuple[int, ...]) -> Term:
+    """A rank's peak over the totals of the pipeline ranks ``stages`` (those that may hold it): the largest."""
+    names = " ".join(f"stage_{stage}" for stage in stages)
+    if len(stages) == 1:
+        return Term(symbols(names)[0], names, "the stage total")
+    return Term(maximum(*symbols(names)), names, "the largest stage total")
+
 
 # ---- micro-batches in flight on a pipeline rank (docs/formulas.md, Pipeline bubble) ------------------------------
 IN_FLIGHT_ONE = Term(lift(1), "", "no pipeline: each micro-batch is freed after its backward")

@@ -27,6 +27,9 @@ from functools import lru_cache
 from trainer.contract import ModelSpec, ParallelPlan
 from trainer.contract.schedules import V_SCHEDULES
 from trainer.contract.stages import is_uneven, stage_layer_counts
+from trainer.planner.estimate.expr import Term
+from trainer.planner.estimate.params_model import (ACTIVE, EMBEDDING, EMBEDDING_LEARNED, MATMUL_PER_TOKEN,
+                                                    MATMUL_PER_TOKEN_MOE, NON_EMBEDDING, RANK, TOTAL, TOTAL_MOE)
 
 
 @dataclass(frozen=True)
@@ -143,21 +146,42 @@ def final_layernorm_params(model: ModelSpec) -> int:
 
 @lru_cache(maxsize=256)
 def count(model: ModelSpec) -> ParamCounts:
-    dense = _sum(block_tensors(model, False))
-    moe = _sum(block_tensors(model, True), model.n_experts) if model.is_moe else 0
-    moe_active = _sum(block_tensors(model, True), model.top_k) if model.is_moe else 0
+    counted = {name: term(*args) for name, (term, args) in count_terms(model).items()}
+    return ParamCounts(**counted, per_dense_block=_sum(block_tensors(model, False)),
+                       per_moe_block=_moe_block(model, model.n_experts), head=_head(model))
+
+
+def count_terms(model: ModelSpec) -> dict[str, tuple[Term, tuple[int, ...]]]:
+    """The terms ``count`` computes with and the numbers each takes: total, active, embedding, non_embedding and
+    matmul_per_token."""
     n_moe = len(model.moe_layers)
     n_dense = model.n_layers - n_moe
-    embedding = _sum(embedding_tensors(model))
-    final = _sum(final_tensors(model, False))
-    head = 0 if model.tied_embeddings else model.vocab_size * model.d_model
-    blocks = n_dense * dense + n_moe * moe
-    active_blocks = n_dense * dense + n_moe * moe_active
-    matmul = n_dense * block_matmul_params(model, False) + n_moe * block_matmul_params(model, True) \
-        + model.vocab_size * model.d_model
-    return ParamCounts(total=embedding + blocks + final, active=embedding + active_blocks + final,
-                       embedding=embedding, non_embedding=blocks + final, per_dense_block=dense,
-                       per_moe_block=moe, head=head, matmul_per_token=matmul)
+    V, h = model.vocab_size, model.d_model
+    dense = _sum(block_tensors(model, False))
+    embedding = (EMBEDDING_LEARNED, (V, h, model.seq_len)) if model.positions == "learned" else (EMBEDDING, (V, h))
+    embedding_params = embedding[0](*embedding[1])
+    outside = (embedding_params, final_layernorm_params(model), _head(model))
+    if model.is_moe:
+        total = (TOTAL_MOE, (n_dense, dense, n_moe, _moe_block(model, model.n_experts), *outside))
+        matmul = (MATMUL_PER_TOKEN_MOE, (n_dense, block_matmul_params(model, False), n_moe,
+                                         block_matmul_params(model, True), V, h))
+    else:
+        total = (TOTAL, (model.n_layers, dense, *outside))
+        matmul = (MATMUL_PER_TOKEN, (model.n_layers, block_matmul_params(model, False), V, h))
+    total_params = total[0](*total[1])
+    return {"total": total, "embedding": embedding, "matmul_per_token": matmul,
+            "active": (ACTIVE, (total_params, n_moe, model.n_experts, model.top_k, expert_params(model))),
+            "non_embedding": (NON_EMBEDDING, (total_params, embedding_params))}
+
+
+def _moe_block(model: ModelSpec, experts: int) -> int:
+    """One MoE block with ``experts`` routed experts, its router and shared expert; 0 for a dense model."""
+    return _sum(block_tensors(model, True), experts) if model.is_moe else 0
+
+
+def _head(model: ModelSpec) -> int:
+    """The LM head's parameters: V·h when untied, else 0 (the embedding)."""
+    return 0 if model.tied_embeddings else model.vocab_size * model.d_model
 
 
 Layout = tuple[tuple[int, ...], bool]  # (every stage's layer count in model order, or () for equal stages; V-shaped)
@@ -207,8 +231,9 @@ def rank_params(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: 
     ``last``: whether the rank holds the final LayerNorm and head (default: the last rank; a V-shaped schedule
     puts them on the first). ``counts``, ``v_shape``: the plan's layout (``layout``; equal stages by default).
     """
-    p = rank_param_parts(model, tp, pp, virtual_stages, stage, ep, shard, tp_rank, shard_rank, last, counts, v_shape)
-    return p["n_dense_layers"] * p["dense_block"] + p["n_moe_layers"] * p["moe_block"] + p["embedding"] + p["final"]
+    parts = rank_param_parts(model, tp, pp, virtual_stages, stage, ep, shard, tp_rank, shard_rank, last, counts,
+                             v_shape)
+    return RANK(*(parts[name] for name in RANK.params.split()))
 
 
 def rank_param_parts(model: ModelSpec, tp: int, pp: int, virtual_stages: int, stage: int, ep: int = 1,

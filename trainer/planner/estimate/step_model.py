@@ -10,6 +10,8 @@ bytes an activation element; the rest are named for what they are.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from trainer.contract import ParallelPlan
 from trainer.contract.schedules import ZERO_BUBBLE
 from trainer.planner.estimate.expr import Term, ceil, maximum, symbols
@@ -44,6 +46,9 @@ COMPUTE_KERNELS = Term(m * ((layers - moe_stage) * dense_s + moe_stage * moe_s +
                        "kernel by kernel on the pacing rank: each GEMM at the GPU's measured rate and its shape's tile "
                        "and wave efficiency, attention, and the kernels that stream activations through HBM; "
                        "docs/formulas.md, Compute from the kernels")
+(gemm, attention, elementwise) = symbols("gemm attention elementwise")
+PASS_KERNELS = Term(gemm + attention + elementwise, "gemm attention elementwise",
+                    "a pass's GEMMs, its attention core and the kernels that stream activations")
 KERNEL_EFFICIENCY = Term(AT_PEAK / compute_s, PACE + " compute_s", "what the kernels reach of the peak")
 
 # ---- host work a micro-batch dispatches ------------------------------------------------------------------------
@@ -106,6 +111,14 @@ DATA_PARALLEL_ZERO3 = Term((1 - overlap) * (2 * m * (d - 1) / d * P_rank * e / b
                            "reduce-scatter of the gradients")
 
 # ---- the pipeline's bubble (docs/formulas.md, Pipeline bubble) -------------------------------------------------
+@lru_cache(maxsize=None)
+def microbatch_work(parts: tuple[str, ...]) -> Term:
+    """A micro-batch's work, what the bubble stretches: the sum of the step's ``parts`` that each micro-batch pays
+    (``numbers.IN_MICROBATCH``, those of the plan)."""
+    first, *rest = symbols(" ".join(parts))
+    return Term(sum(rest, first), " ".join(parts), "a micro-batch's work: what the bubble stretches")
+
+
 PIPELINE_BUBBLE = Term(work * bubble, "microbatch_work_s bubble",
                        "a micro-batch's work, idle for the bubble's share of it")
 BUBBLE = Term((p - 1) / (v * m), "p v m", "the work of p − 1 micro-batches spread over v·m, idle in the fill and drain")
