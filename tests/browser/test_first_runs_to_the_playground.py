@@ -110,31 +110,54 @@ def test_it_takes_two_runs_from_the_wizard_through_their_pages_and_deployment_to
     page.get_by_label("Deployment").select_option(str(deployments[0].pk))
     page.get_by_label("Compare with").select_option(str(deployments[1].pk))
     page.get_by_label("Input").fill("ROMEO:")
-    # long enough to arrive over several reads of the stream (200 came whole, twice, once the engine decoded faster)
-    page.get_by_label("Max tokens").fill("800")
-    pieces = _generate_and_watch(page)
-    if not _streamed(pieces):
-        # a browser starved of CPU (the other test worker busy) may read both short answers whole; a page that
-        # does not stream reads them whole every time
-        pieces = _generate_and_watch(page)
-    assert _streamed(pieces), f"both outputs arrived in one read of their streams, twice, not streamed: {pieces}"
+    page.get_by_label("Max tokens").fill("200")
+    _generate_and_watch(page)
     check_page(page, "first-playground", phone=True)
 
 
-def _generate_and_watch(page) -> dict[int, list]:
-    """Generate, check each output, and return how the page wrote each: one [length, records] per read of the stream
-    (the text's length then, and one record per token event written)."""
-    # the page resets its panels once the request is prepared: the last answer's "ended" must not count for this one
-    page.evaluate("""() => { window.pieces = {1: [], 2: []};
-        [1, 2].forEach(n => { document.querySelector(`[data-testid=finish-${n}]`).textContent = ""; });
-        (window.watchers || []).forEach(watcher => watcher.disconnect());
-        window.watchers = [1, 2].map(n => {
+# Holds the end of each event stream the page reads (every byte passes, only the close waits) until the test
+# releases it: a page that shows text before then renders events as they arrive, one that reads the body whole shows
+# nothing. Waiting on that event, not on how the bytes happened to be split into reads, keeps the check exact.
+HOLD_STREAM_ENDS = """() => {
+  window.heldStreams = [];
+  const fetchPage = window.fetch;
+  window.fetch = async (...args) => {
+    const response = await fetchPage(...args);
+    if (!(response.headers.get("Content-Type") || "").includes("event-stream")) return response;
+    const reader = response.body.getReader();
+    let release;
+    const released = new Promise(resolve => { release = resolve; });
+    window.heldStreams.push(release);
+    const body = new ReadableStream({async pull(controller) {
+      const {value, done} = await reader.read();
+      if (!done) { controller.enqueue(value); return; }
+      await released;
+      controller.close();
+    }});
+    return new Response(body, {status: response.status, headers: response.headers});
+  };
+}"""
+
+
+def _generate_and_watch(page) -> None:
+    """Generate with the streams' ends held: each output shows text while its stream is open, written token by
+    token; released, each ends with its counts and timings."""
+    page.evaluate(HOLD_STREAM_ENDS)
+    page.evaluate("""() => { window.records = {1: 0, 2: 0};
+        [1, 2].forEach(n => {
           const out = document.querySelector(`[data-testid=output-${n}]`);
-          const watcher = new MutationObserver(records => window.pieces[n].push([out.textContent.length, records.length]));
-          watcher.observe(out, {childList: true, characterData: true, subtree: true});
-          return watcher;
+          new MutationObserver(records => {
+            window.records[n] += records.filter(r => r.addedNodes.length || r.type === "characterData").length; })
+            .observe(out, {childList: true, characterData: true, subtree: true});
         }); }""")
     page.get_by_role("button", name="Generate").click()
+    # text (often line breaks only, which Playwright's emptiness ignores) in both outputs
+    page.wait_for_function("() => [1, 2].every(n => document.querySelector(`[data-testid=output-${n}]`)"
+                           ".textContent.length > 0)", timeout=60_000)
+    assert page.evaluate("() => window.heldStreams.length") == 2
+    for n in (1, 2):   # still open: the page has not seen either stream end
+        expect(page.get_by_test_id(f"finish-{n}")).to_have_text("")
+    page.evaluate("() => window.heldStreams.forEach(release => release())")
     for n in (1, 2):
         expect(page.get_by_test_id(f"finish-{n}")).to_contain_text("ended", timeout=60_000)
         expect(page.get_by_test_id(f"counts-{n}")).to_have_text(re.compile(r"prompt \d+ tokens · completion \d+ tokens"))
@@ -147,12 +170,5 @@ def _generate_and_watch(page) -> dict[int, list]:
         expect(output.locator(".unseen")).to_have_count(
             sum(unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp") for c in text))
         expect(output.locator(".undecodable")).to_have_count(text.count("\ufffd"))
-    pieces = {n: [piece for piece in page.evaluate(f"() => window.pieces[{n}]") if piece[0]] for n in (1, 2)}
-    for n, seen in pieces.items():
-        assert sum(records for _, records in seen) > 1, f"output {n} was written at once, not token by token: {seen}"
-    return pieces
-
-
-def _streamed(pieces: dict[int, list]) -> bool:
-    """At least one output arrived over several reads of its stream."""
-    return any(len({length for length, _ in seen}) > 1 for seen in pieces.values())
+    records = page.evaluate("() => window.records")
+    assert all(count > 1 for count in records.values()), f"an output was written at once, not token by token: {records}"
