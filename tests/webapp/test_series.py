@@ -125,14 +125,17 @@ def test_a_chart_of_a_long_run_reads_a_few_thousand_rows_not_the_run(run):
 def test_the_endpoint_serves_named_series_to_those_who_may_see_the_run(alice, bob, api, run):
     append_metrics(run, [step_record(s, 2.0, lr=1e-3 * s) for s in range(1, 11)] + [eval_record(10, 2.5)])
     answer = api(alice).get(f"/api/runs/{run.id}/series/", {"names": "loss,lr,val_loss", "x": "step",
-                                                            "start": "", "end": "", "points": 2000}).json()
+                                                            "points": 2000}).json()
     assert set(answer["series"]) == {"loss", "lr", "val_loss"} and answer["x"] == "step"
     assert answer["series"]["lr"]["points"][-1] == [10, pytest.approx(1e-2)]
     assert answer["series"]["val_loss"] == {"points": [[10, 2.5]], "downsampled": False, "count": 1}
     assert api(bob).get(f"/api/runs/{run.id}/series/").status_code == 404
     for bad in ({"names": "loss,nope"}, {"x": "epoch"}, {"start": 5, "end": 4}, {"points": 1}, {"start": "nan"},
-                {"end": "1e300"}):
+                {"end": "1e300"}, {"x": ""}, {"start": "", "end": ""}):
         assert api(alice).get(f"/api/runs/{run.id}/series/", bad).status_code == 400, bad
+    # an empty parameter is not the default: the answer says to give a value or leave it out
+    assert api(alice).get(f"/api/runs/{run.id}/series/", {"x": ""}).json() == {
+        "x": ["give a value, or leave the parameter out"]}
     for x in ("step", "tokens", "time"):  # the widest range each axis takes
         assert api(alice).get(f"/api/runs/{run.id}/series/", {"x": x, "start": -2.0**63, "end": 2.0**63}).json()[
             "series"]["loss"]["count"] == 10

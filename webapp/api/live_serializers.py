@@ -75,7 +75,18 @@ class SeriesName(serializers.CharField):
         return value
 
 
-class SeriesQuery(serializers.Serializer):
+class Query(serializers.Serializer):
+    """A query string's parameters. A parameter given empty (``?x=``) is refused, as the schema says: DRF would read
+    it as left out and answer with the default, which the client did not ask for."""
+
+    def to_internal_value(self, data):
+        empty = [name for name in self.fields if name in data and data.get(name) == ""]
+        if empty:
+            raise serializers.ValidationError({name: ["give a value, or leave the parameter out"] for name in empty})
+        return super().to_internal_value(data)
+
+
+class SeriesQuery(Query):
     names = CommaSeparated(SeriesName(), most=MAX_SERIES, required=False)
     x = serializers.ChoiceField(choices=X_UNITS, default="step",
                                 help_text="the x axis: step, tokens (tokens seen) or time (seconds since the first "
@@ -102,7 +113,7 @@ IDS_PARAMETER = comma_parameter("ids", {"type": "integer", "minimum": 1, "maximu
                                 f"the runs to compare, comma-separated (at most {MAX_COMPARED})", required=True)
 
 
-class LogQuery(serializers.Serializer):
+class LogQuery(Query):
     rank = serializers.IntegerField(required=False, min_value=0, max_value=2**20 - 1,
                                     help_text="read logs/rank-<rank>.log")
     file = serializers.CharField(required=False, max_length=100,
@@ -117,16 +128,16 @@ class LogQuery(serializers.Serializer):
         return attrs
 
 
-class EventQuery(serializers.Serializer):
+class EventQuery(Query):
     after = serializers.IntegerField(required=False, min_value=0, max_value=MAX_ID,
                                      help_text="only events with a larger id (the last id you have)")
 
 
-class RankQuery(serializers.Serializer):
+class RankQuery(Query):
     steps = serializers.IntegerField(default=100, min_value=1, max_value=1000, help_text="latest steps to fold")
 
 
-class UpdatesQuery(serializers.Serializer):
+class UpdatesQuery(Query):
     after_event = serializers.IntegerField(required=False, min_value=0, max_value=MAX_ID,
                                            help_text="the last event id you have (none: every event is new)")
     after_step = serializers.IntegerField(required=False, min_value=0, max_value=MAX_STEP,
