@@ -66,6 +66,14 @@ class TritonMetrics:
         self.tokens = tokens.Metric(labels=labels)
         self.sequences = active.Metric(labels=labels)
 
+    def close(self) -> None:
+        """Deletes every metric, then the families, in the model's ``finalize``: Triton wants a family deleted after
+        its metrics, and each deletion is a message to the server. Left to the interpreter's own teardown, the order
+        is arbitrary and the server may be unreachable by then (a crashed stub, an aborted server)."""
+        families = self.families
+        vars(self).clear()  # the metrics go; the families are still held here
+        families.clear()
+
     def finished(self, completion_tokens: int, decode_seconds: float, reason: str) -> None:
         if reason not in self.by_reason:
             self.by_reason[reason] = self.requests.Metric(labels={**self.labels, "finish_reason": reason})

@@ -179,3 +179,4 @@ class TritonPythonModel:
         self.outbox.close()
         if self.leader is not None:
             self.leader.close()
+        self.metrics.close()

@@ -17,6 +17,7 @@ This file stands alone: vLLM, numpy and tokenizers, in the Python the backend st
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 import json
 import locale
@@ -190,6 +191,24 @@ class TritonPythonModel:
         self.metrics.finished(completion, decode_seconds, reason)
 
     def finalize(self):
-        self.engine.shutdown()
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=30)
+        """Triton calls this once the model's requests are answered. Everything is torn down here, while the stub's
+        interpreter and its link to the server still work: vLLM's engine process, the engine object (its ``__del__``
+        would otherwise run in the interpreter's own teardown, and fail), the loop, then the metrics. Left to that
+        teardown, the stub crashed on unload and took the server with it."""
+        async def stop_reading():  # vLLM stops its engine process first, and the task reading it would log that as
+            handler = getattr(self.engine, "output_handler", None)  # an error: that task is cancelled before
+            if handler is not None:
+                handler.cancel()
+                await asyncio.wait([handler])
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop_reading(), self.loop).result(timeout=30)
+            self.engine.shutdown()
+        finally:
+            self.engine = None
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=30)
+            if not self.thread.is_alive():
+                self.loop.close()
+            gc.collect()  # vLLM's objects, and any cycle holding a metric, go now rather than at teardown
+            self.metrics.close()

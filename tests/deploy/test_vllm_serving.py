@@ -13,16 +13,18 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from deploy.client import GenerateParams
-from deploy.export import ExportOptions
+from deploy.client import GenerateParams, TritonError
+from deploy.export import ExportOptions, export
 from deploy.prepare import ExportError
 from deploy.vllm import entry, rules, support
 from tests.deploy.test_export_families import family_checkpoint
@@ -37,6 +39,11 @@ LLAMA = dict(d_model=128, n_heads=2, n_kv_heads=1, seq_len=8192)
 GPT = dict(d_model=128, n_heads=2, seq_len=256)
 PROMPTS = ["ROMEO:", "First Citizen:\nWe are"]
 NAME = "vllm-llama"
+# unload-and-load cycles of the vLLM model while another model answers: one in the suite (a vLLM engine takes
+# 35-45 s to start here), more on demand: WORKBENCH_VLLM_RELOADS=5 pytest tests/deploy/test_vllm_serving.py -k reload
+RELOADS = int(os.environ.get("WORKBENCH_VLLM_RELOADS", "1"))
+# what Triton's log says when a model's stub process crashes or the server aborts
+CRASH_MARKERS = ("Segfault encountered", "Segmentation fault", "lock_exception", "is not callable", "core dumped")
 
 
 def _export_command(checkpoint: Path, repository: Path, name: str) -> list[str]:
@@ -221,3 +228,57 @@ def test_the_head_sizes_are_those_of_the_installed_vllm():
                    if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes"]
     (returned,) = [node.value for node in ast.walk(function) if isinstance(node, ast.Return)]
     assert tuple(ast.literal_eval(returned)) == rules.CPU_HEAD_SIZES
+
+
+def _state(client, model: str) -> str:
+    return next((m.get("state", "") for m in client.repository_index() if m["name"] == model), "")
+
+
+def _keep_asking(triton, model: str, stop: threading.Event, answers: list, errors: list) -> None:
+    """The other deployment's steady client: one short greedy request after another until ``stop``."""
+    with triton.client(timeout_s=120) as client:
+        while not stop.is_set():
+            try:
+                answers.append(client.generate(model, GenerateParams("ROMEO:", max_tokens=4), "grpc").token_ids)
+            except TritonError as exc:
+                errors.append(exc)
+
+
+def test_it_unloads_and_reloads_while_another_model_answers(served, reference, triton, llama):
+    """Each cycle unloads the vLLM model with a stream still answering (Triton lets it finish first) and loads it
+    again, while the workbench engine's export of the same checkpoint answers a steady client: that
+    client never errs, the reloaded model answers greedily again, and Triton's log shows no crashed stub."""
+    client, _ = served
+    other = "workbench-llama"
+    export(llama, triton.repository, ExportOptions(name=other, measure=False))
+    client.load(other)
+    log_start = triton.log_path.stat().st_size
+    stop, answers, errors = threading.Event(), [], []
+    asker = threading.Thread(target=_keep_asking, args=(triton, other, stop, answers, errors))
+    asker.start()
+    try:
+        for cycle in range(RELOADS):
+            stream = client.stream(NAME, GenerateParams("ROMEO:", max_tokens=64), "grpc")
+            received = [next(stream) for _ in range(3)]
+            client.unload(NAME)
+            received += list(stream)  # the rest of the answer, up to its last response
+            assert [t for c in received for t in c.token_ids] == reference("ROMEO:", 64), cycle
+            assert (received[-1].finish_reason, received[-1].completion_tokens) == ("length", 64), cycle
+            deadline = time.monotonic() + 120
+            while _state(client, NAME) == "READY":  # the event: Triton has unloaded it (its finalize has run)
+                assert time.monotonic() < deadline, f"cycle {cycle}: still loaded 120 s after the unload"
+                time.sleep(0.05)
+            answered_before = len(answers)
+            client.load(NAME)
+            assert client.generate(NAME, GenerateParams("ROMEO:", max_tokens=20), "grpc").token_ids == \
+                reference("ROMEO:", 20), cycle
+            assert len(answers) > answered_before, f"cycle {cycle}: the other model answered nothing meanwhile"
+    finally:
+        stop.set()
+        asker.join()
+        client.unload(other)
+    assert not errors, errors[:3]
+    assert all(a == reference("ROMEO:", 4) for a in answers)
+    assert triton.process.poll() is None, "the server exited"
+    log = triton.log_path.read_bytes()[log_start:].decode(errors="replace")
+    assert not [m for m in CRASH_MARKERS if m in log], log[-3000:]
