@@ -33,7 +33,6 @@ def job_id_of(pid: int) -> str:
 
 def _supervise(run_dir: Path, name: str, command: list[str], stdout: Path | None = None) -> None:
     job_id = job_id_of(os.getpid())
-    write_json_atomic(run_dir / JOB_FILE, {"name": name, "job_id": job_id})
     attempt = int(os.environ.get(ATTEMPT_ENV) or 0)
     append_jsonl(run_dir / JOBS, event(Event.JOB_STARTED, -1, attempt=attempt, job_id=job_id))
     log_path = run_dir / LOGS / LOG_FILE
@@ -65,8 +64,11 @@ def main(argv: list[str]) -> int:
     pid = os.fork()
     if pid:
         # the child's id, read while it is still ours to read: ended or not, it stays a zombie (its start time kept)
-        # until this parent exits, so a job that ends at once has an id all the same
-        print(job_id_of(pid), flush=True)
+        # until this parent exits, so a job that ends at once has an id all the same. Its record is written before
+        # the launcher hears the id, so that a launch delivered again at once finds the job instead of starting one.
+        job_id = job_id_of(pid)
+        write_json_atomic(Path(run_dir) / JOB_FILE, {"name": name, "job_id": job_id})
+        print(job_id, flush=True)
         return 0
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)

@@ -176,7 +176,13 @@ def _abandon_a_stream(client) -> tuple[dict[str, float], int, float]:
 
 def test_it_stops_the_sequence_of_a_client_that_disconnects(served):
     client, _ = served
-    ended, received, generated = _abandon_a_stream(client)
+    # the departure travels to the stub behind the responses already queued for the client: on a machine loaded
+    # enough, vLLM can decode the whole window first, and the request ends "length". Then it is tried again: a
+    # server that never stops a sequence fails every try.
+    for _ in range(3):
+        ended, received, generated = _abandon_a_stream(client)
+        if ended["length"] == 0:
+            break
     assert ended["cancelled"] == 1 and ended["length"] == 0, f"vLLM's request was not aborted: {ended}, {received} " \
                                                              f"received"
     # aborted before the end of its window of 8,192 positions; how far it got is how long the disconnect took to

@@ -67,9 +67,10 @@ def test_it_documents_each_operations_error_answers_with_their_bodies(db, client
 # schema-violating data refused and schema-valid data accepted; credentials enforced (each request is sent again
 # without them); methods the schema lists none for refused; and, statefully, a deleted object stays gone and a created
 # one can be fetched. (max_response_time is off, as it is unless given a limit: timings are not this test's subject.)
-# A larger run (a few thousand requests: set both higher) takes these from the environment.
-FUZZED_REQUESTS = int(os.environ.get("SCHEMA_FUZZ_REQUESTS", 1500))
-STATEFUL_SCENARIOS, STATEFUL_STEPS = int(os.environ.get("SCHEMA_FUZZ_SCENARIOS", 60)), 10
+# The suite sends about a thousand; a larger run takes its sizes from the environment (SCHEMA_FUZZ_REQUESTS=6000
+# SCHEMA_FUZZ_SCENARIOS=200: about 8,000 requests, three minutes here).
+FUZZED_REQUESTS = int(os.environ.get("SCHEMA_FUZZ_REQUESTS", 750))
+STATEFUL_SCENARIOS, STATEFUL_STEPS = int(os.environ.get("SCHEMA_FUZZ_SCENARIOS", 30)), 10
 # Triton unreachable (the populated server's URL points where nothing listens), or failing: documented, with why.
 MODEL_SERVER_ANSWERS = {502, 503}
 # Operations whose schema-valid requests may still be refused (400), each for a rule JSON Schema cannot state: a
@@ -163,7 +164,7 @@ class Tally:
 
 
 @pytest.mark.slow
-def test_it_answers_2000_generated_requests_as_its_schema_says_under_every_check(populated, keep_test_connection):
+def test_it_answers_1000_generated_requests_as_its_schema_says_under_every_check(populated, keep_test_connection):
     schema = schemathesis.openapi.from_wsgi("/api/schema/", get_wsgi_application(),
                                             headers={"Accept": "application/vnd.oai.openapi+json"})
     tokens = {role: {"Authorization": f"Token {user.auth_token.key}"} for role, user in populated.items()}
@@ -208,5 +209,5 @@ def test_it_answers_2000_generated_requests_as_its_schema_says_under_every_check
           f"{len(tally.operations)} operations; "
           f"statuses: {dict(sorted(tally.statuses.items()))}")
     assert not tally.failures, f"{len(tally.failures)} failed:\n" + "\n".join(tally.failures[:10])
-    assert tally.sent >= 2000 and tally.sent - fuzzed >= 300
+    assert tally.sent >= 1000 and tally.sent - fuzzed >= 150
     assert tally.statuses[200] + tally.statuses[201] > 100, tally.statuses  # the generator reached real objects
