@@ -23,6 +23,8 @@ from ..models import Deployment, PlaygroundRecord
 from ..selectors.deployments import ready_deployments
 from ..selectors.playground import playground_history, template_versions
 from ..services import playground as service
+from ..services.context_window import PromptRefused, fit_prompt
+from ..services.triton import ServingUnavailable
 
 MAX_TEMPLATE_CHARS = 10_000
 MAX_EXAMPLE_CHARS = 10_000
@@ -138,6 +140,21 @@ class _AnsweredForm(TemplateForm):
             return "the prompt is empty: type something"
         if len(prompt) > MAX_PROMPT_CHARS:
             return f"the prompt written out has {len(prompt):,} characters; at most {MAX_PROMPT_CHARS:,}"
+        return self._beyond_context(prompt)
+
+    def _beyond_context(self, prompt: str) -> str:
+        """Where the prompt and the answer asked for do not fit a chosen model's context: refused as /v1 refuses
+        it, with its message (the engines would slide their window along instead, and answer from a cut prompt)."""
+        max_tokens = self.cleaned_data.get("max_tokens")
+        if max_tokens is None or "deployment" not in self.cleaned_data:
+            return ""
+        for deployment in self.deployments():
+            try:
+                fit_prompt(deployment, prompt, max_tokens=max_tokens, default_max_tokens=max_tokens)
+            except PromptRefused as refused:
+                return f"{deployment.model_name}: {refused}"
+            except ServingUnavailable:
+                pass  # its tokenizer cannot be read: the answer's stream says so
         return ""
 
 
@@ -176,6 +193,13 @@ class SetForm(_AnsweredForm):
         return data
 
 
+class GeneratedText(forms.CharField):
+    """Text a model generated, or its server said: kept whatever it holds (a plain CharField refuses a NUL)."""
+
+    def to_python(self, value):
+        return service.keepable(super().to_python(value))
+
+
 class RecordForm(forms.Form):
     """What the page posts when a streamed generation ends: the request, the answer, what it measured."""
 
@@ -185,8 +209,8 @@ class RecordForm(forms.Form):
     examples = forms.JSONField(required=False)
     prompt = forms.CharField(strip=False, max_length=MAX_PROMPT_CHARS)
     sampling = forms.JSONField(required=False)
-    output = forms.CharField(required=False, strip=False, max_length=4 * MAX_PROMPT_CHARS)
-    error = forms.CharField(required=False, max_length=10_000)
+    output = GeneratedText(required=False, strip=False, max_length=4 * MAX_PROMPT_CHARS)
+    error = GeneratedText(required=False, max_length=10_000)
     finish_reason = forms.CharField(required=False, max_length=16)
     prompt_tokens = forms.IntegerField(required=False, min_value=0)
     completion_tokens = forms.IntegerField(required=False, min_value=0)

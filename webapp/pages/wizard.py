@@ -21,6 +21,7 @@ from ..api.errors import ClientInputError, computing_on, require_finite
 from ..api.planner_requests import EstimateRequestSerializer, TuneRequestSerializer
 from ..models import ModelConfig, ParallelismPlan, Run
 from ..selectors.calibration import calibrated_estimate
+from ..services.deployments import model_engines
 from .wizard_figures import estimate_view, tune_view
 from .wizard_forms import Parts, Wizard, default_data
 
@@ -90,8 +91,17 @@ def _context(wizard: Wizard, answer: dict | None, **more) -> dict:
         form.mark_invalid()
     steps = wizard.run.cleaned_data.get("steps") if hasattr(wizard.run, "cleaned_data") else None
     return {"wizard": wizard, "model": wizard.model, "plan": wizard.plan, "run": wizard.run,
-            "estimate": estimate_view(answer, steps), "error_lists": wizard.error_lists(),
-            "summary": wizard.all_errors(), **more}
+            "estimate": estimate_view(answer, steps), "serving": _serving(wizard) if answer else [],
+            "error_lists": wizard.error_lists(), "summary": wizard.all_errors(), **more}
+
+
+def _serving(wizard: Wizard) -> list[dict]:
+    """The engines that will serve the model as typed, on each kind of server (the model is valid: it has an
+    estimate)."""
+    try:
+        return model_engines(ModelSpec.from_dict(wizard.model.spec_dict()))
+    except (SpecError, TypeError):
+        return []
 
 
 # -- launching ----------------------------------------------------------------------------------------------------

@@ -56,6 +56,17 @@ def engine_problems(spec: ModelSpec, engine: str, server: TritonServer, reductio
     return vllm_rules.problems(spec, reduction, tensor_parallel, server.instance_kind, cpu_cores=cores)
 
 
+def model_engines(spec: ModelSpec) -> list[dict[str, str]]:
+    """What will serve a model once it is trained, said before it is: each engine on a CPU and on a GPU server, in
+    full precision on one rank, with why it cannot where it cannot (the deploy page's own rules)."""
+    found = []
+    for kind in TritonServer.InstanceKind.values:
+        server = TritonServer(instance_kind=kind, kind=TritonServer.Kind.EXTERNAL)
+        found += [{"engine": label, "kind": kind.upper(), "refused": "; ".join(engine_problems(spec, engine, server))}
+                  for engine, label in Deployment.Engine.choices]
+    return found
+
+
 def checkpoint_engines(checkpoint: Checkpoint, server: TritonServer | None) -> dict[str, str]:
     """Each engine → why it cannot serve ``checkpoint`` on ``server`` (a CPU server where none is chosen) in full
     precision on one rank, '' where it can (what the deploy page offers)."""

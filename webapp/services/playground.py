@@ -96,7 +96,16 @@ def prompt_template_save(*, owner, name: str, template: str, examples: list[dict
 
 # -- history ------------------------------------------------------------------------------------------------------
 
+NUL_KEPT_AS = "\u2400"  # ␀, the character made to show a NUL: neither database keeps a NUL in text
+
+
+def keepable(text: str) -> str:
+    """``text`` as the history can keep it: what a model generates may hold a NUL, kept as ␀."""
+    return text.replace("\x00", NUL_KEPT_AS)
+
+
 def playground_record(*, owner, deployment: Deployment | None, **fields) -> PlaygroundRecord:
+    fields = {name: keepable(value) if isinstance(value, str) else value for name, value in fields.items()}
     model_name = deployment.model_name if deployment is not None else fields.pop("model_name", "")
     return PlaygroundRecord.objects.create(owner=owner, deployment=deployment, model_name=model_name, **fields)
 

@@ -4,6 +4,7 @@ streamed, templates saved as versions, the history of what each user asked, and 
 import json
 
 import pytest
+from rest_framework.test import APIClient
 
 from tests.webapp import serving
 from webapp import models
@@ -61,8 +62,11 @@ def test_it_says_where_to_go_when_nothing_is_ready(client, alice):
     assert '<button type="submit" id="generate" disabled>Generate</button>' in page
 
 
-def test_it_writes_the_prompt_from_the_template_and_the_examples(client, alice, ready):
-    few = service.PRESETS["few-shot"]
+def test_it_writes_the_prompt_from_the_template_and_the_examples(client, alice, nowhere, data_root):
+    few = service.PRESETS["few-shot"]  # its prompt is more than the small model's 64 tokens: a model of 1,024
+    wide = serving.imported(alice, serving.checkpoint_folder(data_root / "wide",
+                                                             model=serving.SMALL_MODEL.replace(seq_len=1024)))
+    ready = serving.deployment(alice, wide, nowhere, model_name="wide")
     answer = _prepare(client, alice, deployment=ready.pk, template=few["template"],
                       examples=json.dumps(few["examples"][:2]), input="Who wrote Macbeth?", seed="7",
                       stop="\\n\\n\nQ:", temperature="0.7", top_k="40", top_p="0.9")
@@ -73,7 +77,7 @@ def test_it_writes_the_prompt_from_the_template_and_the_examples(client, alice, 
                               "Q: Who wrote Macbeth?\nA:")
     assert body["params"] == {"temperature": 0.7, "top_k": 40, "top_p": 0.9, "max_tokens": 8, "seed": 7,
                               "stop": ["\n\n", "Q:"]}
-    assert body["deployments"] == [{"id": ready.pk, "model_name": "alice-ready", "server": "nowhere",
+    assert body["deployments"] == [{"id": ready.pk, "model_name": "wide", "server": "nowhere",
                                     "url": f"/api/deployments/{ready.pk}/generate/"}]
 
 
@@ -183,6 +187,34 @@ def test_it_keeps_each_users_requests_and_lists_them_to_that_user_only(client, a
     client.force_login(bob)
     assert f"history-{kept.pk}" not in client.get("/playground/history/").content.decode()
     assert f"history-{kept.pk}" not in client.get("/playground/").content.decode()
+
+
+def test_a_prompt_and_answer_beyond_the_models_context_are_refused_as_v1_refuses_them(client, alice, ready):
+    """The small model's context is 64 tokens, its tokens the text's bytes: the page refuses before streaming, with
+    /v1's message, where the engine would otherwise answer from a window slid past the prompt."""
+    v1 = APIClient()
+    v1.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.auth_token.key}")
+    for fields, v1_request in [({"max_tokens": "64"}, {"prompt": "ROMEO:", "max_tokens": 64}),
+                               ({"input": "x" * 70}, {"prompt": "x" * 70, "max_tokens": 8})]:
+        refused = _prepare(client, alice, deployment=ready.pk, **fields).json()["errors"]["input"]
+        v1_said = v1.post("/v1/completions", {"model": "alice-ready", **v1_request}, format="json")
+        assert refused == [f"alice-ready: {v1_said.json()['error']['message']}"], refused
+        assert "maximum context length is 64 tokens" in refused[0]
+    prompts = _run_set(client, alice, ready, "short\n" + "x" * 70 + "\n").content.decode()
+    assert "prompt 2: alice-ready: This model&#x27;s maximum context length is 64 tokens" in prompts
+    assert "errors" not in _prepare(client, alice, deployment=ready.pk, max_tokens="58").json()  # 6 + 58 fit
+
+
+def test_it_keeps_an_answer_holding_a_nul_or_another_control_character(client, alice, ready):
+    """A model may generate any byte: the history keeps the answer, a NUL (which neither database keeps in text)
+    as ␀ and other control characters as they are, for the page to mark."""
+    answer = _record(client, alice, ready, output="a\x00b\x0bc", error="the server said \x00")
+    assert answer.status_code == 201, answer.content
+    kept = models.PlaygroundRecord.objects.get(pk=answer.json()["id"])
+    assert (kept.output, kept.error) == ("a\u2400b\x0bc", "the server said \u2400")
+    assert "a\u2400b\x0bc" in client.get("/playground/history/").content.decode()
+    from_a_set = service.playground_record(owner=alice, deployment=ready, source="set", input="x", output="\x00")
+    assert models.PlaygroundRecord.objects.get(pk=from_a_set.pk).output == "\u2400"
 
 
 def test_it_keeps_no_record_of_a_deployment_the_user_may_not_see(client, bob, ready):

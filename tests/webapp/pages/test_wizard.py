@@ -1,5 +1,6 @@
 """The New-run wizard: the demo's defaults, the live estimate, inline contract errors, the tuner, and a launch that
 makes the model config, the plan and a queued run."""
+import html as html_module
 import re
 
 import pytest
@@ -89,6 +90,23 @@ def test_the_estimate_follows_tp(signed_in, alice):
     for html in (dp2, tp2):  # every field's error list comes back out of band, empty
         assert re.search(r'<ul id="errors-plan-tp" class="errorlist" data-errors-for="id_plan-tp" '
                          r'hx-swap-oob="true"></ul>', html)
+
+
+def test_the_estimate_says_which_engines_will_serve_the_model_before_it_is_trained(signed_in, alice):
+    """The demo's default model has head_dim 16 (d_model 64 over 4 heads): vLLM's CPU attention has no kernel for
+    it, which the deploy page would be the first to say after training; a width giving head_dim 32 is served."""
+    def serving(html: str) -> list[str]:
+        listed = html.split('data-testid="estimate-serving">')[1].split("</ul>")[0]
+        items = (html_module.unescape(re.sub(r"<[^>]+>", " ", item)) for item in listed.split("<li>")[1:])
+        return [" ".join(item.split()) for item in items]
+
+    default = serving(signed_in.post(ESTIMATE, fields(alice)).content.decode())
+    assert default[0] == "Workbench engine on a CPU server: serves it"
+    assert default[1].startswith("vLLM on a CPU server: refused head_dim 16 (d_model 64 / n_heads 4): vLLM's CPU "
+                                 "attention has kernels for head sizes 32, 64")
+    assert default[2:] == ["Workbench engine on a GPU server: serves it", "vLLM on a GPU server: serves it"]
+    wider = serving(signed_in.post(ESTIMATE, fields(alice, model__d_model=128)).content.decode())
+    assert all(line.endswith("serves it") for line in wider), wider
 
 
 def test_an_invalid_tp_is_refused_next_to_the_field_naming_the_numbers(signed_in, alice):

@@ -9,8 +9,17 @@ const Workbench = (() => {
       headers: {"Accept": "application/json", "X-CSRFToken": csrf(), ...(options.body ? {"Content-Type": "application/json"} : {}),
                 ...(options.headers || {})}});
     const body = response.headers.get("Content-Type")?.includes("json") ? await response.json() : await response.text();
-    if (!response.ok) throw new Error(typeof body === "string" ? body : (body.detail || JSON.stringify(body)));
+    if (!response.ok) {
+      throw new Error(typeof body === "string" ? body : (body.detail || said(body.errors) || JSON.stringify(body)));
+    }
     return body;
+  }
+
+  // A form's refusal, {"errors": {field: [messages]}}, as a sentence: "field: message; …".
+  function said(errors) {
+    if (!errors || typeof errors !== "object") return "";
+    return Object.entries(errors).map(([field, messages]) =>
+      `${field === "__all__" ? "" : `${field}: `}${[].concat(messages).join(" ")}`).join("; ");
   }
 
   // POST ``body`` to ``url`` and call ``onEvent(name, data)`` for each server-sent event as it arrives.
