@@ -2,12 +2,13 @@
 
     python -m workers.supervise RUN_DIR JOB_NAME [--stdout FILE] -- COMMAND...
 
-The parent prints the supervisor's job id (``<pid>:<start time>``) and returns at once; the supervisor (a new session, so the worker's
-restart or Ctrl-C does not touch it) first writes RUN_DIR/job.json (the job's name and id: a launch repeated after a
-crash finds the job there), runs COMMAND with its output in RUN_DIR/logs/launcher.log (its standard output in FILE
-instead, when given: a command's report) and writes RUN_DIR/exit.json when it ends. As a Slurm batch script does,
-it marks the job's start and end in RUN_DIR/jobs.jsonl (job_started, job_ended, with the attempt the launcher gave
-in WORKBENCH_ATTEMPT). SIGTERM to the session reaches every rank.
+The parent writes RUN_DIR/job.json (the job's name and id: a launch repeated after a crash, or delivered again at
+once, finds the job there), prints the supervisor's job id (``<pid>:<start time>``) and returns; the supervisor (a
+new session, so the worker's restart or Ctrl-C does not touch it) runs COMMAND with its output in
+RUN_DIR/logs/launcher.log (its standard output in FILE instead, when given: a command's report) and writes
+RUN_DIR/exit.json when it ends. As a Slurm batch script does, it marks the job's start and end in RUN_DIR/jobs.jsonl
+(job_started, job_ended, with the attempt the launcher gave in WORKBENCH_ATTEMPT). SIGTERM to the session reaches
+every rank.
 """
 import os
 import signal
@@ -31,7 +32,7 @@ def job_id_of(pid: int) -> str:
     return f"{pid}:{stat.rpartition(')')[2].split()[19]}"
 
 
-def _supervise(run_dir: Path, name: str, command: list[str], stdout: Path | None = None) -> None:
+def _supervise(run_dir: Path, command: list[str], stdout: Path | None = None) -> None:
     job_id = job_id_of(os.getpid())
     attempt = int(os.environ.get(ATTEMPT_ENV) or 0)
     append_jsonl(run_dir / JOBS, event(Event.JOB_STARTED, -1, attempt=attempt, job_id=job_id))
@@ -75,7 +76,7 @@ def main(argv: list[str]) -> int:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     try:
-        _supervise(Path(run_dir), name, command, stdout)
+        _supervise(Path(run_dir), command, stdout)
     finally:
         os._exit(0)
 
