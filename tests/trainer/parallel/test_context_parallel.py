@@ -59,7 +59,9 @@ def _ring_rank(rank: int, port: int, results) -> None:
             mine = [zigzag_slice(x, 2, rank, dim=2).requires_grad_() for x in (q, k, v)]
             out = ring_attention(*mine, dist.group.WORLD)
             (out * zigzag_slice(w, 2, rank, dim=2)).sum().backward()
-            results.put((name, rank, out.detach(), *(x.grad for x in mine)))
+            # As numpy arrays, pickled by value: a tensor would travel as a handle to this process's shared memory,
+            # which the parent could no longer open once this process has exited.
+            results.put((name, rank, *(t.detach().numpy() for t in (out, *(x.grad for x in mine)))))
     finally:
         dist.destroy_process_group()
 
@@ -74,8 +76,8 @@ def test_ring_attention_on_two_ranks_equals_attention_over_the_whole_sequence():
         p.start()
     got = {}
     for _ in range(2 * len(SHAPES)):
-        name, rank, *tensors = results.get(timeout=120)
-        got[(name, rank)] = tensors
+        name, rank, *arrays = results.get(timeout=120)
+        got[(name, rank)] = [torch.from_numpy(a) for a in arrays]
     for p in ranks:
         p.join(timeout=60)
     assert all(p.exitcode == 0 for p in ranks)
