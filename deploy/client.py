@@ -27,6 +27,12 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 
+# The models' interface, counted up as inputs are added (deploy.export writes it into each entry's report; a report
+# without it is of interface 1), and the interface each later input came with.
+INTERFACE = 2
+ADDED_IN = {"logprobs": 2, "prompt_logprobs": 2, "presence_penalty": 2, "frequency_penalty": 2}
+
+
 class TritonError(Exception):
     def __init__(self, message: str):
         super().__init__(message)
@@ -54,6 +60,18 @@ class GenerateParams:
     top_p: float = 1.0
     seed: Optional[int] = None
     stop: tuple[str, ...] = ()
+    logprobs: Optional[int] = None         # k: each generated token's log-probability with the k most likely
+    prompt_logprobs: Optional[int] = None  # k: the same for the prompt's tokens
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def optional_inputs(self) -> dict[str, tuple[Any, Any]]:
+        """The inputs added to the models' interface later (ADDED_IN) where asked: name → (value, numpy dtype)."""
+        inputs = {"logprobs": (self.logprobs, np.int32), "prompt_logprobs": (self.prompt_logprobs, np.int32),
+                  "presence_penalty": (self.presence_penalty or None, np.float32),
+                  "frequency_penalty": (self.frequency_penalty or None, np.float32)}
+        return {name: (value, dtype) for name, (value, dtype) in inputs.items() if value is not None}
 
     def inputs(self, stream: bool) -> dict[str, tuple[list, Any]]:
         """Input name → (values, numpy dtype) of the exported model's inputs."""
@@ -65,6 +83,8 @@ class GenerateParams:
             values["seed"] = ([self.seed], np.int64)
         if self.stop:
             values["stop"] = ([s.encode() for s in self.stop], np.object_)
+        for name, (value, dtype) in self.optional_inputs.items():
+            values[name] = ([value], dtype)
         return values
 
     def json(self, stream: bool) -> dict[str, Any]:
@@ -75,19 +95,23 @@ class GenerateParams:
             body["seed"] = self.seed
         if self.stop:
             body["stop"] = list(self.stop)
-        return body
+        return {**body, **{name: value for name, (value, _) in self.optional_inputs.items()}}
 
 
 @dataclass(frozen=True)
 class Chunk:
     """One response: the new text and tokens. finish_reason is "" and prompt_tokens 0 until the last;
-    completion_tokens counts the tokens so far."""
+    completion_tokens counts the tokens so far. Log-probabilities, where asked, are the models' entries
+    ({"id", "token", "logprob", "top": [{"id", "token", "logprob"}]}; the prompt's first token has logprob and top
+    None): of this response's tokens, and of the prompt in the last."""
 
     text: str
     token_ids: list[int]
     finish_reason: str
     prompt_tokens: int
     completion_tokens: int
+    logprobs: Optional[list[dict]] = None
+    prompt_logprobs: Optional[list[dict]] = None
 
 
 @dataclass(frozen=True)
@@ -97,12 +121,16 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     finish_reason: str  # "stop" | "length" | "cancelled"
+    logprobs: Optional[list[dict]] = None
+    prompt_logprobs: Optional[list[dict]] = None
 
 
 def _completion(chunks: list[Chunk]) -> Completion:
     last = chunks[-1]
+    scored = [c.logprobs for c in chunks if c.logprobs is not None]
     return Completion("".join(c.text for c in chunks), [t for c in chunks for t in c.token_ids], last.prompt_tokens,
-                      last.completion_tokens, last.finish_reason)
+                      last.completion_tokens, last.finish_reason, [p for ps in scored for p in ps] if scored else None,
+                      last.prompt_logprobs)
 
 
 def _first(value) -> Any:
@@ -129,7 +157,13 @@ def _chunk(get, counted: int = 0) -> Chunk:
     reason, prompt, completion = get("finish_reason"), get("prompt_tokens"), get("completion_tokens")
     return Chunk(_text(get("text_output")), ids, _text(reason) if reason is not None else "",
                  int(_first(prompt)) if prompt is not None else 0,
-                 int(_first(completion)) if completion is not None else counted + len(ids))
+                 int(_first(completion)) if completion is not None else counted + len(ids),
+                 _json(get("logprobs")), _json(get("prompt_logprobs")))
+
+
+def _json(value) -> Any:
+    """An output the models send as JSON text (log-probabilities), or None where the response has none."""
+    return None if value is None else json.loads(_text(value))
 
 
 def _infer_inputs(make, params: GenerateParams, stream: bool) -> list:

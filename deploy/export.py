@@ -28,6 +28,7 @@ from typing import Any, Callable, Optional
 
 from safetensors.torch import save_file
 
+from deploy.client import INTERFACE
 from deploy.prepare import ExportError, PreparedExport, PrepareOptions, prepare
 from deploy.reduce import REDUCTIONS
 from deploy.serving import layout
@@ -79,10 +80,13 @@ def config_pbtxt(options: ExportOptions) -> str:
     inputs = [("text_input", "TYPE_STRING", "[ 1 ]", False), ("max_tokens", "TYPE_INT32", "[ 1 ]", True),
               ("temperature", "TYPE_FP32", "[ 1 ]", True), ("top_k", "TYPE_INT32", "[ 1 ]", True),
               ("top_p", "TYPE_FP32", "[ 1 ]", True), ("seed", "TYPE_INT64", "[ 1 ]", True),
-              ("stop", "TYPE_STRING", "[ -1 ]", True), ("stream", "TYPE_BOOL", "[ 1 ]", True)]
+              ("stop", "TYPE_STRING", "[ -1 ]", True), ("stream", "TYPE_BOOL", "[ 1 ]", True),
+              ("logprobs", "TYPE_INT32", "[ 1 ]", True), ("prompt_logprobs", "TYPE_INT32", "[ 1 ]", True),
+              ("presence_penalty", "TYPE_FP32", "[ 1 ]", True), ("frequency_penalty", "TYPE_FP32", "[ 1 ]", True)]
     outputs = [("text_output", "TYPE_STRING", "[ 1 ]"), ("token_ids", "TYPE_INT32", "[ -1 ]"),
                ("finish_reason", "TYPE_STRING", "[ 1 ]"), ("prompt_tokens", "TYPE_INT32", "[ 1 ]"),
-               ("completion_tokens", "TYPE_INT32", "[ 1 ]")]
+               ("completion_tokens", "TYPE_INT32", "[ 1 ]"), ("logprobs", "TYPE_STRING", "[ 1 ]"),
+               ("prompt_logprobs", "TYPE_STRING", "[ 1 ]")]
     if options.engine == "vllm" and options.kind == "gpu":  # vLLM places its tensor-parallel ranks itself
         groups = f"  {{ kind: KIND_MODEL count: {options.instances} }}"
     elif options.kind == "gpu":  # each instance's ranks take tensor_parallel consecutive GPUs from its first
@@ -123,7 +127,7 @@ def serving_report(prepared: PreparedExport, options: ExportOptions, entry: Path
             "instances": options.instances, "kind": options.kind, "streaming": options.streaming,
             "seq_len": prepared.spec.seq_len, "compute_dtype_cpu": "float32",
             "compute_dtype_gpu": GPU_DTYPE[options.reduction], "smoke": prepared.smoke,
-            "engine": options.engine, "export_seconds": round(seconds, 3)}
+            "engine": options.engine, "interface": INTERFACE, "export_seconds": round(seconds, 3)}
 
 
 def write_entry(prepared: PreparedExport, repository: str | Path, options: ExportOptions) -> dict:

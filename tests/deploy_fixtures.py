@@ -35,6 +35,25 @@ def greedy_of(checkpoint: Path):
     return greedy
 
 
+def logprobs_of(checkpoint: Path):
+    """The checkpoint's own log-probabilities, as a served model must give them: ids → (len(ids), V), row t the
+    distribution of the token after ids[t]; and its tokenizer (``tokenizers``), which names a token as the served
+    models do: ``tokenizer.decode([id], skip_special_tokens=False)``."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from trainer.contract.manifest import read_manifest
+    from trainer.generate import load_model_from_checkpoint
+
+    model, _ = load_model_from_checkpoint(checkpoint)
+    tokenizer = Tokenizer.from_file(read_manifest(checkpoint).tokenizer)
+
+    def logprobs(ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(model(torch.tensor([ids]))[0].float(), dim=-1)
+    return logprobs, tokenizer
+
+
 TEXT_BYTES = 300_000  # ~145k training and ~7.6k validation tokens of a 512-token BPE
 SHAKESPEARE_MODEL = ModelSpec(name="shakespeare-small", n_layers=2, d_model=128, n_heads=4, seq_len=64,
                               vocab_size=512)

@@ -3,8 +3,9 @@
 Each iteration is decide, run, hand out: the scheduler (``scheduler.Scheduler``, no torch) returns a plan of plain
 data (admissions with their prefix blocks, prefill chunks batched by length, the decode step, restarts); the runner
 executes it (``ServingGPT.execute``, or a tensor-parallel leader that broadcasts the plan to its followers first)
-and gives the logits of each model call; the engine draws each row's token where the plan says one ends there; the
-scheduler's ``update`` streams the tokens, stops and finishes the sequences.
+and gives the logits of each model call; the engine draws each row's token where the plan says one ends there
+(after the request's penalties), scores it and the prompts the plan marks where log-probabilities were asked, and
+the scheduler's ``update`` streams the tokens, stops and finishes the sequences.
 
 Batching, chunking and the cache change where keys and values are computed, never what: a token attends to the same
 positions with the same values (``model.ServingGPT.extend``), so greedy tokens are those of one prompt at a time.
@@ -12,15 +13,19 @@ positions with the same values (``model.ServingGPT.extend``), so greedy tokens a
 from __future__ import annotations
 
 import threading
-from typing import Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 
-from .request import Request, Result, Sampling
-from .sampling import generator_for, pick
+from .request import Request, Result, Sampling, TokenLogprob
+from .sampling import generator_for, penalize, pick, scores
 from .scheduler import PREFILL_CHUNK, Batch, Codec, CountingMetrics, Metrics, Output, Plan, Scheduler
 
-__all__ = ["PREFILL_CHUNK", "CountingMetrics", "Engine", "Request", "Result", "Runner"]  # what callers take from here
+if TYPE_CHECKING:
+    from .model import BatchLogits
+
+# what callers take from here
+__all__ = ["PREFILL_CHUNK", "CountingMetrics", "Engine", "Request", "Result", "Runner", "TokenLogprob"]
 
 
 class Runner(Protocol):
@@ -30,8 +35,8 @@ class Runner(Protocol):
     prefix_blocks: int  # the prefix cache's blocks (0: no cache)
     block_size: int
 
-    def execute(self, plan: Plan) -> list[torch.Tensor]:
-        """Run the plan; the logits (B, V) of each of ``plan.batches``."""
+    def execute(self, plan: Plan) -> list[BatchLogits]:
+        """Run the plan; the logits of each of ``plan.batches``."""
         ...
 
 
@@ -44,6 +49,7 @@ class Engine:
         self.metrics = self.scheduler.metrics
         self.device = torch.device(device)
         self._sampling: dict[int, tuple[Sampling, Optional[torch.Generator]]] = {}  # by slot
+        self._counts: dict[int, torch.Tensor] = {}  # by slot, where penalized: how often each token was generated
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
@@ -90,26 +96,48 @@ class Engine:
     def step(self) -> None:
         """One iteration: schedule, execute, update."""
         plan = self.scheduler.schedule()
-        tokens: dict[int, int] = {}
+        output = Output({})
         if plan:
             for admission in plan.admissions:
                 self._sampling[admission.slot] = (admission.sampling,
                                                   generator_for(admission.sampling, self.device))
+                self._counts.pop(admission.slot, None)
             for batch, logits in zip(plan.batches, self.runner.execute(plan)):
-                tokens.update(self._draw(batch, logits))
-        self.scheduler.update(plan, Output(tokens))
+                self._draw(batch, logits.last, output)
+                self._score_prompts(batch, logits.every, output)
+        self.scheduler.update(plan, output)
 
-    def _draw(self, batch: Batch, logits: torch.Tensor) -> dict[int, int]:
+    def _draw(self, batch: Batch, logits: torch.Tensor, output: Output) -> None:
         """The token of each row in the batch's draws: the greedy ones from one argmax over those rows (one read
-        from the device), the sampled ones by their own rule and generator."""
+        from the device), the sampled ones by their own rule and generator; and its log-probability where the
+        request asked for it."""
         if not batch.draws:
-            return {}
+            return
         if len(batch.draws) < len(batch.slots):
             logits = logits[batch.draws]
         greedy = logits.argmax(dim=-1).tolist()
-        drawn = {}
         for i, row in enumerate(batch.draws):
             slot = batch.slots[row]
             sampling, generator = self._sampling[slot]
-            drawn[slot] = greedy[i] if sampling.greedy else pick(logits[i], sampling, generator)
-        return drawn
+            if sampling.penalized:
+                token = self._draw_penalized(slot, logits[i], sampling, generator)
+            else:
+                token = greedy[i] if sampling.greedy else pick(logits[i], sampling, generator)
+            output.tokens[slot] = token
+            if sampling.logprobs >= 0:
+                output.logprobs[slot] = scores(logits[i:i + 1], [token], sampling.logprobs)[0]
+
+    def _draw_penalized(self, slot: int, logits: torch.Tensor, sampling: Sampling,
+                        generator: Optional[torch.Generator]) -> int:
+        """The token drawn from ``logits`` less the penalties of the slot's tokens so far, then counted."""
+        counts = self._counts.setdefault(slot, torch.zeros_like(logits))
+        token = pick(penalize(logits, counts, sampling), sampling, generator)
+        counts[token] += 1
+        return token
+
+    def _score_prompts(self, batch: Batch, every: dict[int, torch.Tensor], output: Output) -> None:
+        """Each scored row's prompt tokens under the logits of the positions before them."""
+        for row, targets in zip(batch.scored, batch.targets):
+            slot = batch.slots[row]
+            output.prompt_logprobs[slot] = scores(every[row][:len(targets)], targets,
+                                                  self._sampling[slot][0].prompt_logprobs)

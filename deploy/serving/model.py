@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -272,6 +272,14 @@ def _as_range(slots: torch.Tensor) -> slice | torch.Tensor:
     return slots
 
 
+class BatchLogits(NamedTuple):
+    """What one model call of a plan gives: the logits (B, V) after each row's last token, and for each scored row
+    (``Batch.scored``) the logits (its chunk's length, V) after each of its tokens."""
+
+    last: torch.Tensor
+    every: dict[int, torch.Tensor]
+
+
 class ServingGPT:
     """extend(slots, chunks): append each chunk of tokens to its slot and return the next-token logits of each,
     the one operation behind a batch of prompts, a chunk of a long prompt and a decode step. save_blocks and
@@ -329,9 +337,10 @@ class ServingGPT:
         return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
 
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, counts: list[int],
-                 fresh: bool, reach: int) -> torch.Tensor:
+                 fresh: bool, reach: int, scored: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """ids, pos (B, T): row b's counts[b] new tokens, right-padded to T → the logits (B, V) after each row's
-        last new token; the new tokens' keys and values are written into the row's slot at their positions.
+        last new token, and those after each of its new tokens (counts[b], V) for the rows in ``scored``; the new
+        tokens' keys and values are written into the row's slot at their positions.
         fresh (every row starts at position 0: whole prompts, or first chunks): the new tokens attend to each other
         only, causally; a padding position comes after every real one, so no real token sees it. Otherwise each
         query attends to its slot's positions ≤ its own, up to ``reach`` (the most any row holds after this call),
@@ -379,14 +388,15 @@ class ServingGPT:
             if layer["reduce"] is not None:
                 layer["reduce"](m)
             x = x + m
-        if T > 1:  # only each row's last position's logits are needed
+        every = {row: F.linear(self.norm(x[row, :counts[row]]), self.head).float() for row in scored}
+        if T > 1:  # of the other rows, only each row's last position's logits are needed
             x = x[torch.arange(B, device=self.device), torch.tensor([n - 1 for n in counts], device=self.device)]
         x = self.norm(x.view(B, -1))  # (B, C)
-        return F.linear(x, self.head).float()  # (B, V)
+        return F.linear(x, self.head).float(), every  # (B, V)
 
     @torch.no_grad()
-    def execute(self, plan: Plan) -> list[torch.Tensor]:
-        """Run a scheduler's plan (``scheduler.Plan``) in its order; the logits (B, V) of each of its batches."""
+    def execute(self, plan: Plan) -> list[BatchLogits]:
+        """Run a scheduler's plan (``scheduler.Plan``) in its order; the logits of each of its batches."""
         for admission in plan.admissions:
             if admission.blocks:
                 self.load_blocks(admission.slot, admission.blocks)
@@ -394,17 +404,21 @@ class ServingGPT:
                 self.empty(admission.slot)
         for slot in plan.restarts:
             self.empty(slot)
-        logits = [self.extend(batch.slots, batch.chunks) for batch in plan.prefills]
+        logits = [BatchLogits(*self._extend(batch.slots, batch.chunks, batch.scored)) for batch in plan.prefills]
         for save in plan.saves:
             self.save_blocks(save.slot, save.first, save.blocks)
         if plan.decode is not None:
-            logits.append(self.extend(plan.decode.slots, plan.decode.chunks))
+            logits.append(BatchLogits(*self._extend(plan.decode.slots, plan.decode.chunks)))
         return logits
 
     @torch.no_grad()
     def extend(self, slots: list[int], chunks: list[list[int]]) -> torch.Tensor:
         """Append chunks[b] (≥ 1 token) to slot slots[b] after the positions it holds; logits (B, V) of the token
         after each chunk. The rows may start at different positions and have different lengths."""
+        return self._extend(slots, chunks)[0]
+
+    def _extend(self, slots: list[int], chunks: list[list[int]],
+                scored: Sequence[int] = ()) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         starts = [self.cache.lengths[s] for s in slots]
         counts = [len(c) for c in chunks]
         for slot, start, n in zip(slots, starts, counts):
@@ -416,7 +430,7 @@ class ServingGPT:
         pos = torch.tensor([[start + min(t, n - 1) for t in range(T)] for start, n in zip(starts, counts)],
                            device=self.device)  # (B, T): a padding position repeats its row's last one
         logits = self._forward(ids, pos, torch.tensor(slots, device=self.device), counts, fresh=max(starts) == 0,
-                               reach=max(start + n for start, n in zip(starts, counts)))
+                               reach=max(start + n for start, n in zip(starts, counts)), scored=scored)
         for slot, n in zip(slots, counts):
             self.cache.lengths[slot] += n
         return logits

@@ -1,4 +1,5 @@
-"""The next token of one sequence from its logits: greedy, temperature, top-k and top-p (nucleus) sampling.
+"""The next token of one sequence from its logits: greedy, temperature, top-k and top-p (nucleus) sampling, after
+OpenAI's presence and frequency penalties where asked; and tokens' log-probabilities.
 
 The same rule as the trainer's generation (``trainer.generate``), so a served model with a seed draws the tokens the
 checkpoint draws; kept here too because this package stands alone in the server's environment.
@@ -9,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from .request import Sampling
+from .request import Sampling, TokenLogprob
 
 
 def pick(logits: torch.Tensor, sampling: Sampling, gen: Optional[torch.Generator]) -> int:
@@ -30,7 +31,26 @@ def pick(logits: torch.Tensor, sampling: Sampling, gen: Optional[torch.Generator
     return int(torch.multinomial(logits.softmax(dim=-1), 1, generator=gen)[0, 0])
 
 
+def penalize(logits: torch.Tensor, counts: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """One sequence's logits (V,) less OpenAI's penalties, ``counts`` (V,) being how often each token was generated:
+    presence_penalty once a token has appeared, frequency_penalty for each time it did."""
+    return logits - sampling.presence_penalty * (counts > 0) - sampling.frequency_penalty * counts
+
+
 def generator_for(sampling: Sampling, device: torch.device) -> Optional[torch.Generator]:
     if sampling.greedy or sampling.seed is None:
         return None
     return torch.Generator(device=device).manual_seed(sampling.seed)
+
+
+def scores(logits: torch.Tensor, tokens: list[int], top: int) -> list[TokenLogprob]:
+    """The log-probability of tokens[i] under the distribution of logits[i] (N, V), with the ``top`` most likely
+    tokens of each row beside it: the model's raw distribution, as OpenAI's and vLLM's logprobs are."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, device=logits.device)].tolist()
+    if top > 0:
+        values, ids = logprobs.topk(min(top, logprobs.size(-1)), dim=-1)
+        tops = [tuple(zip(row_ids, row_values)) for row_ids, row_values in zip(ids.tolist(), values.tolist())]
+    else:
+        tops = [()] * len(tokens)
+    return [TokenLogprob(token, value, best) for token, value, best in zip(tokens, chosen, tops)]

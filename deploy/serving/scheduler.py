@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol, Sequence
 
 from .prefix_cache import PREFIX_BLOCK_SIZE, PrefixCache
-from .request import Request, Result, Sampling
+from .request import Request, Result, Sampling, TokenLogprob
 
 PREFILL_CHUNK = 512  # prompt tokens computed in one iteration, at most (a longer prompt takes several)
 
@@ -40,11 +40,16 @@ class Admission:
 
 @dataclass(frozen=True)
 class Batch:
-    """One model call: chunks[i] appended to slot slots[i]; the rows in ``draws`` end where a token is drawn."""
+    """One model call: chunks[i] appended to slot slots[i]; the rows in ``draws`` end where a token is drawn. Rows
+    in ``scored`` (prompts whose log-probabilities were asked for) are scored at every position: ``targets`` holds,
+    for each, the prompt's tokens that follow the chunk's positions (one fewer where the chunk ends the prompt: the
+    drawn token follows it)."""
 
     slots: list[int]
     chunks: list[list[int]]
     draws: list[int]
+    scored: list[int] = field(default_factory=list)
+    targets: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,8 @@ class Plan:
         return bool(self.admissions or self.restarts or self.prefills or self.saves or self.decode)
 
     def to_ints(self) -> list[int]:
-        """The plan as one list of ints (what a tensor-parallel leader broadcasts), less the sampling."""
+        """The plan as one list of ints (what a tensor-parallel leader broadcasts), less what only rank 0 needs to
+        draw and score tokens (the sampling, the scored rows)."""
         out = [len(self.admissions)]
         for a in self.admissions:
             out += [a.slot, len(a.blocks), *a.blocks]
@@ -121,6 +127,8 @@ class _Reader:
 @dataclass(frozen=True)
 class Output:
     tokens: dict[int, int]  # slot → the token drawn for it (the rows in a batch's draws)
+    logprobs: dict[int, TokenLogprob] = field(default_factory=dict)  # slot → its drawn token's, where asked
+    prompt_logprobs: dict[int, list[TokenLogprob]] = field(default_factory=dict)  # slot → its scored chunk's
 
 
 class Codec(Protocol):
@@ -188,6 +196,12 @@ class _Sequence:
     done: bool = False
     start: int = 0   # the slot holds (or, once the plan runs, will hold) context[start:start + cached]
     cached: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)         # of the generated tokens, where asked
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # of the prompt's tokens after the first
+
+    @property
+    def scores_prompt(self) -> bool:
+        return self.request.sampling.prompt_logprobs >= 0
 
     @property
     def pending(self) -> list[int]:
@@ -260,8 +274,9 @@ class Scheduler:
             slot = min(self._free)  # the lowest free slot keeps the active ones consecutive (read in place)
             self._free.remove(slot)
             seq = _Sequence(request, slot, list(request.prompt_ids)[-self.seq_len:])
-            blocks = self.prefix.match(seq.context) if self.prefix is not None else []
-            if self.prefix is not None:
+            # A prompt to be scored is computed whole: cached blocks would skip its positions' logits.
+            blocks = self.prefix.match(seq.context) if self.prefix is not None and not seq.scores_prompt else []
+            if self.prefix is not None and not seq.scores_prompt:
                 seq.cached = len(blocks) * self.prefix.block_size
                 self.metrics.prefix_lookup(len(seq.context), seq.cached)
             self._running[slot] = seq
@@ -272,10 +287,14 @@ class Scheduler:
         """The next chunk of each prompt in arrival order while the iteration's budget lasts, in batches of rows
         of similar length (padding at most doubles a batch's work); and the saves of the prompts they complete."""
         budget, chunks, saves = self.prefill_chunk, [], []
+        targets: dict[int, list[int]] = {}  # slot → what its chunk's positions are scored against
         for seq in sequences:
             if budget == 0:
                 break
             chunk = seq.pending[:budget]
+            if seq.scores_prompt and not seq.generated:  # not a restart's prefill
+                first = seq.start + seq.cached + 1
+                targets[seq.slot] = seq.context[first:first + len(chunk)]
             seq.cached += len(chunk)
             chunks.append((seq, chunk))
             budget -= len(chunk)
@@ -283,8 +302,10 @@ class Scheduler:
                 saves += self._remember_prompt(seq)
         batches = []
         for rows in _similar_lengths(chunks):
+            scored = [i for i, (seq, _) in enumerate(rows) if seq.slot in targets]
             batches.append(Batch([seq.slot for seq, _ in rows], [chunk for _, chunk in rows],
-                                 [i for i, (seq, _) in enumerate(rows) if not seq.pending]))
+                                 [i for i, (seq, _) in enumerate(rows) if not seq.pending], scored,
+                                 [targets[rows[i][0].slot] for i in scored]))
         return batches, saves
 
     def _remember_prompt(self, seq: _Sequence) -> list[BlockSave]:
@@ -299,6 +320,9 @@ class Scheduler:
         """Hand each token drawn to its request, in the plan's order; finish the sequences that stop."""
         for batch in plan.prefills:
             self.metrics.prefill_step(len(batch.slots), sum(map(len, batch.chunks)))
+            for row in batch.scored:
+                slot = batch.slots[row]
+                self._running[slot].prompt_logprobs += output.prompt_logprobs.get(slot, [])
             self._emit_all(batch, output)
         if plan.decode is not None:
             self.metrics.decode_step(len(plan.decode.slots))
@@ -308,35 +332,37 @@ class Scheduler:
     def _emit_all(self, batch: Batch, output: Output) -> None:
         for row in batch.draws:
             slot = batch.slots[row]
-            self._emit(self._running[slot], output.tokens[slot])
+            self._emit(self._running[slot], output.tokens[slot], output.logprobs.get(slot))
 
-    def _emit(self, seq: _Sequence, token: int) -> None:
+    def _emit(self, seq: _Sequence, token: int, logprob: Optional[TokenLogprob] = None) -> None:
         request = seq.request
         if not seq.generated:
             seq.first_at = time.perf_counter()
             self.metrics.first_token(seq.first_at - request.arrived)
         seq.generated.append(token)
         seq.context.append(token)
+        if logprob is not None:
+            seq.logprobs.append(logprob)
         if token == self.codec.eos_id:
             self._finish(seq, "stop")
             return
         text = self.codec.decode(seq.generated)
         cut = _first_stop(text, request.stop, seq.sent)
         if cut is not None:
-            self._send(seq, text[:cut], token)
+            self._send(seq, text[:cut], token, logprob)
             self._finish(seq, "stop", text[:cut])
         elif len(seq.generated) >= request.max_tokens:
-            self._send(seq, text, token)
+            self._send(seq, text, token, logprob)
             self._finish(seq, "length", text)
         else:
-            self._send(seq, text[:_safe_end(text, request.stop)], token)
+            self._send(seq, text[:_safe_end(text, request.stop)], token, logprob)
 
-    def _send(self, seq: _Sequence, upto: str, token: int) -> None:
+    def _send(self, seq: _Sequence, upto: str, token: int, logprob: Optional[TokenLogprob]) -> None:
         """Stream the text not yet sent, up to ``upto`` (held back: a partial character, a possible stop string)."""
         if seq.request.stream:
             delta = upto[seq.sent:] if len(upto) > seq.sent else ""
             seq.sent = max(seq.sent, len(upto))
-            seq.request.sink.on_token(delta, token)
+            seq.request.sink.on_token(delta, token, logprob)
 
     def _finish(self, seq: _Sequence, reason: str, text: Optional[str] = None) -> None:
         self._release(seq)
@@ -348,8 +374,10 @@ class Scheduler:
         if seq.generated:
             self.metrics.finished(len(seq.generated), time.perf_counter() - seq.first_at, reason)
         unsent = text[seq.sent:] if seq.request.stream else ""
+        sampling = seq.request.sampling
         seq.request.sink.on_finish(Result(text, seq.generated, len(seq.request.prompt_ids), len(seq.generated),
-                                          reason, unsent))
+                                          reason, unsent, seq.logprobs if sampling.logprobs >= 0 else None,
+                                          seq.prompt_logprobs if seq.scores_prompt else None))
 
     def _release(self, seq: _Sequence) -> None:
         seq.done = True

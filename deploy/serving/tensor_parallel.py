@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from .layout import MODEL_SPEC, load_shard, read_json
-from .model import ServingGPT, ServingSpec
+from .model import BatchLogits, ServingGPT, ServingSpec
 from .scheduler import Plan
 
 STOP = -1  # a plan's length, in place of a plan: the followers leave
@@ -77,7 +77,7 @@ class Leader:
         self.slots, self.prefix_blocks, self.block_size = model.slots, model.prefix_blocks, model.block_size
         self._device = _broadcast_device(model)
 
-    def execute(self, plan: Plan) -> list[torch.Tensor]:
+    def execute(self, plan: Plan) -> list[BatchLogits]:
         values = plan.to_ints()
         _broadcast([len(values)], self._device)
         _broadcast(values, self._device)

@@ -1,8 +1,15 @@
 """What every Triton model of this project shares, whichever engine answers: reading a request's inputs, the
-responses (text_output and token_ids in each; finish_reason, prompt_tokens and completion_tokens in the last) and the
-``workbench_*`` metric families on Triton's metrics endpoint. Clients and dashboards then cannot tell the engines
-apart. Only Triton's ``triton_python_backend_utils`` and numpy: the vLLM entry carries this file too."""
+responses (text_output and token_ids in each; finish_reason, prompt_tokens and completion_tokens in the last;
+logprobs and prompt_logprobs where the request asked for them) and the ``workbench_*`` metric families on Triton's
+metrics endpoint. Clients and dashboards then cannot tell the engines apart. Only Triton's
+``triton_python_backend_utils`` and numpy: the vLLM entry carries this file too.
+
+Log-probabilities travel as JSON text, one list per response, an entry per token:
+``{"id", "token", "logprob", "top": [{"id", "token", "logprob"}, …]}`` (``token``: the token's text alone); the
+prompt's first token has logprob and top null, nothing coming before it to score it."""
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -26,11 +33,31 @@ def as_text(value) -> str:
     return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def response(text: str, token_ids: list[int], final: tuple[str, int, int] | None = None):
-    """One response: new text and token ids; the last one also ``final`` = (finish reason, prompt tokens,
-    completion tokens)."""
+def logprob_entry(token_id: int, logprob: float, top, text) -> dict:
+    """One token's entry: ``top`` holds (id, logprob) pairs, ``text(id)`` gives a token's text."""
+    return {"id": token_id, "token": text(token_id), "logprob": logprob,
+            "top": [{"id": i, "token": text(i), "logprob": lp} for i, lp in top]}
+
+
+def unscored_entry(token_id: int, text) -> dict:
+    """The prompt's first token's entry."""
+    return {"id": token_id, "token": text(token_id), "logprob": None, "top": None}
+
+
+def _as_json(name: str, value) -> "pb_utils.Tensor":
+    return pb_utils.Tensor(name, np.array([json.dumps(value).encode()], dtype=object))
+
+
+def response(text: str, token_ids: list[int], final: tuple[str, int, int] | None = None,
+             logprobs: list[dict] | None = None, prompt_logprobs: list[dict | None] | None = None):
+    """One response: new text and token ids (and their log-probabilities where asked); the last one also ``final``
+    = (finish reason, prompt tokens, completion tokens) and the prompt's log-probabilities where asked."""
     tensors = [pb_utils.Tensor("text_output", np.array([text.encode()], dtype=object)),
                pb_utils.Tensor("token_ids", np.array(token_ids, dtype=np.int32))]
+    if logprobs is not None:
+        tensors.append(_as_json("logprobs", logprobs))
+    if prompt_logprobs is not None:
+        tensors.append(_as_json("prompt_logprobs", prompt_logprobs))
     if final is not None:
         reason, prompt_tokens, completion_tokens = final
         tensors += [pb_utils.Tensor("finish_reason", np.array([reason.encode()], dtype=object)),

@@ -11,8 +11,10 @@ The engine's settings are the config's parameters: tensor_parallel, max_sequence
 cores less one, shared by the instances' ranks).
 
 Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p, seed (−1: none), stop
-(strings), stream. Outputs: text_output (the new text) and token_ids in every response; finish_reason,
-prompt_tokens and completion_tokens in the last.
+(strings), stream, logprobs and prompt_logprobs (−1: none; k ≥ 0: each token's log-probability with the k most
+likely beside it), presence_penalty and frequency_penalty (OpenAI's). Outputs: text_output (the new text) and token_ids in every response, with logprobs where asked;
+finish_reason, prompt_tokens and completion_tokens in the last, with prompt_logprobs where asked
+(``triton_io``).
 """
 from __future__ import annotations
 
@@ -31,11 +33,11 @@ import torch  # noqa: E402
 from workbench_serving.engine import Engine  # noqa: E402
 from workbench_serving.layout import SERVING, TOKENIZER, Codec, read_json  # noqa: E402
 from workbench_serving.prefix_cache import PREFIX_BLOCK_SIZE  # noqa: E402
-from workbench_serving.request import Request, Result, Sampling  # noqa: E402
+from workbench_serving.request import Request, Result, Sampling, TokenLogprob  # noqa: E402
 from workbench_serving.scheduler import PREFILL_CHUNK  # noqa: E402
 from workbench_serving.tensor_parallel import build_rank_model, cpu_threads, device_for, start_leader  # noqa: E402
-from workbench_serving.triton_io import (BATCH_BUCKETS, FINAL, TritonMetrics, as_text, metric_family,  # noqa: E402
-                                         read_input, response)
+from workbench_serving.triton_io import (BATCH_BUCKETS, FINAL, TritonMetrics, as_text,  # noqa: E402
+                                         logprob_entry, metric_family, read_input, response, unscored_entry)
 
 
 class EngineMetrics(TritonMetrics):
@@ -100,20 +102,30 @@ class Outbox:
 
 
 class ResponseSink:
-    """One request's response sender, as the engine's Sink."""
+    """One request's response sender, as the engine's Sink; ``token_text(id)`` names a token in log-probabilities."""
 
-    def __init__(self, sender, outbox: Outbox):
-        self.sender, self.outbox, self.streamed = sender, outbox, False
+    def __init__(self, sender, outbox: Outbox, token_text, first_prompt_id: int):
+        self.sender, self.outbox, self.streamed, self.token_text = sender, outbox, False, token_text
+        self.first_prompt_id = first_prompt_id
 
-    def on_token(self, text: str, token_id: int) -> None:
+    def _entries(self, logprobs: list[TokenLogprob] | None) -> list[dict] | None:
+        if logprobs is None:
+            return None
+        return [logprob_entry(p.token_id, p.logprob, p.top, self.token_text) for p in logprobs]
+
+    def on_token(self, text: str, token_id: int, logprob: TokenLogprob | None = None) -> None:
         self.streamed = True
-        self.outbox.send(self.sender, lambda: response(text, [token_id]))
+        logprobs = None if logprob is None else [logprob]
+        self.outbox.send(self.sender, lambda: response(text, [token_id], logprobs=self._entries(logprobs)))
 
     def on_finish(self, result: Result) -> None:
         text = result.unsent if self.streamed else result.text
         ids = [] if self.streamed else result.token_ids
+        logprobs = None if self.streamed else result.logprobs
+        prompt = None if result.prompt_logprobs is None else \
+            [unscored_entry(self.first_prompt_id, self.token_text), *self._entries(result.prompt_logprobs)]
         final = (result.finish_reason, result.prompt_tokens, result.completion_tokens)
-        self.outbox.send(self.sender, lambda: response(text, ids, final), FINAL)
+        self.outbox.send(self.sender, lambda: response(text, ids, final, self._entries(logprobs), prompt), FINAL)
 
     def on_error(self, message: str) -> None:
         self.outbox.send(self.sender, lambda: pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
@@ -162,17 +174,24 @@ class TritonPythonModel:
                     raise ValueError("streaming needs the model exported as decoupled; ask without stream")
                 seed = int(read_input(request, "seed", -1))
                 prompt = self.codec.encode(as_text(read_input(request, "text_input", b"")))
+                sink = ResponseSink(sender, self.outbox, self._token_text, prompt[0] if prompt else 0)
                 self.engine.submit(Request(
-                    prompt_ids=prompt, sink=ResponseSink(sender, self.outbox),
+                    prompt_ids=prompt, sink=sink,
                     max_tokens=int(read_input(request, "max_tokens", 64)),
                     sampling=Sampling(float(read_input(request, "temperature", 0.0)),
                                       int(read_input(request, "top_k", 0)), float(read_input(request, "top_p", 1.0)),
-                                      seed if seed >= 0 else None),
+                                      seed if seed >= 0 else None, int(read_input(request, "logprobs", -1)),
+                                      int(read_input(request, "prompt_logprobs", -1)),
+                                      float(read_input(request, "presence_penalty", 0.0)),
+                                      float(read_input(request, "frequency_penalty", 0.0))),
                     stop=tuple(as_text(s) for s in read_input(request, "stop", []) if s), stream=stream))
             except (ValueError, TypeError, OverflowError) as exc:
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad request: {exc}")),
                             flags=FINAL)
         return None
+
+    def _token_text(self, token_id: int) -> str:
+        return self.codec.decode([token_id])
 
     def finalize(self):
         self.engine.stop()

@@ -2,8 +2,11 @@
 
 The same inputs and outputs as the workbench engine's model (``deploy.serving.triton_model``), so clients do not
 know which engine answers. Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p,
-seed (−1: none), stop (strings), stream. Outputs: text_output (the new text) and token_ids in every response;
-finish_reason ("stop", "length" or "cancelled"), prompt_tokens and completion_tokens in the last.
+seed (−1: none), stop (strings), stream, logprobs and prompt_logprobs (−1: none; k ≥ 0: with the k most likely
+tokens beside each; vLLM's raw log-probabilities, as the workbench engine's), presence_penalty and
+frequency_penalty. Outputs: text_output (the new text) and
+token_ids in every response, with logprobs where asked; finish_reason ("stop", "length" or "cancelled"),
+prompt_tokens and completion_tokens in the last, with prompt_logprobs where asked (the shapes: ``triton_io``).
 
 ``initialize`` starts vLLM's AsyncLLM on the Hugging Face folder ``1/hf`` with the engine arguments the export wrote
 in serving.json, on an asyncio loop of its own thread. ``execute`` hands each request to that loop and returns; the
@@ -33,7 +36,8 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from triton_io import FINAL, TritonMetrics, as_text, read_input, response  # noqa: E402  (copied beside this file)
+from triton_io import (FINAL, TritonMetrics, as_text, logprob_entry, read_input,  # noqa: E402
+                       response, unscored_entry)  # (copied beside this file)
 
 HF_FOLDER, SERVING = "hf", "serving.json"
 # vLLM's finish reasons → the workbench engine's ("abort": the request was cancelled)
@@ -144,11 +148,16 @@ class TritonPythonModel:
             raise ValueError(f"max_tokens {max_tokens}: ask for at least 1")
         seed = int(read_input(request, "seed", -1))
         top_k = int(read_input(request, "top_k", 0))
+        logprobs, prompt_logprobs = (int(read_input(request, name, -1)) for name in ("logprobs", "prompt_logprobs"))
         params = SamplingParams(
             temperature=float(read_input(request, "temperature", 0.0)), top_k=max(top_k, 0),
             top_p=float(read_input(request, "top_p", 1.0)), seed=seed if seed >= 0 else None,
             max_tokens=min(max_tokens, self.max_model_len - len(prompt)),
             stop=[s for s in (as_text(v) for v in read_input(request, "stop", [])) if s] or None,
+            presence_penalty=float(read_input(request, "presence_penalty", 0.0)),
+            frequency_penalty=float(read_input(request, "frequency_penalty", 0.0)),
+            logprobs=logprobs if logprobs >= 0 else None,
+            prompt_logprobs=prompt_logprobs if prompt_logprobs >= 0 else None,
             skip_special_tokens=False, spaces_between_special_tokens=False,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
         return prompt, params
@@ -159,6 +168,7 @@ class TritonPythonModel:
         arrived = time.perf_counter()
         first_token_at = None
         completion, reason = 0, "cancelled"
+        prompt_scores = None  # vLLM gives the prompt's log-probabilities once, with the first output
         try:
             async for output in self.engine.generate({"prompt_token_ids": prompt}, params, request_id):
                 if sender.is_cancelled():  # the client went away: vLLM stops the sequence
@@ -170,12 +180,16 @@ class TritonPythonModel:
                     first_token_at = time.perf_counter()
                     self.metrics.ttft.observe(first_token_at - arrived)
                 completion += len(ids)
+                if prompt_scores is None and output.prompt_logprobs is not None:
+                    prompt_scores = self._entries(prompt, output.prompt_logprobs, params.prompt_logprobs)
+                logprobs = self._entries(ids, delta.logprobs, params.logprobs)
                 if output.finished:
                     reason = FINISH_REASONS.get(delta.finish_reason or "stop", str(delta.finish_reason))
-                    sender.send(response(delta.text, ids, (reason, len(prompt), completion)), flags=FINAL)
+                    sender.send(response(delta.text, ids, (reason, len(prompt), completion), logprobs,
+                                         prompt_scores), flags=FINAL)
                     break
                 if ids or delta.text:
-                    sender.send(response(delta.text, ids))
+                    sender.send(response(delta.text, ids, logprobs=logprobs))
             else:
                 reason = "cancelled"  # the stream ended without a finished output: vLLM aborted it
             if reason == "cancelled":
@@ -189,6 +203,22 @@ class TritonPythonModel:
             return
         decode_seconds = time.perf_counter() - first_token_at if first_token_at is not None else 0.0
         self.metrics.finished(completion, decode_seconds, reason)
+
+    def _entries(self, ids: list[int], scores, top: int | None) -> list[dict | None] | None:
+        """vLLM's log-probabilities of ``ids`` (for each, a dict of token id → Logprob holding the token and the
+        ``top`` most likely, ranked from 1; None where nothing scores it: a prompt's first token) as entries."""
+        if scores is None or top is None:
+            return None
+        text = lambda token_id: self.tokenizer.decode([token_id], skip_special_tokens=False)  # noqa: E731
+        entries = []
+        for token_id, candidates in zip(ids, scores):
+            if candidates is None:
+                entries.append(unscored_entry(token_id, text))
+                continue
+            best = sorted((c.rank, i, c.logprob) for i, c in candidates.items() if c.rank <= top)
+            entries.append(logprob_entry(token_id, candidates[token_id].logprob,
+                                         [(i, logprob) for _, i, logprob in best], text))
+        return entries
 
     def finalize(self):
         """Triton calls this once the model's requests are answered. Everything is torn down here, while the stub's

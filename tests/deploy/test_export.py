@@ -57,7 +57,7 @@ def test_its_entry_generates_the_checkpoints_tokens_with_nothing_of_the_project(
         codec, out = Codec(folder / "tokenizer.json"), []
 
         class Sink:
-            def on_token(self, text, token_id): pass
+            def on_token(self, text, token_id, logprob=None): pass
             def on_finish(self, result): out.append(result.token_ids)
             def on_error(self, message): out.append(message)
             def is_cancelled(self): return False

@@ -115,10 +115,11 @@ FORMER_SHARDS = {  # (reduction, tensor parallel) → weights/rank-0.safetensors
     ("fp16", 1): ["1ad0f1a22d36d0c9"], ("fp16", 2): ["56738fe5e2ffc2ed", "8376bfbbcc56ae27"],
     ("int8", 1): ["dbc231a695aab004"], ("int8", 2): ["1d290fbeecc820d8", "03b8fbc88caef3ec"],
 }
-# config.pbtxt by tensor parallel, other options default; since then with one more line, the entry's engine
-# (parameters { key: "engine" … "workbench" }), which the former exporter did not write
-FORMER_CONFIG = {1: "04a9acc0d8997b07", 2: "0a8770c3e6d8dabc"}
-FORMER_GPU_CONFIG = "70717fc41d131a49"  # int8, tensor parallel 2, kind gpu, 2 instances, not streaming, 4 sequences
+# config.pbtxt by tensor parallel, other options default; since then with what the former exporter did not write:
+# the entry's engine (parameters { key: "engine" … "workbench" }), and interface 2's inputs (logprobs,
+# prompt_logprobs, presence_penalty, frequency_penalty) and outputs (logprobs, prompt_logprobs)
+FORMER_CONFIG = {1: "6cb40385baede9b3", 2: "6146cd23f7be102a"}
+FORMER_GPU_CONFIG = "a501258c488981be"  # int8, tensor parallel 2, kind gpu, 2 instances, not streaming, 4 sequences
 
 
 @pytest.fixture(scope="module")

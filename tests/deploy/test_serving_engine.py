@@ -27,14 +27,14 @@ class ListSink:
     """Collects one request's answer; cancelled after ``cancel_after`` tokens if given."""
 
     def __init__(self, cancel_after: int | None = None):
-        self.tokens: list[tuple[str, int]] = []
+        self.tokens: list[tuple[str, int, object]] = []
         self.result: Result | None = None
         self.error: str | None = None
         self.cancel_after = cancel_after
         self.done = threading.Event()
 
-    def on_token(self, text, token_id):
-        self.tokens.append((text, token_id))
+    def on_token(self, text, token_id, logprob=None):
+        self.tokens.append((text, token_id, logprob))
 
     def on_finish(self, result):
         self.result = result
@@ -126,8 +126,8 @@ def test_it_streams_one_token_at_a_time_and_the_pieces_make_the_text():
     sink = ListSink()
     engine.submit(Request([1, 2, 3], sink, max_tokens=12, stream=True))
     _drain(engine)
-    assert len(sink.tokens) == 12 and [t for _, t in sink.tokens] == sink.result.token_ids
-    assert "".join(text for text, _ in sink.tokens) + sink.result.unsent == sink.result.text
+    assert len(sink.tokens) == 12 and [t for _, t, _ in sink.tokens] == sink.result.token_ids
+    assert "".join(text for text, _, _ in sink.tokens) + sink.result.unsent == sink.result.text
 
 
 def test_it_stops_at_a_stop_string_and_never_streams_past_it():
@@ -143,7 +143,7 @@ def test_it_stops_at_a_stop_string_and_never_streams_past_it():
     _drain(engine)
     expected = full[:full.find(stop)]
     assert streamed.result.finish_reason == "stop" and streamed.result.text == expected
-    assert "".join(text for text, _ in streamed.tokens) + streamed.result.unsent == expected
+    assert "".join(text for text, _, _ in streamed.tokens) + streamed.result.unsent == expected
 
 
 def test_it_stops_a_cancelled_request_within_one_decode_step():
@@ -385,3 +385,68 @@ def test_it_computes_every_chosen_expert_of_a_model_trained_with_a_capacity():
                     spec.seq_len)
     unlimited = model_with(model.state_dict(), spec.replace(capacity_factor=0.0))
     assert _greedy_together(engine, [prompt], 24) == [generate(unlimited, prompt, 24, temperature=0)[len(prompt):]]
+
+
+def _trainer_logprobs(model, sequence):
+    """The trainer model's log-probability of each token of ``sequence`` after the first, and each position's
+    distribution."""
+    with torch.no_grad():
+        logits = model(torch.tensor([sequence]))
+        logits = logits[0] if isinstance(logits, tuple) else logits
+    every = torch.log_softmax(logits[0].float(), dim=-1)  # (T, V): position t scores token t + 1
+    return every[torch.arange(len(sequence) - 1), torch.tensor(sequence[1:])].tolist(), every
+
+
+@pytest.mark.parametrize("prefill_chunk", [256, 3])  # 3: the prompt scored over several iterations
+def test_logprobs_of_the_prompt_and_the_answer_are_the_trainers_within_1e_5(prefill_chunk):
+    model, engine = _engine(dict(positions="rope", n_kv_heads=2), prefill_chunk=prefill_chunk, prefix_blocks=8)
+    prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13]
+    engine.submit(Request(list(prompt), ListSink(), max_tokens=2))  # fills the prefix cache with the prompt
+    _drain(engine)
+    scored, streamed = ListSink(), ListSink()
+    engine.submit(Request(list(prompt), scored, max_tokens=6, sampling=Sampling(logprobs=3, prompt_logprobs=2)))
+    engine.submit(Request([1, 2], streamed, max_tokens=4, stream=True, sampling=Sampling(logprobs=0)))
+    _drain(engine)
+    result = scored.result
+    reference, every = _trainer_logprobs(model, prompt + result.token_ids)
+    got = [p.logprob for p in result.prompt_logprobs + result.logprobs]
+    assert len(result.prompt_logprobs) == len(prompt) - 1 and len(result.logprobs) == 6
+    assert [p.token_id for p in result.prompt_logprobs + result.logprobs] == (prompt + result.token_ids)[1:]
+    assert max(abs(a - b) for a, b in zip(got, reference)) < 1e-5
+    for position, p in enumerate(result.prompt_logprobs + result.logprobs):
+        values, ids = every[position].topk(3 if position >= len(prompt) - 1 else 2)
+        assert [t for t, _ in p.top] == ids.tolist()
+        assert max(abs(v - w) for (_, v), w in zip(p.top, values.tolist())) < 1e-5
+    # greedy: each generated token is the most likely one, so it heads its own list
+    assert all(p.top[0] == (p.token_id, p.logprob) for p in result.logprobs)
+    assert [lp.token_id for _, _, lp in streamed.tokens] == streamed.result.token_ids
+    assert all(lp.top == () for _, _, lp in streamed.tokens) and streamed.result.prompt_logprobs is None
+
+
+def test_without_logprobs_asked_the_result_has_none():
+    _, engine = _engine()
+    sink = ListSink()
+    engine.submit(Request([1, 2, 3], sink, max_tokens=3))
+    _drain(engine)
+    assert sink.result.logprobs is None and sink.result.prompt_logprobs is None
+
+
+def test_penalties_lower_the_generated_tokens_as_openai_defines_them():
+    """Each token's logit less presence_penalty once it appeared and frequency_penalty per time: the tokens of the
+    trainer model decoded greedily by that rule, fewer repeats than without."""
+    model, engine = _engine()
+    sampling = Sampling(presence_penalty=0.5, frequency_penalty=1.0)
+    penalized, plain = ListSink(), ListSink()
+    engine.submit(Request([1, 2, 3], penalized, max_tokens=24, sampling=sampling))
+    engine.submit(Request([1, 2, 3], plain, max_tokens=24))  # decoded beside it, without penalties
+    _drain(engine)
+    ids, counts = [1, 2, 3], torch.zeros(model.spec.vocab_size)
+    with torch.no_grad():
+        for _ in range(24):
+            logits = model(torch.tensor([ids]))[0, -1]
+            token = int((logits - 0.5 * (counts > 0) - 1.0 * counts).argmax())
+            counts[token] += 1
+            ids.append(token)
+    assert penalized.result.token_ids == ids[3:]
+    assert plain.result.token_ids == generate(model, [1, 2, 3], 24, temperature=0)[3:]
+    assert len(set(penalized.result.token_ids)) > len(set(plain.result.token_ids))

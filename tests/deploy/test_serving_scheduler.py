@@ -18,7 +18,7 @@ class Sink:
         self.error: str | None = None
         self.cancelled = False
 
-    def on_token(self, text, token_id):
+    def on_token(self, text, token_id, logprob=None):
         self.tokens.append((text, token_id))
 
     def on_finish(self, result):
@@ -111,6 +111,20 @@ def test_a_prompt_starts_from_the_prefix_blocks_another_saved():
             scheduler.metrics.prefix_hit_tokens) == (2, 1, 8)
 
 
+def test_a_prompt_to_score_is_computed_whole_each_chunk_against_the_tokens_after_it():
+    scheduler = _scheduler(prefill_chunk=4, prefix_blocks=8, block_size=4)
+    prompt = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    _submit(scheduler, prompt, max_tokens=1)
+    while scheduler.has_work():
+        _step(scheduler)  # the prompt's two whole blocks are in the prefix cache now
+    _submit(scheduler, prompt, max_tokens=1, sampling=Sampling(prompt_logprobs=0))
+    plans = [_step(scheduler) for _ in range(3)]
+    assert plans[0].admissions == [Admission(0, [], Sampling(prompt_logprobs=0))]  # no blocks: every position
+    assert [p.prefills for p in plans[:2]] == [[Batch([0], [[10, 11, 12, 13]], [], [0], [[11, 12, 13, 14]])],
+                                               [Batch([0], [[14, 15, 16, 17]], [], [0], [[15, 16, 17, 18]])]]
+    assert plans[2].decode == Batch([0], [[18]], [0])  # the prompt's last token: the drawn one follows it
+
+
 def test_decode_steps_take_every_running_sequence_in_slot_order_with_its_last_token():
     scheduler = _scheduler()
     for prompt in ([1], [2, 3], [4]):
@@ -191,10 +205,10 @@ def test_tokens_go_out_in_the_plans_order_prefills_first():
     order = []
     for prompt in ([1, 1], [2, 3]):
         sink = _submit(scheduler, prompt, max_tokens=3, stream=True)
-        sink.on_token = lambda text, token_id, p=prompt[0]: order.append(p)
+        sink.on_token = lambda text, token_id, logprob, p=prompt[0]: order.append(p)
     _step(scheduler)
     late = _submit(scheduler, [4, 4], max_tokens=3, stream=True)
-    late.on_token = lambda text, token_id: order.append(4)
+    late.on_token = lambda text, token_id, logprob: order.append(4)
     _step(scheduler)
     assert order == [1, 2, 4, 1, 2]  # the new prompt's first token, then the decode step's
 

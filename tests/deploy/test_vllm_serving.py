@@ -28,7 +28,7 @@ from deploy.export import ExportOptions, export
 from deploy.prepare import ExportError
 from deploy.vllm import entry, rules, support
 from tests.deploy.test_export_families import family_checkpoint
-from tests.deploy_fixtures import greedy_of
+from tests.deploy_fixtures import greedy_of, logprobs_of
 from trainer.contract.presets import MODELS
 
 # head_dim 64 (vLLM's CPU attention has no kernel for the presets' 16); the Llama's rotary scaling starts at its
@@ -134,6 +134,41 @@ def test_it_streams_as_it_generates(served, reference, protocol):
     whole = client.generate(NAME, GenerateParams("ROMEO:", max_tokens=24), "grpc")
     assert "".join(c.text for c in chunks) == whole.text and chunks[-1].finish_reason == "length"
     assert chunks[-1].completion_tokens == 24
+
+
+def test_it_gives_the_checkpoints_own_logprobs_of_the_prompt_and_the_answer(served, llama):
+    """vLLM's raw log-probabilities, as the workbench engine's: each token's and its most likely alternatives within
+    1e-3 of the checkpoint's own distribution, whole and streamed."""
+    client, _ = served
+    logprobs, tokenizer = logprobs_of(llama)
+    asked = GenerateParams(PROMPTS[1], max_tokens=6, logprobs=2, prompt_logprobs=1)
+    whole = client.generate(NAME, asked, "grpc")
+    entries = whole.prompt_logprobs + whole.logprobs
+    ids = [e["id"] for e in entries]
+    assert ids[len(whole.prompt_logprobs):] == whole.token_ids and entries[0]["logprob"] is None
+    every = logprobs(ids)
+    for t in range(1, len(ids)):
+        values, best = every[t - 1].topk(1 if t < len(whole.prompt_logprobs) else 2)
+        assert abs(entries[t]["logprob"] - float(every[t - 1, ids[t]])) < 1e-3, t
+        assert [e["id"] for e in entries[t]["top"]] == best.tolist(), t
+        assert all(abs(e["logprob"] - v) < 1e-3 for e, v in zip(entries[t]["top"], values.tolist())), t
+        assert entries[t]["token"] == tokenizer.decode([ids[t]], skip_special_tokens=False)
+    chunks = list(client.stream(NAME, asked, "grpc"))
+    streamed = [e for c in chunks if c.logprobs for e in c.logprobs] + chunks[-1].prompt_logprobs
+    again = whole.logprobs + whole.prompt_logprobs
+    assert [e["id"] for e in streamed] == [e["id"] for e in again]
+    assert all(abs(a["logprob"] - b["logprob"]) < 1e-5 for a, b in zip(streamed, again) if b["logprob"] is not None)
+
+
+def test_penalties_make_a_repetitive_answer_less_so(served):
+    client, _ = served
+
+    def repeats(**penalties) -> int:
+        ids = client.generate(NAME, GenerateParams("ROMEO:", max_tokens=40, **penalties), "grpc").token_ids
+        return len(ids) - len(set(ids))
+    plain = repeats()
+    assert plain > 5  # an untrained model repeats itself
+    assert repeats(frequency_penalty=1.5) < plain and repeats(presence_penalty=2.0) < plain
 
 
 def test_it_ends_at_a_stop_string_and_leaves_it_out(served):
@@ -288,3 +323,42 @@ def test_it_unloads_and_reloads_while_another_model_answers(served, reference, t
     assert triton.process.poll() is None, "the server exited"
     log = triton.log_path.read_bytes()[log_start:].decode(errors="replace")
     assert not [m for m in CRASH_MARKERS if m in log], log[-3000:]
+
+
+@pytest.mark.once  # vLLM in the real Triton: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_package_gets_logprobs_n_choices_and_penalties_from_vllm_through_v1(served, llama, reference,
+                                                                                        triton, live_server):
+    """/v1 in front of vLLM answers as in front of the workbench engine (tests/webapp/test_openai_api.py)."""
+    import openai
+    from django.contrib.auth.models import User
+    from rest_framework.authtoken.models import Token
+
+    from tests.webapp import serving
+    from webapp import models
+
+    _, report = served
+    owner = User.objects.create_user("vllm-user")
+    server = models.TritonServer.objects.create(name="local", http_url=triton.http_url, grpc_url=triton.grpc_url,
+                                                model_repository=str(triton.repository))
+    serving.deployment(owner, serving.imported(owner, llama), server, NAME, report=report, engine="vllm")
+    logprobs, tokenizer = logprobs_of(llama)
+    with openai.OpenAI(base_url=live_server.url + "/v1", api_key=Token.objects.create(user=owner).key,
+                       max_retries=0) as client:
+        echoed = client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=4, temperature=0, logprobs=2,
+                                           echo=True).choices[0]
+        scored = echoed.logprobs
+        ids = tokenizer.encode(PROMPTS[1]).ids + reference(PROMPTS[1], 4)
+        every = logprobs(ids)
+        assert echoed.text == "".join(scored.tokens) and echoed.text.startswith(PROMPTS[1])
+        assert scored.tokens == [tokenizer.decode([i], skip_special_tokens=False) for i in ids]
+        assert scored.token_logprobs[0] is None
+        assert max(abs(scored.token_logprobs[t] - float(every[t - 1, ids[t]])) for t in range(1, len(ids))) < 1e-3
+        sampled = dict(model=NAME, prompt=PROMPTS[1], max_tokens=10, temperature=1.0, seed=5, n=3)
+        whole, again = client.completions.create(**sampled), client.completions.create(**sampled)
+        assert [c.text for c in whole.choices] == [c.text for c in again.choices] and len(whole.choices) == 3
+        chat = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Speak."}],
+                                              max_tokens=6, temperature=0, logprobs=True, top_logprobs=2,
+                                              frequency_penalty=1.0)
+        content = chat.choices[0].logprobs.content
+        assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
