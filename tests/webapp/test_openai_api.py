@@ -6,9 +6,11 @@ import pytest
 from rest_framework.test import APIClient
 
 from deploy.client import Chunk, Completion, GenerateParams, TritonClient
+from tests.deploy_fixtures import greedy_of, logprobs_of
 from tests.webapp import serving
 from webapp import models
 from webapp.api import openai as v1
+from webapp.services import choices
 from webapp.services.chat import chat_prompt
 from webapp.services.context_window import tokenizer_for
 
@@ -95,7 +97,7 @@ def test_it_answers_503_for_a_model_that_is_still_being_deployed(openai_api, ali
 
 
 @pytest.mark.parametrize("path, fields, param", [
-    ("/v1/completions", {"n": 2}, "n"),
+    ("/v1/completions", {"n": 17}, "n"),
     ("/v1/completions", {"max_tokens": 0}, "max_tokens"),
     ("/v1/completions", {"max_tokens": 5000}, "max_tokens"),
     ("/v1/completions", {"temperature": -1}, "temperature"),
@@ -104,14 +106,18 @@ def test_it_answers_503_for_a_model_that_is_still_being_deployed(openai_api, ali
     ("/v1/completions", {"stop": 3}, "stop"),
     ("/v1/completions", {"prompt": ["one", "two"]}, "prompt"),
     ("/v1/completions", {"prompt": [1, 2, 3]}, "prompt"),
-    ("/v1/completions", {"echo": True}, "echo"),
-    ("/v1/completions", {"frequency_penalty": 0.5}, "frequency_penalty"),
+    ("/v1/completions", {"echo": True, "stream": True}, "echo"),
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/completions", {"frequency_penalty": 2.5}, "frequency_penalty"),
     ("/v1/completions", {"temprature": 0.5}, "temprature"),
     ("/v1/completions", {"stream": "yes"}, "stream"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
-    ("/v1/chat/completions", {"n": 3}, "n"),
+    ("/v1/chat/completions", {"n": 0}, "n"),
     ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
 ])
 def test_it_refuses_bad_parameters_with_openais_400_naming_the_param(openai_api, alice, ready, path, fields, param):
@@ -283,7 +289,7 @@ def test_it_streams_an_error_event_when_triton_fails_mid_stream(openai_api, alic
     def failing(deployment, params):
         yield Chunk(" Good", [1], "", 3, 1)
         raise ServingUnavailable("the Triton server 'nowhere' cannot be reached")
-    monkeypatch.setattr(v1.services, "deployment_stream", failing)
+    monkeypatch.setattr(choices, "deployment_stream", failing)
     events = _data_events(openai_api(alice).post("/v1/completions", {**COMPLETION, "stream": True}, format="json"))
     assert events[0]["choices"][0]["text"] == " Good"
     assert events[-1]["error"]["type"] == "server_error" and "cannot be reached" in events[-1]["error"]["message"]
@@ -341,7 +347,116 @@ def test_the_openai_package_chats_and_streams_a_chat(openai_client, served_deplo
     with pytest.raises(openai.NotFoundError):
         openai_client.chat.completions.create(model="gpt-4", messages=messages)
     with pytest.raises(openai.BadRequestError):
-        openai_client.completions.create(model=model, prompt="x", n=2)
+        openai_client.completions.create(model=model, prompt="x", n=17)
     with openai.OpenAI(base_url=openai_client.base_url, api_key="wrong", max_retries=0) as stranger:
         with pytest.raises(openai.AuthenticationError):
             stranger.models.list()
+
+
+def _close(got: float, want: float) -> bool:
+    return abs(got - want) < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_package_gets_the_checkpoints_own_logprobs_of_the_prompt_and_the_answer(
+        openai_client, served_deployment, served_checkpoint):
+    """Completions with echo (what likelihood evaluation asks), streamed, and chats: each token's log-probability
+    and its most likely alternatives within 1e-3 of the checkpoint's own distribution."""
+    logprobs, tokenizer = logprobs_of(served_checkpoint)
+
+    def token_text(token_id: int) -> str:
+        return tokenizer.decode([token_id], skip_special_tokens=False)
+    greedy = greedy_of(served_checkpoint)
+    model, prompt = served_deployment.model_name, "First Citizen:\nWe are accounted poor citizens"
+    prompt_ids = tokenizer_for(served_deployment).encode(prompt).ids
+    ids = prompt_ids + greedy(prompt, 6)
+    assert len(prompt_ids) > 4
+    every = logprobs(ids)
+
+    whole = openai_client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0, logprobs=2,
+                                             echo=True)
+    choice = whole.choices[0]
+    scored = choice.logprobs
+    assert scored.tokens == [token_text(i) for i in ids] and choice.text == "".join(scored.tokens)
+    assert choice.text.startswith(prompt) and scored.text_offset[len(prompt_ids)] == len(prompt)
+    assert scored.token_logprobs[0] is None and scored.top_logprobs[0] is None
+    for t in range(1, len(ids)):
+        assert _close(scored.token_logprobs[t], float(every[t - 1, ids[t]])), t
+        values, best = every[t - 1].topk(2)
+        assert list(scored.top_logprobs[t]) == [token_text(i) for i in best.tolist()], t
+        assert all(map(_close, scored.top_logprobs[t].values(), values.tolist())), t
+    # a continuation's log-likelihood, as lm-eval reads it from an echoed completion of one token
+    continuation = len(prompt_ids) - 2
+    lm_eval = openai_client.completions.create(model=model, prompt=prompt, max_tokens=1, temperature=0,
+                                               logprobs=1, echo=True).choices[0].logprobs
+    assert _close(sum(lm_eval.token_logprobs[continuation:-1]),
+                  sum(float(every[t - 1, ids[t]]) for t in range(continuation, len(prompt_ids))))
+
+    pieces = list(openai_client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0,
+                                                   logprobs=1, stream=True))
+    streamed = [p.choices[0].logprobs for p in pieces if p.choices[0].logprobs is not None]
+    assert [t for s in streamed for t in s.tokens] == scored.tokens[len(prompt_ids):]
+    assert [p for s in streamed for p in s.token_logprobs] == scored.token_logprobs[len(prompt_ids):]
+    assert [o for s in streamed for o in s.text_offset] == [o - len(prompt) for o in scored.text_offset[
+        len(prompt_ids):]]
+
+    messages = [{"role": "user", "content": "Speak."}]
+    chat = openai_client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0,
+                                                 logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    chat_ids = tokenizer_for(served_deployment).encode(chat_prompt(messages).prompt).ids
+    answer = greedy(chat_prompt(messages).prompt, len(content))
+    every = logprobs(chat_ids + answer)
+    assert len(content) == chat.usage.completion_tokens and [c.token for c in content] == list(map(token_text, answer))
+    for t, c in enumerate(content):
+        assert _close(c.logprob, float(every[len(chat_ids) + t - 1, answer[t]])) and len(c.top_logprobs) == 3
+        assert c.top_logprobs[0].token == c.token and bytes(c.bytes) == c.token.encode()  # greedy: the likeliest
+
+
+def _repeats(tokens: list[str]) -> int:
+    return len(tokens) - len(set(tokens))
+
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_package_makes_a_repetitive_answer_less_so_with_penalties(openai_client, served_deployment):
+    model, prompt = served_deployment.model_name, served_deployment.report["smoke"]["prompt"]
+
+    def tokens(**penalties) -> list[str]:
+        return openai_client.completions.create(model=model, prompt=prompt, max_tokens=40, temperature=0, logprobs=0,
+                                                **penalties).choices[0].logprobs.tokens
+    plain = tokens()
+    assert _repeats(plain) > 5  # the small model repeats itself
+    assert _repeats(tokens(frequency_penalty=1.5)) < _repeats(plain)
+    assert _repeats(tokens(presence_penalty=2.0)) < _repeats(plain)
+    assert _repeats(tokens(frequency_penalty=-2.0)) > _repeats(plain)  # a negative one repeats more
+
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_package_gets_n_choices_reproducible_from_a_seed(openai_client, served_deployment):
+    """Choice i is the answer of the same request with seed + i: the same again, whole or streamed; usage counts
+    the prompt once and every choice's tokens."""
+    model, prompt = served_deployment.model_name, served_deployment.report["smoke"]["prompt"]
+    asked = dict(model=model, prompt=prompt, max_tokens=12, temperature=1.0, seed=7)
+    whole = openai_client.completions.create(n=3, **asked)
+    texts = [c.text for c in sorted(whole.choices, key=lambda c: c.index)]
+    assert [c.index for c in whole.choices] == [0, 1, 2] and len(set(texts)) == 3
+    assert [c.text for c in openai_client.completions.create(n=3, **asked).choices] == texts
+    singles = [openai_client.completions.create(**{**asked, "seed": 7 + i}) for i in range(3)]
+    assert [s.choices[0].text for s in singles] == texts
+    assert whole.usage.prompt_tokens == singles[0].usage.prompt_tokens
+    assert whole.usage.completion_tokens == sum(s.usage.completion_tokens for s in singles)
+    pieces = list(openai_client.completions.create(n=3, stream=True, stream_options={"include_usage": True},
+                                                   **asked))
+    streamed = ["".join(p.choices[0].text for p in pieces if p.choices and p.choices[0].index == i)
+                for i in range(3)]
+    assert streamed == texts and pieces[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert sum(1 for p in pieces if p.choices and p.choices[0].finish_reason) == 3
+    chat = openai_client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Speak."}],
+                                                 max_tokens=8, temperature=1.0, seed=3, n=2)
+    assert [c.index for c in chat.choices] == [0, 1] and all(c.message.role == "assistant" for c in chat.choices)

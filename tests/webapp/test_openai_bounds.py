@@ -151,7 +151,6 @@ def test_every_field_the_openai_package_sends_is_read_or_refused_by_name(v1, rea
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "", "tool_calls": []}]},
      "messages[0].tool_calls"),
     ("/v1/chat/completions", {"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
-    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"logit_bias": {"50256": -100}}, "logit_bias"),
@@ -160,6 +159,26 @@ def test_every_field_the_openai_package_sends_is_read_or_refused_by_name(v1, rea
 def test_it_refuses_what_it_would_otherwise_leave_out_naming_it(v1, ready, path, fields, param):
     base = COMPLETION if path == "/v1/completions" else CHAT
     _refused(v1.post(path, {**base, **fields}, format="json"), param, code=None)
+
+
+@pytest.mark.parametrize("path, fields, param", [
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 2}, "logprobs"),
+    ("/v1/completions", {"logprobs": 0}, "logprobs"),
+    ("/v1/completions", {"logprobs": 1, "echo": True}, "logprobs"),
+    ("/v1/chat/completions", {"presence_penalty": -0.5}, "presence_penalty"),
+])
+def test_a_deployment_exported_before_logprobs_and_penalties_refuses_them_naming_the_field(v1, ready, path, fields, param):
+    base = COMPLETION if path == "/v1/completions" else CHAT
+    assert "interface" not in ready.report  # exported before the models took logprobs
+    message = _refused(v1.post(path, {**base, **fields}, format="json"), param, code=None)
+    assert "deploy its checkpoint again" in message
+    ready.report = {"interface": 2}
+    ready.save()
+    _past_the_bounds(v1.post(path, {**base, **fields}, format="json"))
+
+
+def test_echo_without_logprobs_needs_nothing_new_of_the_deployment(v1, ready):
+    _past_the_bounds(v1.post("/v1/completions", {**COMPLETION, "echo": True}, format="json"))
 
 
 def test_it_accepts_the_same_max_tokens_under_both_names(v1, ready):

@@ -2,14 +2,20 @@
 
     GET  /v1/models              the ready deployments you may use (your own and shared ones)
     GET  /v1/models/<model>
-    POST /v1/completions         {model, prompt, max_tokens=16, temperature=1, top_p=1, stop, seed, stream, n=1, …}
-    POST /v1/chat/completions    {model, messages, max_tokens, temperature, top_p, stop, seed, stream, n=1, …}
+    POST /v1/completions         {model, prompt, max_tokens=16, temperature=1, top_p=1, stop, seed, stream,
+                                  logprobs, echo, presence_penalty, frequency_penalty, n=1, …}
+    POST /v1/chat/completions    {model, messages, max_tokens, temperature, top_p, stop, seed, stream,
+                                  logprobs, top_logprobs, presence_penalty, frequency_penalty, n=1, …}
 
-Answers follow OpenAI's JSON exactly (ids ``cmpl-…`` and ``chatcmpl-…``; ``choices`` of one, ``finish_reason``
-"stop" or "length"; ``usage``); a stream is server-sent ``data: {chunk}`` events ending with ``data: [DONE]``, and
-with ``stream_options: {"include_usage": true}`` a last chunk of no choices that carries the usage. Authenticate
+Answers follow OpenAI's JSON exactly (webapp.api.openai_answers): ids ``cmpl-…`` and ``chatcmpl-…``, ``n`` choices
+(up to 16, answer i drawn with seed + i where a seed is given: webapp.services.choices), ``usage``; a stream is
+server-sent ``data: {chunk}`` events ending with ``data: [DONE]``. Authenticate
 with ``Authorization: Bearer <key>``, the key being your API token (POST /api/token/). Errors are OpenAI's
 ``{"error": {message, type, param, code}}`` (webapp.api.openai_errors), this API's own documentation being OpenAI's.
+
+Log-probabilities are the model's own (before temperature, penalties and the rest of sampling), as vLLM gives them;
+a deployment exported before its server could give them, or apply penalties, answers a 400 naming the field
+(``logprobs``, ``echo``, ``presence_penalty``, …), until its checkpoint is deployed again.
 
 A model is a deployment's ``model_name``. Names are unique on a server, not across servers: where several ready
 deployments you may use share a name, your own newest one answers, else the newest.
@@ -23,26 +29,25 @@ A prompt and max_tokens beyond the model's context are refused with OpenAI's ``c
 naming the field), or the prompt is cut to its last ``truncate_prompt_tokens`` tokens where the request asks for it
 (vLLM's field); a max_tokens left out is lowered to what the context leaves (webapp.services.context_window).
 """
-import time
-import uuid
-from typing import Iterator
-
 from django.db.models import Case, IntegerField, Value, When
 from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
 from rest_framework.authentication import TokenAuthentication
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from deploy.client import Chunk, Completion, GenerateParams
+from deploy.client import ADDED_IN, GenerateParams
 
-from .. import models, services
+from .. import models
 from ..models.serving import DEFAULT_CHAT_TEMPLATE
 from ..selectors.deployments import deployments_visible_to
 from ..services.chat import chat_prompt
+from ..services.choices import choice_params, generate_choices, stream_choices
 from ..services.context_window import fit_prompt
-from ..services.triton import ServingError, ServingUnavailable
+from ..services.triton import ServingUnavailable
+from .openai_answers import Answer
 from .openai_errors import ModelNotFound, error_body, exception_handler
 from .openai_requests import CHAT_MAX_TOKENS, COMPLETION_MAX_TOKENS, ChatRequest, CompletionRequest
 from .outside_transaction import OutsideRequestTransaction
@@ -111,78 +116,32 @@ class ModelView(OpenAIView):
         return Response(_model(_deployment(request.user, model)))
 
 
-def _finish(reason: str) -> str:
-    return "length" if reason == "length" else "stop"
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-class Answer:
-    """One request's answer in OpenAI's shapes: the whole, or chunk by chunk."""
-
-    def __init__(self, kind: str, model: str, include_usage: bool = False):
-        self.chat = kind == "chat"
-        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created, self.model, self.include_usage = int(time.time()), model, include_usage
-
-    def _head(self, object_: str) -> dict:
-        return {"id": self.id, "object": object_, "created": self.created, "model": self.model}
-
-    def whole(self, completion: Completion) -> dict:
-        choice = {"index": 0, "finish_reason": _finish(completion.finish_reason), "logprobs": None}
-        if self.chat:
-            choice["message"] = {"role": "assistant", "content": completion.text}
-        else:
-            choice["text"] = completion.text
-        return {**self._head("chat.completion" if self.chat else "text_completion"), "choices": [choice],
-                "usage": _usage(completion.prompt_tokens, completion.completion_tokens)}
-
-    def _chunk(self, text: str | None, finish: str | None, role: bool = False) -> bytes:
-        choice = {"index": 0, "finish_reason": finish, "logprobs": None}
-        if self.chat:
-            choice["delta"] = {**({"role": "assistant"} if role else {}), **({} if text is None else
-                                                                             {"content": text})}
-        else:
-            choice["text"] = text or ""
-        body = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
-        if self.include_usage:
-            body["usage"] = None
-        return event(body)
-
-    def events(self, chunks: Iterator[Chunk]) -> Iterator[bytes]:
-        last = None
-        try:
-            if self.chat:
-                yield self._chunk("", None, role=True)
-            for chunk in chunks:
-                last = chunk
-                if chunk.text:
-                    yield self._chunk(chunk.text, None)
-                if chunk.finish_reason:
-                    break
-            yield self._chunk(None if self.chat else "", _finish(last.finish_reason if last else ""))
-            if self.include_usage and last is not None:
-                head = self._head("chat.completion.chunk" if self.chat else "text_completion")
-                yield event({**head, "choices": [], "usage": _usage(last.prompt_tokens, last.completion_tokens)})
-            yield event("[DONE]")
-        except ServingError as exc:
-            kind = "server_error" if exc.status >= 500 else "invalid_request_error"
-            yield event(error_body(exc.message, kind, code=exc.code))
-        finally:
-            chunks.close()  # a client gone mid-stream: the request is cancelled on the server
-
-
-def _answer(answer: Answer, deployment: Deployment, params: GenerateParams, stream: bool):
+def _answer(answer: Answer, deployment: Deployment, params: GenerateParams, n: int, stream: bool):
+    asks = choice_params(params, n)
     if stream:
-        return event_stream(answer.events(services.deployment_stream(deployment, params)))
-    return Response(answer.whole(services.deployment_generate(deployment, params)))
+        return event_stream(answer.events(stream_choices(deployment, asks), n))
+    return Response(answer.whole(generate_choices(deployment, asks)))
 
 
 def _include_usage(body: dict) -> bool:
     return bool((body.get("stream_options") or {}).get("include_usage"))
+
+
+def _penalties(body: dict) -> dict:
+    return {name: body[name] for name in ("presence_penalty", "frequency_penalty")}
+
+
+def _served(deployment: Deployment, params: GenerateParams, asked_by: dict[str, str] | None = None) -> GenerateParams:
+    """``params``, if the deployment's entry takes each input they use; a 400 naming the request's field
+    (``asked_by``: input → field, where they differ) where its entry was exported before that input existed."""
+    interface = int(deployment.report.get("interface", 1))
+    for name in params.optional_inputs:
+        if ADDED_IN[name] > interface:
+            field = (asked_by or {}).get(name, name)
+            raise serializers.ValidationError({field: [
+                f"model {deployment.model_name!r} was deployed before its server could answer {field}: deploy its "
+                f"checkpoint again (deployment {deployment.pk}), or leave {field} out"]})
+    return params
 
 
 class CompletionsView(OpenAIView):
@@ -194,11 +153,14 @@ class CompletionsView(OpenAIView):
         fitted = fit_prompt(deployment, body["prompt"], max_tokens=body.get("max_tokens"),
                             default_max_tokens=COMPLETION_MAX_TOKENS,
                             truncate_prompt_tokens=body.get("truncate_prompt_tokens"), prompt_param="prompt")
+        logprobs = body.get("logprobs")
         params = GenerateParams(prompt=fitted.prompt, max_tokens=fitted.max_tokens,
                                 temperature=body["temperature"], top_k=body["top_k"], top_p=body["top_p"],
-                                seed=body["seed"], stop=tuple(body.get("stop", ())))
-        return _answer(Answer("text", deployment.model_name, _include_usage(body)), deployment, params,
-                       body["stream"])
+                                seed=body["seed"], stop=tuple(body.get("stop", ())), logprobs=logprobs,
+                                prompt_logprobs=logprobs if body["echo"] else None, **_penalties(body))
+        params = _served(deployment, params, {"prompt_logprobs": "echo"})
+        answer = Answer("text", deployment.model_name, _include_usage(body), fitted.prompt if body["echo"] else None)
+        return _answer(answer, deployment, params, body["n"], body["stream"])
 
 
 class ChatCompletionsView(OpenAIView):
@@ -221,8 +183,11 @@ class ChatCompletionsView(OpenAIView):
         params = GenerateParams(prompt=fitted.prompt, max_tokens=fitted.max_tokens,
                                 temperature=sampling["temperature"], top_k=sampling["top_k"],
                                 top_p=sampling["top_p"], seed=sampling["seed"],
-                                stop=(chat.stop, *body.get("stop", ())))
-        return _answer(Answer("chat", deployment.model_name, _include_usage(body)), deployment, params,
+                                stop=(chat.stop, *body.get("stop", ())),
+                                logprobs=body.get("top_logprobs", 0) if body["logprobs"] else None,
+                                **_penalties(body))
+        params = _served(deployment, params)
+        return _answer(Answer("chat", deployment.model_name, _include_usage(body)), deployment, params, body["n"],
                        body["stream"])
 
 

@@ -1,5 +1,8 @@
 """The request bodies of the OpenAI-compatible endpoints (webapp.api.openai), checked as OpenAI checks them.
 
+Log-probabilities as OpenAI's two endpoints ask for them: a completion's ``logprobs`` (k: the k most likely tokens
+beside each; with ``echo``, the prompt's too), a chat's ``logprobs: true`` with ``top_logprobs`` (k).
+
 A null is the same as a field left out (OpenAI's clients send either). A field this server does not know is refused
 ("Unrecognized request argument supplied"), as OpenAI does; one it knows but does not implement is accepted at its
 neutral value only (``echo: false``, ``presence_penalty: 0``, …), and refused otherwise, so that no request is
@@ -19,12 +22,14 @@ MAX_MESSAGES = 256
 CHAT_MAX_TOKENS = 256   # OpenAI answers until the context is full; this server stops here unless told otherwise
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 # Known fields this server does not implement, and the values that ask for nothing (accepted).
-NEUTRAL = {"logprobs": (None, False, 0), "top_logprobs": (None, 0), "echo": (False,), "best_of": (1,),
-           "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},), "suffix": ("",),
+NEUTRAL = {"best_of": (1,),
+           "logit_bias": ({},), "suffix": ("",),
            "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
            "parallel_tool_calls": (True, False), "store": (False,), "metadata": ({},), "service_tier": ("auto",)}
 IGNORED = ("user",)
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for completions
+MAX_CHOICES = 16   # answers to one request (n), at most
+MAX_LOGPROBS = 20  # the most likely tokens listed beside each token (the engines' bound: deploy.serving.request)
 
 
 class ClosedSerializer(serializers.Serializer):
@@ -85,6 +90,8 @@ class OpenAIRequest(serializers.Serializer):
     stream_options = StreamOptions(required=False)
     n = StrictIntegerField(required=False, default=1)
     truncate_prompt_tokens = StrictIntegerField(required=False, min_value=-1)
+    presence_penalty = StrictFloatField(required=False, default=0.0, min_value=-2, max_value=2)
+    frequency_penalty = StrictFloatField(required=False, default=0.0, min_value=-2, max_value=2)
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
@@ -92,6 +99,8 @@ class OpenAIRequest(serializers.Serializer):
         given = {key: value for key, value in data.items() if value is not None}
         errors = {}
         for key, value in given.items():
+            if key in self.fields:
+                continue
             if key in NEUTRAL and value not in NEUTRAL[key]:
                 errors[key] = [f"{value!r:.100} is not supported by this server: leave {key} out"]
             elif key not in self.fields and key not in NEUTRAL and key not in IGNORED:
@@ -118,9 +127,8 @@ class OpenAIRequest(serializers.Serializer):
         return attrs
 
     def validate_n(self, value):
-        if value != 1:
-            raise serializers.ValidationError(f"n={value}: this server answers one choice a request; give n=1 (or "
-                                              f"leave it out) and send more requests for more choices")
+        if not 1 <= value <= MAX_CHOICES:
+            raise serializers.ValidationError(f"n={value}: give 1 to {MAX_CHOICES} choices")
         return value
 
 
@@ -128,6 +136,16 @@ class CompletionRequest(OpenAIRequest):
     prompt = PromptField()
     # Left out: COMPLETION_MAX_TOKENS, lowered to what the model's context leaves (webapp.services.context_window).
     max_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
+    logprobs = StrictIntegerField(required=False, min_value=0, max_value=MAX_LOGPROBS)
+    echo = StrictBooleanField(required=False, default=False)
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        if attrs.get("echo") and attrs.get("stream"):
+            raise serializers.ValidationError({"echo": ["echo is not supported with stream on this server: ask "
+                                                        "without stream (the prompt's log-probabilities come with "
+                                                        "the whole answer)"]})
+        return attrs
 
 
 class MessageSerializer(ClosedSerializer):
@@ -162,9 +180,13 @@ class ChatRequest(OpenAIRequest):
     # What is left out comes from the deployment's prompt template (its sampling), else OpenAI's defaults.
     max_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
     max_completion_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
+    logprobs = StrictBooleanField(required=False, default=False)
+    top_logprobs = StrictIntegerField(required=False, min_value=0, max_value=MAX_LOGPROBS)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
+        if "top_logprobs" in attrs and not attrs["logprobs"]:
+            raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true"]})
         if "max_tokens" in attrs and attrs["max_tokens"] != attrs.get("max_completion_tokens", attrs["max_tokens"]):
             raise serializers.ValidationError({"max_completion_tokens": [
                 f"{attrs['max_completion_tokens']} differs from max_tokens={attrs['max_tokens']}: give one of the "
