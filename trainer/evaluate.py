@@ -3,7 +3,7 @@ lm-evaluation-harness (``lm-eval``).
 
     python -m trainer.evaluate --checkpoint runs/<id>/checkpoints/step-<n> --set items.jsonl --kind choice [--json]
     OPENAI_API_KEY=<token> python -m trainer.evaluate --endpoint http://host:8000/v1/completions --model <name> \
-        --set items.jsonl --kind choice [--json]
+        [--tokenizer <the model's tokenizer.json>] --set items.jsonl --kind choice [--json]
 
 The harness does what every team's scores are compared by (its prompt handling, its metrics and their standard
 errors); this module gives it the model and the task:
@@ -12,14 +12,17 @@ errors); this module gives it the model and the task:
   (trainer.generate): the log-likelihood of a continuation after a context, the rolling log-likelihood of a whole
   text, and greedy generation up to stop strings.
 - An endpoint is the harness's own ``local-completions`` model: greedy requests to /v1/completions, the text
-  sent as it is (the server tokenizes it), so only what is scored from generated text can be asked of it.
+  sent as it is (the server tokenizes it). Given the model's tokenizer, a continuation's log-likelihood is asked of
+  it too, as the harness asks any OpenAI-compatible server: the context and continuation echoed back with each
+  token's log-probability, the continuation's tokens counted by that tokenizer.
 - ``task_configs`` turns an evaluation set into the harness's tasks: ``choice`` (JSONL of ``question``, ``choices``
   and the index of the right one, ``answer``), ``reference`` (JSONL of ``prompt`` and ``reference``: the greedy
   answer's exact match) or ``text`` (JSONL with ``text``, or a plain text file whose paragraphs are the documents:
   perplexity per word and per byte, and bits per byte; a checkpoint only). A choice set is scored two ways:
-  ``acc`` and ``acc_norm`` by the likeliest choice (a checkpoint only, as the harness's multiple-choice tasks do)
-  and ``acc_generated`` by the letter the model writes after the choices listed as A., B., … (greedy, the harness's
-  generative variant of such tasks), which a checkpoint and its deployments share, so that they can be compared.
+  ``acc`` and ``acc_norm`` by the likeliest choice (as the harness's multiple-choice tasks do; an endpoint given
+  its tokenizer), with each choice's log-likelihood kept, and ``acc_generated`` by the letter the model writes after
+  the choices listed as A., B., … (greedy, the harness's generative variant of such tasks), which a checkpoint and
+  its deployments share, so that they can be compared.
   The data is read with the ``datasets`` library's JSON reader, from the file itself: nothing is fetched.
 """
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -62,9 +66,11 @@ class Scores:
     metrics: dict[str, float]  # each metric of the kind, and its standard error as "<metric>_stderr" where given
     items: int
     answers: tuple[str, ...] = ()  # the generated answers, item by item, where the kind generates
+    likelihoods: tuple[tuple[float, ...], ...] = ()  # each choice's log-likelihood, item by item, where scored
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "items": self.items, "metrics": self.metrics, "answers": list(self.answers)}
+        return {"kind": self.kind, "items": self.items, "metrics": self.metrics, "answers": list(self.answers),
+                "likelihoods": [list(item) for item in self.likelihoods]}
 
 
 # ---- the model ---------------------------------------------------------------------------------------------------
@@ -185,9 +191,10 @@ def read_items(path: Path, kind: Kind) -> list[dict]:
     return items
 
 
-def task_configs(data_file: Path, kind: Kind, endpoint: bool = False) -> list[dict]:
-    """The harness's tasks for a JSONL file of checked items of ``kind``: what a checkpoint is scored on, or only
-    those scored from generated text for an endpoint (EvaluationError for a kind that has none)."""
+def task_configs(data_file: Path, kind: Kind, endpoint: bool = False, likelihood: bool = True) -> list[dict]:
+    """The harness's tasks for a JSONL file of checked items of ``kind``: what a checkpoint is scored on; for an
+    endpoint, a choice's likelihood where it can be asked (``likelihood``) and what is scored from generated text
+    (EvaluationError for a kind that has none)."""
     common = {"dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(data_file)}},
               "test_split": "test"}
     if kind == "choice":
@@ -204,21 +211,21 @@ def task_configs(data_file: Path, kind: Kind, endpoint: bool = False) -> list[di
         likeliest = {**common, "task": TASK_NAME, "output_type": "multiple_choice",
                      "doc_to_text": "{{question}}\nAnswer:", "doc_to_choice": "{{choices}}", "doc_to_target": "{{answer}}",
                      "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}
-        return [generated] if endpoint else [likeliest, generated]
+        return [likeliest, generated] if likelihood else [generated]
     if kind == "reference":
         return [{**common, "task": GENERATED_TASK, "output_type": "generate_until", "doc_to_text": "{{prompt}}",
                  "doc_to_target": "{{reference}}",
                  "generation_kwargs": {"until": ["\n"], "do_sample": False, "max_gen_toks": MAX_GENERATED},
                  "metric_list": [{"metric": "exact_match", "ignore_case": True, "ignore_punctuation": True}]}]
     if endpoint:
-        raise EvaluationError("a text set is scored by the model's log-likelihood of every token, which /v1 does not "
-                              "return: evaluate the deployment's checkpoint instead")
+        raise EvaluationError("a text set is scored by the model's log-likelihood over windows of its context, "
+                              "which an endpoint's does not tell: evaluate the deployment's checkpoint instead")
     return [{**common, "task": TASK_NAME, "output_type": "loglikelihood_rolling", "doc_to_text": "",
              "doc_to_target": "{{text}}", "metric_list": [{"metric": m} for m in METRICS["text"]]}]
 
 
 def _scores(results: dict, kind: Kind, items: int) -> Scores:
-    metrics, answers = {}, ()
+    metrics, answers, likelihoods = {}, (), ()
     for task, names in ((TASK_NAME, METRICS[kind]), (GENERATED_TASK, GENERATED_METRICS if kind == "choice"
                                                       else METRICS[kind])):
         for key, value in results["results"].get(task, {}).items():
@@ -230,10 +237,13 @@ def _scores(results: dict, kind: Kind, items: int) -> Scores:
         samples = sorted(results.get("samples", {}).get(task, []), key=lambda sample: sample["doc_id"])
         if task == GENERATED_TASK and samples:
             answers = tuple(sample["resps"][0][0] for sample in samples)
-    return Scores(kind=kind, metrics=metrics, items=items, answers=answers)
+        if task == TASK_NAME and kind == "choice" and samples:  # a response of (log-likelihood, greedy) per choice
+            likelihoods = tuple(tuple(float(choice[0][0]) for choice in sample["resps"]) for sample in samples)
+    return Scores(kind=kind, metrics=metrics, items=items, answers=answers, likelihoods=likelihoods)
 
 
-def _evaluate(make_model, eval_set: str | Path, kind: Kind, limit: int | None, endpoint: bool) -> Scores:
+def _evaluate(make_model, eval_set: str | Path, kind: Kind, limit: int | None, endpoint: bool,
+              likelihood: bool = True) -> Scores:
     if kind not in KINDS:
         raise EvaluationError(f"kind={kind!r}: give one of {', '.join(KINDS)}")
     eval_set = Path(eval_set)
@@ -246,7 +256,7 @@ def _evaluate(make_model, eval_set: str | Path, kind: Kind, limit: int | None, e
     with tempfile.TemporaryDirectory() as folder:
         data_file = Path(folder) / "items.jsonl"
         data_file.write_text("".join(json.dumps(item) + "\n" for item in items))
-        tasks = task_configs(data_file, kind, endpoint)
+        tasks = task_configs(data_file, kind, endpoint, likelihood)
         results = simple_evaluate(model=make_model(), tasks=tasks,
                                   task_manager=TaskManager(include_defaults=False), bootstrap_iters=100,
                                   log_samples=True, verbosity="ERROR")
@@ -259,23 +269,39 @@ def evaluate_checkpoint(checkpoint: str | Path, eval_set: str | Path, kind: Kind
     return _evaluate(lambda: CheckpointLM(checkpoint, device=device), eval_set, kind, limit, endpoint=False)
 
 
+def _tokenizer_folder(tokenizer: Path, folder: Path) -> Path:
+    """``tokenizer`` (a tokenizer.json) in a folder that transformers reads as it is: the harness counts a context's
+    tokens with it, and sends the text it decodes back, unchanged (no clean-up of spaces)."""
+    if not tokenizer.is_file():
+        raise EvaluationError(f"no tokenizer at {tokenizer}: give the model's tokenizer.json")
+    shutil.copyfile(tokenizer, folder / "tokenizer.json")
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              "clean_up_tokenization_spaces": False}))
+    return folder
+
+
 def evaluate_endpoint(url: str, model: str, eval_set: str | Path, kind: Kind, limit: int | None = None,
-                      api_key: str = "") -> Scores:
+                      api_key: str = "", tokenizer: str | Path | None = None) -> Scores:
     """The model ``model`` behind the OpenAI-compatible completions ``url`` scored on ``eval_set``: greedy answers
-    of the text alone (EvaluationError on a kind scored by likelihood, or on a request the server refuses)."""
+    of the text, and with the model's ``tokenizer`` the likeliest choice too (EvaluationError on a kind that cannot
+    be scored so, or on a request the server refuses)."""
     import requests
     from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-    def endpoint_model():
-        return LocalCompletionsAPI(base_url=url, model=model, tokenizer_backend=None, tokenized_requests=False,
-                                   max_retries=1, header={"Authorization": f"Bearer {api_key}"} if api_key else None)
-    try:
-        return _evaluate(endpoint_model, eval_set, kind, limit, endpoint=True)
-    except requests.HTTPError as exc:
-        answer = exc.response
-        raise EvaluationError(f"{url} answered {answer.status_code}: {answer.text[:300]}") from None
-    except requests.ConnectionError as exc:
-        raise EvaluationError(f"{url} could not be reached: {exc}") from None
+    with tempfile.TemporaryDirectory() as folder:
+        counted = str(_tokenizer_folder(Path(tokenizer), Path(folder))) if tokenizer else None
+
+        def endpoint_model():
+            return LocalCompletionsAPI(base_url=url, model=model, tokenizer_backend="huggingface" if counted else None,
+                                       tokenizer=counted, tokenized_requests=False, max_retries=1,
+                                       header={"Authorization": f"Bearer {api_key}"} if api_key else None)
+        try:
+            return _evaluate(endpoint_model, eval_set, kind, limit, endpoint=True, likelihood=counted is not None)
+        except requests.HTTPError as exc:
+            answer = exc.response
+            raise EvaluationError(f"{url} answered {answer.status_code}: {answer.text[:300]}") from None
+        except requests.ConnectionError as exc:
+            raise EvaluationError(f"{url} could not be reached: {exc}") from None
 
 
 def main(argv: Iterable[str] | None = None) -> int:
@@ -285,6 +311,8 @@ def main(argv: Iterable[str] | None = None) -> int:
     target.add_argument("--endpoint", help="an OpenAI-compatible completions URL (…/v1/completions); the key is "
                                            "read from OPENAI_API_KEY")
     parser.add_argument("--model", help="the model's name at --endpoint")
+    parser.add_argument("--tokenizer", help="the endpoint's model's tokenizer.json: choices are scored by their "
+                                            "log-likelihood too (the endpoint must return logprobs with echo)")
     parser.add_argument("--set", required=True, dest="eval_set", help="the evaluation set: JSONL, or text")
     parser.add_argument("--kind", choices=KINDS, required=True)
     parser.add_argument("--limit", type=int, default=None, help="the first N items only")
@@ -295,7 +323,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     try:
         if args.endpoint:
             scores = evaluate_endpoint(args.endpoint, args.model, args.eval_set, args.kind, args.limit,
-                                       os.environ.get("OPENAI_API_KEY", ""))
+                                       os.environ.get("OPENAI_API_KEY", ""), args.tokenizer)
         else:
             scores = evaluate_checkpoint(args.checkpoint, args.eval_set, args.kind, args.limit)
     except (EvaluationError, FileNotFoundError) as exc:

@@ -5,7 +5,8 @@ It runs ``python -m trainer.evaluate --checkpoint … --set … --kind … --jso
 ``wb-eval<id>-<when the row was made>``, in ``<runs root>/evaluations/<job name>/``: the harness's progress on stderr, one JSON line of scores on stdout
 (status 0), or a refusal naming the set's bad line (status 2). A deployment is evaluated as any client would use
 it: ``--endpoint <the web app>/v1/completions --model <its name>``, with its owner's API token in the process's
-environment. A redelivered task finds the job by its name and follows it.
+environment, and ``--tokenizer <its checkpoint's>`` where its entry returns log-probabilities (choices scored by
+likelihood too). A redelivered task finds the job by its name and follows it.
 """
 import json
 import sys
@@ -27,6 +28,9 @@ def evaluation_command(evaluation: Evaluation) -> list[str]:
     if evaluation.deployment is not None:
         target = ["--endpoint", f"{settings.WORKBENCH['URL']}/v1/completions",
                   "--model", evaluation.deployment.model_name]
+        tokenizer = evaluations.evaluation_tokenizer(evaluation)
+        if tokenizer:
+            target += ["--tokenizer", tokenizer]
     else:
         target = ["--checkpoint", evaluation.checkpoint.path]
     return [sys.executable, "-m", "trainer.evaluate", *target, "--set", evaluation.eval_set.path,

@@ -112,15 +112,19 @@ def test_the_api_registers_a_set_and_the_worker_scores_the_checkpoint(owner, dat
 
 @pytest.fixture(scope="module")
 def served_both(triton, served_checkpoint):
-    """The checkpoint exported twice into the session's Triton, in fp32 and with int8 weights, both loaded."""
+    """The checkpoint exported twice into the session's Triton, in fp32 and with int8 weights, both loaded: reduction
+    → (model name, the export's report)."""
     from deploy.export import ExportOptions, export
 
     client = triton.client()
     names = {"none": "evaluated-fp32", "int8": "evaluated-int8"}
+    served = {}
     for reduction, name in names.items():
-        export(served_checkpoint, triton.repository, ExportOptions(name=name, reduction=reduction, measure=False))
+        report = export(served_checkpoint, triton.repository, ExportOptions(name=name, reduction=reduction,
+                                                                            measure=False))
         client.load(name)
-    yield names
+        served[reduction] = (name, report)
+    yield served
     for name in names.values():
         client.unload(name)
     client.close()
@@ -134,8 +138,9 @@ def test_a_deployment_scored_through_v1_answers_as_its_checkpoint_and_its_int8_c
     server = models.TritonServer.objects.create(name="local", http_url=triton.http_url, grpc_url=triton.grpc_url,
                                                 metrics_url=triton.metrics_url, model_repository=str(triton.repository))
     deployed = {reduction: models.Deployment.objects.create(owner=owner, checkpoint=checkpoint, server=server,
-                                                            model_name=name, reduction=reduction, status="ready")
-                for reduction, name in served_both.items()}
+                                                            model_name=name, reduction=reduction, status="ready",
+                                                            report=report)
+                for reduction, (name, report) in served_both.items()}
     eval_set = models.EvaluationSet.objects.create(owner=owner, name="halves", kind="choice",
                                                    # prompts that leave room for the answer in the model's
                                                    # context: /v1 refuses more, where a checkpoint cuts the prompt
@@ -150,8 +155,13 @@ def test_a_deployment_scored_through_v1_answers_as_its_checkpoint_and_its_int8_c
     # greedy, the same prompts: the deployment writes what the checkpoint writes, item by item, so the scores agree
     assert fp32["answers"] == direct.scores["answers"] and any(fp32["answers"])
     assert fp32["metrics"]["acc_generated"] == direct.scores["metrics"]["acc_generated"]
-    assert set(fp32["metrics"]) == {"acc_generated", "acc_generated_stderr"}  # /v1 gives no likelihoods
-    assert "acc" in direct.scores["metrics"] and len(int8["answers"]) == 12
+    # and each choice's log-likelihood, echoed by /v1, is the checkpoint's: the same likeliest choices
+    pairs = [(a, b) for mine, theirs in zip(fp32["likelihoods"], direct.scores["likelihoods"])
+             for a, b in zip(mine, theirs)]
+    assert len(pairs) == 24 and max(abs(a - b) for a, b in pairs) < 1e-3
+    assert {k: fp32["metrics"][k] for k in ("acc", "acc_norm")} == {k: direct.scores["metrics"][k]
+                                                                    for k in ("acc", "acc_norm")}
+    assert len(int8["answers"]) == 12 and len(int8["likelihoods"]) == 12
     assert through["int8"].target == "deployment evaluated-int8 (int8 weight-only)"
     text = models.EvaluationSet.objects.create(owner=owner, name="prose", kind="text", path=eval_set.path)
     with pytest.raises(ValidationError, match="evaluate the deployment's checkpoint instead"):

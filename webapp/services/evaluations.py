@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from rest_framework.authtoken.models import Token
 
+from deploy.client import ADDED_IN
 from trainer.contract.manifest import read_manifest
 
 from ..models import Checkpoint, Deployment, Evaluation, EvaluationSet, Run, data_roots_for
@@ -32,9 +33,9 @@ def evaluation_create(owner, eval_set: EvaluationSet, checkpoint: Checkpoint | N
             raise ValidationError({"deployment": [f"deployment {deployment.model_name!r} is {deployment.status}: "
                                                   f"only a ready one answers /v1"]})
         if eval_set.kind == EvaluationSet.Kind.TEXT:
-            raise ValidationError({"eval_set": ["a text set is scored by the model's log-likelihood of every token, "
-                                                "which /v1 does not return: evaluate the deployment's checkpoint "
-                                                "instead"]})
+            raise ValidationError({"eval_set": ["a text set is scored by the model's log-likelihood over windows of "
+                                                "its context, which an evaluation through /v1 does not ask: evaluate "
+                                                "the deployment's checkpoint instead"]})
         checkpoint = deployment.checkpoint
     elif read_manifest(checkpoint.path) is None:
         raise ValidationError({"checkpoint": [f"checkpoint {checkpoint.pk}'s folder {checkpoint.path} no longer holds "
@@ -61,6 +62,15 @@ def evaluations_after_checkpoint(run: Run, checkpoint: Checkpoint) -> list[Evalu
 def evaluation_api_key(evaluation: Evaluation) -> str:
     """The API token a deployment's evaluation sends to /v1: its owner's, so /v1 serves what they may use."""
     return Token.objects.get_or_create(user=evaluation.owner)[0].key
+
+
+def evaluation_tokenizer(evaluation: Evaluation) -> str | None:
+    """The tokenizer a deployment's evaluation counts its contexts' tokens with, where its deployment returns the
+    prompt's log-probabilities (so choices are scored by their likelihood too): its checkpoint's."""
+    deployment = evaluation.deployment
+    if deployment is None or int(deployment.report.get("interface", 1)) < ADDED_IN["prompt_logprobs"]:
+        return None
+    return (deployment.checkpoint.manifest or {}).get("tokenizer") or None
 
 
 def evaluation_claim(evaluation_id: int) -> Evaluation | None:
