@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 # The models' interface, counted up as inputs are added (deploy.export writes it into each entry's report; a report
 # without it is of interface 1), and the interface each later input came with.
 INTERFACE = 2
-ADDED_IN = {"logprobs": 2, "prompt_logprobs": 2, "presence_penalty": 2, "frequency_penalty": 2}
+ADDED_IN = {"logprobs": 2, "prompt_logprobs": 2, "presence_penalty": 2, "frequency_penalty": 2, "guide": 2}
 
 
 class TritonError(Exception):
@@ -64,13 +64,15 @@ class GenerateParams:
     prompt_logprobs: Optional[int] = None  # k: the same for the prompt's tokens
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    guide: Optional[str] = None  # structured output: '{"json_schema": {…}}' or '{"json_object": true}'
 
     @property
     def optional_inputs(self) -> dict[str, tuple[Any, Any]]:
         """The inputs added to the models' interface later (ADDED_IN) where asked: name → (value, numpy dtype)."""
         inputs = {"logprobs": (self.logprobs, np.int32), "prompt_logprobs": (self.prompt_logprobs, np.int32),
                   "presence_penalty": (self.presence_penalty or None, np.float32),
-                  "frequency_penalty": (self.frequency_penalty or None, np.float32)}
+                  "frequency_penalty": (self.frequency_penalty or None, np.float32),
+                  "guide": (self.guide, np.object_)}
         return {name: (value, dtype) for name, (value, dtype) in inputs.items() if value is not None}
 
     def inputs(self, stream: bool) -> dict[str, tuple[list, Any]]:
@@ -84,7 +86,7 @@ class GenerateParams:
         if self.stop:
             values["stop"] = ([s.encode() for s in self.stop], np.object_)
         for name, (value, dtype) in self.optional_inputs.items():
-            values[name] = ([value], dtype)
+            values[name] = ([value.encode() if isinstance(value, str) else value], dtype)
         return values
 
     def json(self, stream: bool) -> dict[str, Any]:

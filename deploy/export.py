@@ -82,7 +82,8 @@ def config_pbtxt(options: ExportOptions) -> str:
               ("top_p", "TYPE_FP32", "[ 1 ]", True), ("seed", "TYPE_INT64", "[ 1 ]", True),
               ("stop", "TYPE_STRING", "[ -1 ]", True), ("stream", "TYPE_BOOL", "[ 1 ]", True),
               ("logprobs", "TYPE_INT32", "[ 1 ]", True), ("prompt_logprobs", "TYPE_INT32", "[ 1 ]", True),
-              ("presence_penalty", "TYPE_FP32", "[ 1 ]", True), ("frequency_penalty", "TYPE_FP32", "[ 1 ]", True)]
+              ("presence_penalty", "TYPE_FP32", "[ 1 ]", True), ("frequency_penalty", "TYPE_FP32", "[ 1 ]", True),
+              ("guide", "TYPE_STRING", "[ 1 ]", True)]
     outputs = [("text_output", "TYPE_STRING", "[ 1 ]"), ("token_ids", "TYPE_INT32", "[ -1 ]"),
                ("finish_reason", "TYPE_STRING", "[ 1 ]"), ("prompt_tokens", "TYPE_INT32", "[ 1 ]"),
                ("completion_tokens", "TYPE_INT32", "[ 1 ]"), ("logprobs", "TYPE_STRING", "[ 1 ]"),

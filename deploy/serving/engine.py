@@ -22,6 +22,7 @@ from .sampling import generator_for, penalize, pick, scores
 from .scheduler import PREFILL_CHUNK, Batch, Codec, CountingMetrics, Metrics, Output, Plan, Scheduler
 
 if TYPE_CHECKING:
+    from .guide import Guided
     from .model import BatchLogits
 
 # what callers take from here
@@ -50,6 +51,7 @@ class Engine:
         self.device = torch.device(device)
         self._sampling: dict[int, tuple[Sampling, Optional[torch.Generator]]] = {}  # by slot
         self._counts: dict[int, torch.Tensor] = {}  # by slot, where penalized: how often each token was generated
+        self._guided: dict[int, Guided] = {}  # by slot, where a grammar holds the answer
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
@@ -102,6 +104,9 @@ class Engine:
                 self._sampling[admission.slot] = (admission.sampling,
                                                   generator_for(admission.sampling, self.device))
                 self._counts.pop(admission.slot, None)
+                self._guided.pop(admission.slot, None)
+                if admission.guided is not None:
+                    self._guided[admission.slot] = admission.guided
             for batch, logits in zip(plan.batches, self.runner.execute(plan)):
                 self._draw(batch, logits.last, output)
                 self._score_prompts(batch, logits.every, output)
@@ -119,20 +124,29 @@ class Engine:
         for i, row in enumerate(batch.draws):
             slot = batch.slots[row]
             sampling, generator = self._sampling[slot]
-            if sampling.penalized:
-                token = self._draw_penalized(slot, logits[i], sampling, generator)
+            guided = self._guided.get(slot)
+            if sampling.penalized or guided is not None:
+                token = self._draw_held(slot, logits[i], sampling, generator, guided)
             else:
                 token = greedy[i] if sampling.greedy else pick(logits[i], sampling, generator)
             output.tokens[slot] = token
             if sampling.logprobs >= 0:
                 output.logprobs[slot] = scores(logits[i:i + 1], [token], sampling.logprobs)[0]
 
-    def _draw_penalized(self, slot: int, logits: torch.Tensor, sampling: Sampling,
-                        generator: Optional[torch.Generator]) -> int:
-        """The token drawn from ``logits`` less the penalties of the slot's tokens so far, then counted."""
-        counts = self._counts.setdefault(slot, torch.zeros_like(logits))
-        token = pick(penalize(logits, counts, sampling), sampling, generator)
-        counts[token] += 1
+    def _draw_held(self, slot: int, logits: torch.Tensor, sampling: Sampling, generator: Optional[torch.Generator],
+                   guided: Optional[Guided]) -> int:
+        """The token drawn from ``logits`` less the penalties of the slot's tokens so far, among those its grammar
+        allows next; then counted, and followed in the grammar."""
+        if sampling.penalized:
+            counts = self._counts.setdefault(slot, torch.zeros_like(logits))
+            logits = penalize(logits, counts, sampling)
+        if guided is not None:
+            logits = guided.allowed(logits)
+        token = pick(logits, sampling, generator)
+        if sampling.penalized:
+            counts[token] += 1
+        if guided is not None:
+            guided.accept(token)
         return token
 
     def _score_prompts(self, batch: Batch, every: dict[int, torch.Tensor], output: Output) -> None:

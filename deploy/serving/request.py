@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 
 MAX_LOGPROBS = 20  # most likely tokens listed beside each token's log-probability, at most (OpenAI's bound)
@@ -75,6 +75,7 @@ class Request:
     sampling: Sampling = Sampling()
     stop: tuple[str, ...] = ()
     stream: bool = False
+    guided: Optional[Any] = None  # the answer's grammar, where structured output is asked (deploy.serving.guide)
     arrived: float = field(default_factory=time.perf_counter)
 
     def problems(self) -> list[str]:

@@ -23,7 +23,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from .prefix_cache import PREFIX_BLOCK_SIZE, PrefixCache
 from .request import Request, Result, Sampling, TokenLogprob
@@ -36,6 +36,7 @@ class Admission:
     slot: int
     blocks: list[int]  # prefix-cache blocks copied in as the slot's first positions (none: the slot starts empty)
     sampling: Sampling = Sampling()  # for rank 0, which draws the tokens; the other ranks never see it
+    guided: Optional[Any] = None     # for rank 0 too: the request's grammar, where it asked for one
 
 
 @dataclass(frozen=True)
@@ -280,7 +281,7 @@ class Scheduler:
                 seq.cached = len(blocks) * self.prefix.block_size
                 self.metrics.prefix_lookup(len(seq.context), seq.cached)
             self._running[slot] = seq
-            admissions.append(Admission(slot, blocks, request.sampling))
+            admissions.append(Admission(slot, blocks, request.sampling, request.guided))
         return admissions
 
     def _prefill(self, sequences: list[_Sequence]) -> tuple[list[Batch], list[BlockSave]]:

@@ -12,7 +12,7 @@ cores less one, shared by the instances' ranks).
 
 Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p, seed (−1: none), stop
 (strings), stream, logprobs and prompt_logprobs (−1: none; k ≥ 0: each token's log-probability with the k most
-likely beside it), presence_penalty and frequency_penalty (OpenAI's). Outputs: text_output (the new text) and token_ids in every response, with logprobs where asked;
+likely beside it), presence_penalty and frequency_penalty (OpenAI's), guide (structured output: ``guide``). Outputs: text_output (the new text) and token_ids in every response, with logprobs where asked;
 finish_reason, prompt_tokens and completion_tokens in the last, with prompt_logprobs where asked
 (``triton_io``).
 """
@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from workbench_serving.engine import Engine  # noqa: E402
-from workbench_serving.layout import SERVING, TOKENIZER, Codec, read_json  # noqa: E402
+from workbench_serving.guide import GuideError, Guides  # noqa: E402
+from workbench_serving.layout import MODEL_SPEC, SERVING, TOKENIZER, Codec, read_json  # noqa: E402
 from workbench_serving.prefix_cache import PREFIX_BLOCK_SIZE  # noqa: E402
 from workbench_serving.request import Request, Result, Sampling, TokenLogprob  # noqa: E402
 from workbench_serving.scheduler import PREFILL_CHUNK  # noqa: E402
@@ -158,6 +159,7 @@ class TritonPythonModel:
         else:
             runner = build_rank_model(folder, 0, 1, slots, device_for(kind, base, 0), dtype, prefix_blocks, threads)
         self.codec = Codec(folder / TOKENIZER)
+        self.guides = Guides(folder / TOKENIZER, int(read_json(folder / MODEL_SPEC)["vocab_size"]), self.codec.eos_id)
         labels = {"model": args["model_name"], "version": args["model_version"]}
         self.metrics = EngineMetrics(labels)
         self.outbox = Outbox()
@@ -174,6 +176,8 @@ class TritonPythonModel:
                     raise ValueError("streaming needs the model exported as decoupled; ask without stream")
                 seed = int(read_input(request, "seed", -1))
                 prompt = self.codec.encode(as_text(read_input(request, "text_input", b"")))
+                guide = as_text(read_input(request, "guide", b""))
+                guided = self.guides.start(guide) if guide else None
                 sink = ResponseSink(sender, self.outbox, self._token_text, prompt[0] if prompt else 0)
                 self.engine.submit(Request(
                     prompt_ids=prompt, sink=sink,
@@ -184,8 +188,9 @@ class TritonPythonModel:
                                       int(read_input(request, "prompt_logprobs", -1)),
                                       float(read_input(request, "presence_penalty", 0.0)),
                                       float(read_input(request, "frequency_penalty", 0.0))),
-                    stop=tuple(as_text(s) for s in read_input(request, "stop", []) if s), stream=stream))
-            except (ValueError, TypeError, OverflowError) as exc:
+                    stop=tuple(as_text(s) for s in read_input(request, "stop", []) if s), stream=stream,
+                    guided=guided))
+            except (ValueError, TypeError, OverflowError) as exc:  # GuideError among them
                 sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"bad request: {exc}")),
                             flags=FINAL)
         return None

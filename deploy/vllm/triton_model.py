@@ -4,7 +4,8 @@ The same inputs and outputs as the workbench engine's model (``deploy.serving.tr
 know which engine answers. Inputs (all but text_input optional): text_input, max_tokens, temperature, top_k, top_p,
 seed (−1: none), stop (strings), stream, logprobs and prompt_logprobs (−1: none; k ≥ 0: with the k most likely
 tokens beside each; vLLM's raw log-probabilities, as the workbench engine's), presence_penalty and
-frequency_penalty. Outputs: text_output (the new text) and
+frequency_penalty, guide (structured output by vLLM's own backends: ``{"json_schema": {…}}`` or
+``{"json_object": true}``). Outputs: text_output (the new text) and
 token_ids in every response, with logprobs where asked; finish_reason ("stop", "length" or "cancelled"),
 prompt_tokens and completion_tokens in the last, with prompt_logprobs where asked (the shapes: ``triton_io``).
 
@@ -88,6 +89,18 @@ def _scheduler_logger(metrics: TritonMetrics):
 
 
 
+def _structured_outputs(guide: str):
+    """vLLM's structured-output parameters of a guide (ValueError where it is not one)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    spec = json.loads(guide)
+    if isinstance(spec, dict) and isinstance(spec.get("json_schema"), dict) and len(spec) == 1:
+        return StructuredOutputsParams(json=spec["json_schema"])
+    if spec == {"json_object": True}:
+        return StructuredOutputsParams(json_object=True)
+    raise ValueError('give a guide as {"json_schema": {…}} or {"json_object": true}')
+
+
 def _error(message: str):
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
 
@@ -97,6 +110,7 @@ class TritonPythonModel:
         _prepare_process_start()
         from tokenizers import Tokenizer
         from vllm import AsyncEngineArgs
+        from vllm.config import StructuredOutputsConfig
         from vllm.v1.engine.async_llm import AsyncLLM
 
         config = json.loads(args["model_config"])
@@ -110,7 +124,11 @@ class TritonPythonModel:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="vllm-requests", daemon=True)
         self.thread.start()
-        engine_args = AsyncEngineArgs(model=str(folder / HF_FOLDER), **serving["vllm"])
+        # structured output by llguidance, as the workbench engine's, JSON written compactly: vLLM takes both per
+        # engine, not per request
+        engine_args = AsyncEngineArgs(model=str(folder / HF_FOLDER), **serving["vllm"],
+                                      structured_outputs_config=StructuredOutputsConfig(
+                                          backend="guidance", disable_any_whitespace=True))
 
         async def start():  # made on the loop that will drive it
             return AsyncLLM.from_engine_args(engine_args, stat_loggers=[_scheduler_logger(self.metrics)])
@@ -149,7 +167,9 @@ class TritonPythonModel:
         seed = int(read_input(request, "seed", -1))
         top_k = int(read_input(request, "top_k", 0))
         logprobs, prompt_logprobs = (int(read_input(request, name, -1)) for name in ("logprobs", "prompt_logprobs"))
+        guide = as_text(read_input(request, "guide", b""))
         params = SamplingParams(
+            structured_outputs=_structured_outputs(guide) if guide else None,
             temperature=float(read_input(request, "temperature", 0.0)), top_k=max(top_k, 0),
             top_p=float(read_input(request, "top_p", 1.0)), seed=seed if seed >= 0 else None,
             max_tokens=min(max_tokens, self.max_model_len - len(prompt)),

@@ -117,9 +117,9 @@ FORMER_SHARDS = {  # (reduction, tensor parallel) → weights/rank-0.safetensors
 }
 # config.pbtxt by tensor parallel, other options default; since then with what the former exporter did not write:
 # the entry's engine (parameters { key: "engine" … "workbench" }), and interface 2's inputs (logprobs,
-# prompt_logprobs, presence_penalty, frequency_penalty) and outputs (logprobs, prompt_logprobs)
-FORMER_CONFIG = {1: "6cb40385baede9b3", 2: "6146cd23f7be102a"}
-FORMER_GPU_CONFIG = "a501258c488981be"  # int8, tensor parallel 2, kind gpu, 2 instances, not streaming, 4 sequences
+# prompt_logprobs, presence_penalty, frequency_penalty, guide) and outputs (logprobs, prompt_logprobs)
+FORMER_CONFIG = {1: "38b775a80c6ca536", 2: "da6ec88e2e1e053c"}
+FORMER_GPU_CONFIG = "09109c24b7c8f7df"  # int8, tensor parallel 2, kind gpu, 2 instances, not streaming, 4 sequences
 
 
 @pytest.fixture(scope="module")

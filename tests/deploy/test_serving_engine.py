@@ -3,6 +3,7 @@ for every family of model (GPT-2, Llama, Mixtral, Qwen2-MoE), whole and reduced;
 chunks, and from the prefix cache give the tokens of one prompt at a time."""
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -57,12 +58,12 @@ class ByteCodec:
         return "".join(chr(65 + i % 26) for i in ids)
 
 
-def _engine(kw=None, slots=4, reduction="none", prefill_chunk=256, prefix_blocks=0, block_size=4):
+def _engine(kw=None, slots=4, reduction="none", prefill_chunk=256, prefix_blocks=0, block_size=4, codec=None):
     spec = MODELS["tiny"].replace(**(kw or {}))
     model = build_model(spec, 3).eval()
     serving = ServingGPT(ServingSpec.from_dict(spec.to_dict()), reduce_state(model.state_dict(), reduction), slots,
                          prefix_blocks=prefix_blocks, block_size=block_size)
-    return model, Engine(serving, ByteCodec(), spec.seq_len, prefill_chunk=prefill_chunk)
+    return model, Engine(serving, codec or ByteCodec(), spec.seq_len, prefill_chunk=prefill_chunk)
 
 
 def _drain(engine):
@@ -450,3 +451,46 @@ def test_penalties_lower_the_generated_tokens_as_openai_defines_them():
     assert penalized.result.token_ids == ids[3:]
     assert plain.result.token_ids == generate(model, [1, 2, 3], 24, temperature=0)[3:]
     assert len(set(penalized.result.token_ids)) > len(set(plain.result.token_ids))
+
+
+ANSWER_SCHEMA = {"type": "object", "properties": {"answer": {"type": "string", "maxLength": 8}, "sure": {"type": "boolean"}},
+                 "required": ["answer", "sure"], "additionalProperties": False}
+
+
+def test_a_guided_answer_is_json_of_its_schema_and_ends_there(tmp_path):
+    """An untrained model, held to a JSON schema token by token (greedy and sampled, beside an unguided answer):
+    every answer parses and validates, and ends with the end of text the grammar leaves as the only choice."""
+    import jsonschema
+
+    from deploy.serving.guide import Guides
+    from deploy.serving.layout import Codec
+    from tests.webapp.serving import byte_tokenizer_json
+
+    (tmp_path / "tokenizer.json").write_text(byte_tokenizer_json())
+    codec = Codec(tmp_path / "tokenizer.json")
+    _, engine = _engine(codec=codec)
+    guides = Guides(tmp_path / "tokenizer.json", MODELS["tiny"].vocab_size, codec.eos_id)
+    guide = json.dumps({"json_schema": ANSWER_SCHEMA})
+    sinks = {name: ListSink() for name in ("greedy", "sampled", "object", "free")}
+    for name, sampling, asked in (("greedy", Sampling(), guide), ("sampled", Sampling(temperature=1.0, seed=3), guide),
+                                  ("object", Sampling(), json.dumps({"json_object": True})), ("free", Sampling(), "")):
+        engine.submit(Request(codec.encode("Answer in JSON: "), sinks[name], max_tokens=60, sampling=sampling,
+                              guided=guides.start(asked) if asked else None))
+    _drain(engine)
+    for name in ("greedy", "sampled"):
+        result = sinks[name].result
+        jsonschema.validate(json.loads(result.text), ANSWER_SCHEMA)
+        assert result.finish_reason == "stop" and result.token_ids[-1] == codec.eos_id, name
+    assert sinks["object"].result.text.startswith("{")  # any object: an untrained model need not close it in 60
+    assert sinks["free"].result.finish_reason == "length"  # the same model, unguided, writes no such thing
+
+
+@pytest.mark.parametrize("guide, words", [("{", "not JSON"), ('{"json_schema": 3}', "schema as a JSON object"),
+                                          ('{"regex": "a+"}', "json_schema")])
+def test_a_guide_that_cannot_be_followed_is_refused_with_the_reason(tmp_path, guide, words):
+    from deploy.serving.guide import GuideError, Guides
+    from tests.webapp.serving import byte_tokenizer_json
+
+    (tmp_path / "tokenizer.json").write_text(byte_tokenizer_json())
+    with pytest.raises(GuideError, match=words):
+        Guides(tmp_path / "tokenizer.json", 512, 256).start(guide)

@@ -327,14 +327,16 @@ def test_it_unloads_and_reloads_while_another_model_answers(served, reference, t
 
 @pytest.mark.once  # vLLM in the real Triton: once, on the first database
 @pytest.mark.django_db(transaction=True)
-def test_the_openai_package_gets_logprobs_n_choices_and_penalties_from_vllm_through_v1(served, llama, reference,
+def test_the_openai_package_gets_logprobs_n_choices_penalties_json_and_tool_calls_from_vllm_through_v1(served, llama, reference,
                                                                                         triton, live_server):
     """/v1 in front of vLLM answers as in front of the workbench engine (tests/webapp/test_openai_api.py)."""
+    import jsonschema
     import openai
     from django.contrib.auth.models import User
     from rest_framework.authtoken.models import Token
 
     from tests.webapp import serving
+    from tests.webapp.test_openai_api import BRIEF, CALL_ME
     from webapp import models
 
     _, report = served
@@ -362,3 +364,13 @@ def test_the_openai_package_gets_logprobs_n_choices_and_penalties_from_vllm_thro
                                               frequency_penalty=1.0)
         content = chat.choices[0].logprobs.content
         assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 2 for c in content)
+        speak = [{"role": "user", "content": "Speak."}]
+        for choice in client.chat.completions.create(
+                model=NAME, messages=speak, max_tokens=40, temperature=1.0, seed=2, n=3,
+                response_format={"type": "json_schema", "json_schema": {"name": "brief", "schema": BRIEF}}).choices:
+            jsonschema.validate(json.loads(choice.message.content), BRIEF)
+        called = client.chat.completions.create(model=NAME, messages=speak, max_tokens=40, temperature=0,
+                                                tools=[CALL_ME], tool_choice="required").choices[0]
+        assert called.finish_reason == "tool_calls" and called.message.tool_calls[0].function.name == "verdict"
+        jsonschema.validate(json.loads(called.message.tool_calls[0].function.arguments),
+                            CALL_ME["function"]["parameters"])
