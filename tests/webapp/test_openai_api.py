@@ -110,15 +110,28 @@ def test_it_answers_503_for_a_model_that_is_still_being_deployed(openai_api, ali
     ("/v1/completions", {"logprobs": 21}, "logprobs"),
     ("/v1/completions", {"logprobs": True}, "logprobs"),
     ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"response_format": {"type": "xml"}}, "response_format"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "objekt"}}}}, "response_format"),
+    ("/v1/completions", {"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}},
+     "response_format"),
     ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ("/v1/completions", {"frequency_penalty": 2.5}, "frequency_penalty"),
     ("/v1/completions", {"temprature": 0.5}, "temprature"),
     ("/v1/completions", {"stream": "yes"}, "stream"),
     ("/v1/chat/completions", {"messages": []}, "messages"),
-    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+    ("/v1/chat/completions", {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
     ("/v1/chat/completions", {"n": 0}, "n"),
-    ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools"),
+    ("/v1/chat/completions", {"tools": [{"type": "function"}]}, "tools[0].function"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                              "tool_choice": {"type": "function", "function": {"name": "g"}}}, "tool_choice"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f"}}], "stream": True},
+     "stream"),
+    ("/v1/completions", {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
 ])
 def test_it_refuses_bad_parameters_with_openais_400_naming_the_param(openai_api, alice, ready, path, fields, param):
     body = {**(COMPLETION if path == "/v1/completions" else CHAT), **fields}
@@ -460,3 +473,47 @@ def test_the_openai_package_gets_n_choices_reproducible_from_a_seed(openai_clien
     chat = openai_client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Speak."}],
                                                  max_tokens=8, temperature=1.0, seed=3, n=2)
     assert [c.index for c in chat.choices] == [0, 1] and all(c.message.role == "assistant" for c in chat.choices)
+
+
+CALL_ME = {"type": "function", "function": {"name": "verdict", "description": "Say whether it is so.", "parameters": {
+    "type": "object", "properties": {"so": {"type": "boolean"}}, "required": ["so"], "additionalProperties": False}}}
+BRIEF = {"type": "object", "properties": {"word": {"type": "string", "maxLength": 6}}, "required": ["word"],
+         "additionalProperties": False}
+
+
+@pytest.mark.slow
+@pytest.mark.once  # the real Triton and a trained checkpoint: once, on the first database
+@pytest.mark.django_db(transaction=True)
+def test_the_openai_package_gets_json_of_a_schema_and_a_forced_tool_call(openai_client, served_deployment):
+    """Guided decoding on the small Shakespeare model: every answer held to a JSON schema parses and validates; a
+    forced call is one of the tools with arguments of its schema, in tool_calls. (Its 64-token context keeps the
+    prompt's last tokens only, so the model does not see the tools: the grammar alone makes the call.)"""
+    import jsonschema
+
+    model = served_deployment.model_name
+    messages = [{"role": "user", "content": "Speak."}]
+    answers = openai_client.chat.completions.create(
+        model=model, messages=messages, max_tokens=40, temperature=1.0, seed=1, n=4,
+        response_format={"type": "json_schema", "json_schema": {"name": "brief", "schema": BRIEF}})
+    for choice in answers.choices:
+        jsonschema.validate(json.loads(choice.message.content), BRIEF)
+        assert choice.finish_reason == "stop"
+    anything = openai_client.completions.create(model=model, prompt="ROMEO:", max_tokens=40, temperature=0,
+                                                extra_body={"response_format": {"type": "json_schema", "json_schema": {
+                                                    "name": "brief", "schema": BRIEF}}})
+    jsonschema.validate(json.loads(anything.choices[0].text), BRIEF)
+    for choice in ("required", {"type": "function", "function": {"name": "verdict"}}):
+        called = openai_client.chat.completions.create(model=model, messages=messages, max_tokens=40, temperature=0,
+                                                       tools=[CALL_ME], tool_choice=choice,
+                                                       extra_body={"truncate_prompt_tokens": 16}).choices[0]
+        assert called.finish_reason == "tool_calls" and called.message.content is None
+        call = called.message.tool_calls[0]
+        assert call.type == "function" and call.function.name == "verdict" and call.id.startswith("call_")
+        jsonschema.validate(json.loads(call.function.arguments), CALL_ME["function"]["parameters"])
+    # the call and the tool's answer carried on in the conversation
+    follow = openai_client.chat.completions.create(
+        model=model, max_tokens=4, temperature=0, tools=[CALL_ME], tool_choice="none", extra_body={
+            "truncate_prompt_tokens": 24},
+        messages=[*messages, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                  {"role": "tool", "tool_call_id": call.id, "content": "yes"}])
+    assert follow.choices[0].message.tool_calls is None and follow.choices[0].finish_reason in ("stop", "length")

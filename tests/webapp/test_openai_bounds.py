@@ -151,7 +151,6 @@ def test_every_field_the_openai_package_sends_is_read_or_refused_by_name(v1, rea
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "", "tool_calls": []}]},
      "messages[0].tool_calls"),
     ("/v1/chat/completions", {"max_tokens": 4, "max_completion_tokens": 5}, "max_completion_tokens"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/completions", {"best_of": 3}, "best_of"),
     ("/v1/completions", {"logit_bias": {"50256": -100}}, "logit_bias"),
     ("/v1/completions", {"suffix": " end"}, "suffix"),
@@ -166,6 +165,7 @@ def test_it_refuses_what_it_would_otherwise_leave_out_naming_it(v1, ready, path,
     ("/v1/completions", {"logprobs": 0}, "logprobs"),
     ("/v1/completions", {"logprobs": 1, "echo": True}, "logprobs"),
     ("/v1/chat/completions", {"presence_penalty": -0.5}, "presence_penalty"),
+    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
 ])
 def test_a_deployment_exported_before_logprobs_and_penalties_refuses_them_naming_the_field(v1, ready, path, fields, param):
     base = COMPLETION if path == "/v1/completions" else CHAT

@@ -3,9 +3,10 @@
     GET  /v1/models              the ready deployments you may use (your own and shared ones)
     GET  /v1/models/<model>
     POST /v1/completions         {model, prompt, max_tokens=16, temperature=1, top_p=1, stop, seed, stream,
-                                  logprobs, echo, presence_penalty, frequency_penalty, n=1, …}
+                                  logprobs, echo, presence_penalty, frequency_penalty, response_format, n=1, …}
     POST /v1/chat/completions    {model, messages, max_tokens, temperature, top_p, stop, seed, stream,
-                                  logprobs, top_logprobs, presence_penalty, frequency_penalty, n=1, …}
+                                  logprobs, top_logprobs, presence_penalty, frequency_penalty, response_format,
+                                  tools, tool_choice, n=1, …}
 
 Answers follow OpenAI's JSON exactly (webapp.api.openai_answers): ids ``cmpl-…`` and ``chatcmpl-…``, ``n`` choices
 (up to 16, answer i drawn with seed + i where a seed is given: webapp.services.choices), ``usage``; a stream is
@@ -13,9 +14,13 @@ server-sent ``data: {chunk}`` events ending with ``data: [DONE]``. Authenticate
 with ``Authorization: Bearer <key>``, the key being your API token (POST /api/token/). Errors are OpenAI's
 ``{"error": {message, type, param, code}}`` (webapp.api.openai_errors), this API's own documentation being OpenAI's.
 
-Log-probabilities are the model's own (before temperature, penalties and the rest of sampling), as vLLM gives them;
-a deployment exported before its server could give them, or apply penalties, answers a 400 naming the field
-(``logprobs``, ``echo``, ``presence_penalty``, …), until its checkpoint is deployed again.
+Log-probabilities are the model's own (before temperature, penalties and the rest of sampling), as vLLM gives them.
+A ``response_format`` of ``json_object`` or ``json_schema`` holds the answer to JSON (of that schema) by guided
+decoding in the engine (llguidance in both); a chat's ``tools`` are shown to the model and a forced call
+(``tool_choice`` "required" or named) is decoded against the tool's schema, the answer read back as ``tool_calls``
+(webapp.services.tools). A deployment exported before its server could do one of these answers a 400 naming the
+field (``logprobs``, ``echo``, ``presence_penalty``, ``response_format``, …), until its checkpoint is deployed
+again.
 
 A model is a deployment's ``model_name``. Names are unique on a server, not across servers: where several ready
 deployments you may use share a name, your own newest one answers, else the newest.
@@ -127,8 +132,10 @@ def _include_usage(body: dict) -> bool:
     return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
-def _penalties(body: dict) -> dict:
-    return {name: body[name] for name in ("presence_penalty", "frequency_penalty")}
+def _shared(body: dict) -> dict:
+    """What both endpoints send alike: the penalties and the guide of a response_format."""
+    return {"presence_penalty": body["presence_penalty"], "frequency_penalty": body["frequency_penalty"],
+            "guide": body["response_format"]}
 
 
 def _served(deployment: Deployment, params: GenerateParams, asked_by: dict[str, str] | None = None) -> GenerateParams:
@@ -157,8 +164,8 @@ class CompletionsView(OpenAIView):
         params = GenerateParams(prompt=fitted.prompt, max_tokens=fitted.max_tokens,
                                 temperature=body["temperature"], top_k=body["top_k"], top_p=body["top_p"],
                                 seed=body["seed"], stop=tuple(body.get("stop", ())), logprobs=logprobs,
-                                prompt_logprobs=logprobs if body["echo"] else None, **_penalties(body))
-        params = _served(deployment, params, {"prompt_logprobs": "echo"})
+                                prompt_logprobs=logprobs if body["echo"] else None, **_shared(body))
+        params = _served(deployment, params, {"prompt_logprobs": "echo", "guide": "response_format"})
         answer = Answer("text", deployment.model_name, _include_usage(body), fitted.prompt if body["echo"] else None)
         return _answer(answer, deployment, params, body["n"], body["stream"])
 
@@ -173,8 +180,9 @@ class ChatCompletionsView(OpenAIView):
         defaults = {**OPENAI_DEFAULTS, "max_tokens": CHAT_MAX_TOKENS}
         defaults.update({k: v for k, v in (template.sampling if template else {}).items() if k in defaults})
         sampling = {**defaults, **{k: v for k, v in body.items() if k in defaults}}
+        tools = body["tools"]
         chat = chat_prompt(body["messages"], template.chat_template if template else DEFAULT_CHAT_TEMPLATE,
-                           template.examples if template else ())
+                           template.examples if template else (), tools)
         named = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"  # OpenAI's newer name
         fitted = fit_prompt(deployment, chat.prompt, max_tokens=body.get(named),
                             default_max_tokens=defaults["max_tokens"],
@@ -185,10 +193,10 @@ class ChatCompletionsView(OpenAIView):
                                 top_p=sampling["top_p"], seed=sampling["seed"],
                                 stop=(chat.stop, *body.get("stop", ())),
                                 logprobs=body.get("top_logprobs", 0) if body["logprobs"] else None,
-                                **_penalties(body))
-        params = _served(deployment, params)
-        return _answer(Answer("chat", deployment.model_name, _include_usage(body)), deployment, params, body["n"],
-                       body["stream"])
+                                **{**_shared(body), "guide": body["response_format"] or tools.guide()})
+        params = _served(deployment, params, {"guide": "tool_choice" if tools.forced else "response_format"})
+        answer = Answer("chat", deployment.model_name, _include_usage(body), tools=tools)
+        return _answer(answer, deployment, params, body["n"], body["stream"])
 
 
 class NotFoundView(OpenAIView):

@@ -1,8 +1,9 @@
 """The answers of the OpenAI-compatible endpoints in OpenAI's shapes (webapp.api.openai): a completion's or a chat's
 whole answer, or its stream of chunks, with one choice per answer asked (``n``).
 
-A whole answer has a choice per answer, in order, with its ``finish_reason`` ("stop" or "length") and its
-log-probabilities where asked (webapp.api.openai_logprobs); ``usage`` counts the prompt once and every answer's
+A whole answer has a choice per answer, in order, with its ``finish_reason`` ("stop", "length", or "tool_calls"
+where a chat's answer is a call of one of its tools: webapp.services.tools) and its log-probabilities where asked
+(webapp.api.openai_logprobs); ``usage`` counts the prompt once and every answer's
 tokens. A stream is server-sent ``data: {chunk}`` events, each of one choice (its ``index``): a chat's opening
 chunks name the role, each new text (or a token whose text is held back, with its log-probability) is a chunk, each
 answer ends with a chunk of its finish_reason; with ``stream_options.include_usage`` a last chunk of no choices
@@ -14,6 +15,7 @@ from typing import Iterator
 
 from deploy.client import Chunk, Completion
 
+from ..services.tools import Tools
 from ..services.triton import ServingError
 from .openai_errors import error_body
 from .openai_logprobs import chat_logprobs, completion_logprobs
@@ -33,8 +35,9 @@ class Answer:
     """One request's answer: the whole, or chunk by chunk. ``echo``: the prompt, written before each of a
     completion's texts (with its tokens' log-probabilities before the answer's, where those were asked)."""
 
-    def __init__(self, kind: str, model: str, include_usage: bool = False, echo: str | None = None):
-        self.chat = kind == "chat"
+    def __init__(self, kind: str, model: str, include_usage: bool = False, echo: str | None = None,
+                 tools: Tools | None = None):
+        self.chat, self.tools = kind == "chat", tools
         self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created, self.model, self.include_usage, self.echo = int(time.time()), model, include_usage, echo
         self.streamed: dict[int, int] = {}  # by choice: characters of a completion's text sent (its text_offset)
@@ -55,7 +58,11 @@ class Answer:
         for index, completion in enumerate(completions):
             choice = {"index": index, "finish_reason": _finish(completion.finish_reason),
                       "logprobs": self._logprobs(index, completion.logprobs, completion.prompt_logprobs)}
-            if self.chat:
+            calls = self.tools.calls(completion.text) if self.tools is not None else None
+            if calls:
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": calls}
+                choice["finish_reason"] = "tool_calls"
+            elif self.chat:
                 choice["message"] = {"role": "assistant", "content": completion.text}
             else:
                 choice["text"] = (self.echo or "") + completion.text

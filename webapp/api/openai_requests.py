@@ -12,19 +12,25 @@ silently answered as if it had asked for less; so is a key of a message or of st
 prompt cut from the left to its last tokens: webapp.services.context_window, which also bounds max_tokens by the
 model's context).
 """
+import json
+import re
+
+import jsonschema
 from rest_framework import serializers
 
 from .fields import StrictBooleanField, StrictCharField, StrictFloatField, StrictIntegerField
+from ..services.tools import Tools
 from .serving_serializers import (MAX_PROMPT_CHARS, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS, MAX_TOKENS, MAX_TOP_K,
                                   top_p_problem)
 
 MAX_MESSAGES = 256
 CHAT_MAX_TOKENS = 256   # OpenAI answers until the context is full; this server stops here unless told otherwise
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MAX_TOOLS = 32
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # Known fields this server does not implement, and the values that ask for nothing (accepted).
 NEUTRAL = {"best_of": (1,),
            "logit_bias": ({},), "suffix": ("",),
-           "response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
            "parallel_tool_calls": (True, False), "store": (False,), "metadata": ({},), "service_tier": ("auto",)}
 IGNORED = ("user",)
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for completions
@@ -75,6 +81,41 @@ class StopField(serializers.Field):
         return stops
 
 
+def schema_problem(schema) -> str:
+    """Why ``schema`` is not a JSON schema a model can be held to, or ''."""
+    if not isinstance(schema, dict):
+        return "give the schema as a JSON object"
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        return f"not a valid JSON schema: {exc.message}"
+    return ""
+
+
+class ResponseFormatField(serializers.Field):
+    """OpenAI's response_format → the models' guide (JSON text, deploy.client.GenerateParams.guide), or None for
+    text."""
+
+    def to_internal_value(self, data):
+        kind = data.get("type") if isinstance(data, dict) else None
+        if kind == "text" and set(data) == {"type"}:
+            return None
+        if kind == "json_object" and set(data) == {"type"}:
+            return json.dumps({"json_object": True})
+        if kind == "json_schema" and set(data) == {"type", "json_schema"} and isinstance(data["json_schema"], dict):
+            spec = data["json_schema"]
+            unknown = sorted(set(spec) - {"name", "schema", "strict", "description"})
+            if unknown or not isinstance(spec.get("name"), str) or not spec["name"]:
+                raise serializers.ValidationError(f"json_schema takes a name, a schema, strict and a description"
+                                                  f"{' (not ' + ', '.join(unknown) + ')' if unknown else ''}")
+            problem = schema_problem(spec.get("schema", {}))
+            if problem:
+                raise serializers.ValidationError(f"json_schema.schema: {problem}")
+            return json.dumps({"json_schema": spec.get("schema", {})})
+        raise serializers.ValidationError('give {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", '
+                                          '"json_schema": {"name": …, "schema": {…}}}')
+
+
 class StreamOptions(ClosedSerializer):
     include_usage = StrictBooleanField(required=False, default=False)
 
@@ -91,6 +132,7 @@ class OpenAIRequest(serializers.Serializer):
     n = StrictIntegerField(required=False, default=1)
     truncate_prompt_tokens = StrictIntegerField(required=False, min_value=-1)
     presence_penalty = StrictFloatField(required=False, default=0.0, min_value=-2, max_value=2)
+    response_format = ResponseFormatField(required=False, default=None)
     frequency_penalty = StrictFloatField(required=False, default=0.0, min_value=-2, max_value=2)
 
     def to_internal_value(self, data):
@@ -148,23 +190,49 @@ class CompletionRequest(OpenAIRequest):
         return attrs
 
 
+class FunctionCallSerializer(ClosedSerializer):
+    name = StrictCharField(max_length=64)
+    arguments = StrictCharField(allow_blank=True, max_length=MAX_PROMPT_CHARS)
+
+
+class ToolCallSerializer(ClosedSerializer):
+    id = StrictCharField(max_length=200)
+    type = serializers.ChoiceField(choices=["function"])
+    function = FunctionCallSerializer()
+
+
 class MessageSerializer(ClosedSerializer):
     role = StrictCharField()
-    content = serializers.JSONField()
+    content = serializers.JSONField(allow_null=True)
     name = StrictCharField(required=False, max_length=200)
+    tool_calls = ToolCallSerializer(many=True, required=False, min_length=1, max_length=MAX_TOOLS)  # an assistant's
+    tool_call_id = StrictCharField(required=False, max_length=200)  # a tool's answer: to which call
 
     def validate_role(self, value):
         if value not in ROLES:
-            raise serializers.ValidationError(f"role {value!r}: give system, developer, user or assistant (tools "
-                                              f"and functions are not supported)")
+            raise serializers.ValidationError(f"role {value!r}: give system, developer, user, assistant or tool "
+                                              f"(functions are not supported: give tools)")
         return ROLES[value]
+
+    def validate(self, attrs):
+        if attrs["content"] is None and not (attrs["role"] == "assistant" and attrs.get("tool_calls")):
+            raise serializers.ValidationError({"content": ["give the content (only an assistant's turn that calls "
+                                                           "tools may leave it null)"]})
+        if "tool_calls" in attrs and attrs["role"] != "assistant":
+            raise serializers.ValidationError({"tool_calls": ["only an assistant's turn calls tools"]})
+        if (attrs["role"] == "tool") != ("tool_call_id" in attrs):
+            raise serializers.ValidationError({"tool_call_id": ["a tool's turn, and only that, gives the id of the "
+                                                                "call it answers"]})
+        return attrs
 
     def validate_name(self, value):
         raise serializers.ValidationError("a participant's name is not supported: the prompt template writes a "
                                           "turn's role and content only; leave name out")
 
     def validate_content(self, value):
-        """A string, or content parts of type text (joined)."""
+        """A string, or content parts of type text (joined); null where an assistant's turn calls tools."""
+        if value is None:
+            return value
         if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                            and isinstance(p.get("text"), str) for p in value):
             value = "".join(p["text"] for p in value)
@@ -175,6 +243,43 @@ class MessageSerializer(ClosedSerializer):
         return value
 
 
+class FunctionSerializer(ClosedSerializer):
+    name = StrictCharField()
+    description = StrictCharField(required=False, allow_blank=True, max_length=MAX_PROMPT_CHARS)
+    parameters = serializers.JSONField(required=False)
+    strict = StrictBooleanField(required=False, allow_null=True)
+
+    def validate_name(self, value):
+        if not TOOL_NAME.match(value):
+            raise serializers.ValidationError("a function's name is 1 to 64 letters, digits, '_' or '-'")
+        return value
+
+    def validate_parameters(self, value):
+        problem = schema_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
+
+
+class ToolSerializer(ClosedSerializer):
+    type = serializers.ChoiceField(choices=["function"])
+    function = FunctionSerializer()
+
+
+class ToolChoiceField(serializers.Field):
+    """"none", "auto", "required", or {"type": "function", "function": {"name": …}} → that name."""
+
+    def to_internal_value(self, data):
+        if data in ("none", "auto", "required"):
+            return data
+        if (isinstance(data, dict) and set(data) == {"type", "function"} and data["type"] == "function"
+                and isinstance(data["function"], dict) and set(data["function"]) == {"name"}
+                and isinstance(data["function"]["name"], str)):
+            return data["function"]["name"]
+        raise serializers.ValidationError('give "none", "auto", "required" or {"type": "function", "function": '
+                                          '{"name": …}}')
+
+
 class ChatRequest(OpenAIRequest):
     messages = MessageSerializer(many=True, min_length=1, max_length=MAX_MESSAGES)
     # What is left out comes from the deployment's prompt template (its sampling), else OpenAI's defaults.
@@ -182,13 +287,38 @@ class ChatRequest(OpenAIRequest):
     max_completion_tokens = StrictIntegerField(required=False, min_value=1, max_value=MAX_TOKENS)
     logprobs = StrictBooleanField(required=False, default=False)
     top_logprobs = StrictIntegerField(required=False, min_value=0, max_value=MAX_LOGPROBS)
+    tools = ToolSerializer(many=True, required=False, max_length=MAX_TOOLS)
+    tool_choice = ToolChoiceField(required=False)
 
     def validate(self, attrs):
         attrs = super().validate(attrs)
         if "top_logprobs" in attrs and not attrs["logprobs"]:
             raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true"]})
+        attrs["tools"] = self._tools(attrs)
         if "max_tokens" in attrs and attrs["max_tokens"] != attrs.get("max_completion_tokens", attrs["max_tokens"]):
             raise serializers.ValidationError({"max_completion_tokens": [
                 f"{attrs['max_completion_tokens']} differs from max_tokens={attrs['max_tokens']}: give one of the "
                 f"two (max_completion_tokens is OpenAI's newer name for max_tokens)"]})
         return attrs
+
+    @staticmethod
+    def _tools(attrs: dict) -> Tools:
+        functions = tuple(tool["function"] for tool in attrs.get("tools", ()))
+        choice = attrs.get("tool_choice", "auto" if functions else "none")
+        if choice != "none" and not functions:
+            raise serializers.ValidationError({"tool_choice": ["tool_choice is only allowed when tools are "
+                                                               "specified"]})
+        names = [f["name"] for f in functions]
+        if len(set(names)) < len(names):
+            raise serializers.ValidationError({"tools": ["give each function a name of its own"]})
+        if choice not in ("none", "auto", "required") and choice not in names:
+            raise serializers.ValidationError({"tool_choice": [f"no tool is named {choice!r}: name one of "
+                                                               f"{', '.join(names)}"]})
+        tools = Tools(functions, choice)
+        if tools.forced and attrs.get("response_format"):
+            raise serializers.ValidationError({"tool_choice": ["a forced tool call and a response_format cannot "
+                                                               "both hold the answer: give one of them"]})
+        if tools.shown and attrs.get("stream"):
+            raise serializers.ValidationError({"stream": ["an answer that may call a tool is not streamed by this "
+                                                          "server: ask without stream, or with tool_choice none"]})
+        return tools

@@ -3,9 +3,11 @@
 The served models complete text; a chat is written out as text by the deployment's prompt template, whose
 ``chat_template`` writes one turn with {role} and {content} (default ``"{role}: {content}\\n"``):
 
-1. the template's few-shot examples, each as a user turn (its "input") then an assistant turn (its "output");
-2. the conversation's messages in order, each as a turn of its role;
-3. the assistant's opening: the template for role "assistant" up to {content}, trailing spaces dropped
+1. the tools the chat may call, as a system turn (webapp.services.tools), where it may call any;
+2. the template's few-shot examples, each as a user turn (its "input") then an assistant turn (its "output");
+3. the conversation's messages in order, each as a turn of its role (an assistant's calls written as the model
+   writes them, a tool's answer as a turn of role "tool");
+4. the assistant's opening: the template for role "assistant" up to {content}, trailing spaces dropped
    (``"assistant:"``), which the model continues.
 
 The answer ends where the model goes on to write the user's next turn: what the template writes after {content},
@@ -18,8 +20,9 @@ from dataclasses import dataclass
 from string import Formatter
 
 from ..models.serving import DEFAULT_CHAT_TEMPLATE
+from .tools import Tools, written_calls
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 _CONTENT = "\x00content\x00"  # stands for {content} while a turn is split into its opening and closing
 
 
@@ -49,13 +52,20 @@ def _turn(template: str, role: str) -> tuple[str, str]:
     return opening, closing
 
 
+def _content(message: dict) -> str:
+    """A turn's text: its content, and the calls an assistant's turn made, as the model writes them."""
+    calls = written_calls(message["tool_calls"]) if message.get("tool_calls") else ""
+    return "\n".join(part for part in (message.get("content") or "", calls) if part)
+
+
 def chat_prompt(messages: list[dict], template: str = DEFAULT_CHAT_TEMPLATE,
-                examples: list[dict] | tuple = ()) -> ChatPrompt:
-    """The prompt for ``messages`` ({"role", "content"} with a role of ROLES) and the stop string of the answer."""
-    turns = []
+                examples: list[dict] | tuple = (), tools: Tools | None = None) -> ChatPrompt:
+    """The prompt for ``messages`` ({"role", "content"} with a role of ROLES, an assistant's with its tool_calls)
+    and the stop string of the answer; ``tools`` shown first, as a system turn (webapp.services.tools)."""
+    turns = [("system", tools.turn())] if tools is not None and tools.shown else []
     for example in examples:
         turns += [("user", example["input"]), ("assistant", example["output"])]
-    turns += [(m["role"], m["content"]) for m in messages]
+    turns += [(m["role"], _content(m)) for m in messages]
     written = "".join(template.format(role=role, content=content) for role, content in turns)
     opening, closing = _turn(template, "assistant")
     user_opening, _ = _turn(template, "user")
