@@ -1,11 +1,13 @@
 """The request bodies of the OpenAI-compatible endpoints (webapp.api.openai), checked as OpenAI checks them.
 
 Log-probabilities as OpenAI's two endpoints ask for them: a completion's ``logprobs`` (k: the k most likely tokens
-beside each; with ``echo``, the prompt's too), a chat's ``logprobs: true`` with ``top_logprobs`` (k).
+beside each; with ``echo``, the prompt's too), a chat's ``logprobs: true`` with ``top_logprobs`` (k). A
+``response_format`` becomes the engines' guide; a chat's ``tools`` and ``tool_choice`` a ``Tools``
+(webapp.services.tools), each JSON schema checked first (``jsonschema``).
 
 A null is the same as a field left out (OpenAI's clients send either). A field this server does not know is refused
 ("Unrecognized request argument supplied"), as OpenAI does; one it knows but does not implement is accepted at its
-neutral value only (``echo: false``, ``presence_penalty: 0``, …), and refused otherwise, so that no request is
+neutral value only (``best_of: 1``, ``logit_bias: {}``, …), and refused otherwise, so that no request is
 silently answered as if it had asked for less; so is a key of a message or of stream_options it does not read.
 ``user`` is accepted and ignored. Sampling is bounded as in the deployments' own API
 (webapp.api.serving_serializers); ``top_k`` is this server's addition, ``truncate_prompt_tokens`` vLLM's (the
